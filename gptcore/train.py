@@ -1,0 +1,233 @@
+"""Trainer: builds model, optimizer, schedule, GradScaler, hooks and compile from (GPTConfig, Recipe, device).
+
+``step()`` makes no host-device sync (unless the recipe asks for the naive ``sync_every_step``): the loss stays
+on the device and the caller reads it when it wants to. fp16 with a non-fused optimizer is the one exception
+PyTorch imposes: GradScaler.step reads its inf flag on the host, while fused AdamW takes the flag in its kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import shutil
+from collections.abc import Callable, Iterator
+
+import torch
+import torch._functorch.config as functorch_config
+import torch.nn as nn
+
+from .config import GPTConfig, Recipe
+from .data import Corpus, TokenBatches, load_corpus, make_loader
+from .model import GPT, attention_unsupported
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class UnsupportedRecipe(ValueError):
+    """The recipe is valid but cannot run on this device (flash on CPU, TF32 off CUDA, ...)."""
+
+
+def resolve_device(name: str | None = None) -> torch.device:
+    """The one place a device is chosen: ``name`` if given, else CUDA when present, else CPU."""
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UnsupportedRecipe("device: CUDA was asked for but torch.cuda.is_available() is False")
+    if device.type not in ("cpu", "cuda"):
+        raise UnsupportedRecipe(f"device: only cpu and cuda are supported, got {name!r}")
+    return device
+
+
+def unsupported_reason(recipe: Recipe, device: torch.device | str) -> str | None:
+    """Why ``recipe`` cannot run on ``device``, or None when it can. Nothing is ever run as something else."""
+    device = torch.device(device)
+    reason = attention_unsupported(recipe.attention, device)
+    if reason:
+        return reason
+    if device.type == "cpu":
+        if recipe.precision == "tf32":
+            return "tf32 is a CUDA tensor-core mode; on CPU it would silently run as fp32"
+        if recipe.compile and shutil.which("g++") is None and shutil.which("c++") is None:
+            return "torch.compile on CPU needs a C++ compiler (g++), none found on PATH"
+    if device.type == "cuda" and recipe.precision.startswith("bf16") and not torch.cuda.is_bf16_supported():
+        return f"{torch.cuda.get_device_name(device)} does not support bf16"
+    return None
+
+
+def check_runnable(recipe: Recipe, device: torch.device | str) -> None:
+    """Raise UnsupportedRecipe with the reason when ``recipe`` cannot run on ``device``."""
+    reason = unsupported_reason(recipe, device)
+    if reason:
+        raise UnsupportedRecipe(reason)
+
+
+def lr_at(step: int, recipe: Recipe) -> float:
+    """Learning rate at optimizer step ``step`` (0-based): constant, or linear warmup then cosine to min_lr."""
+    if recipe.schedule == "constant":
+        return recipe.lr
+    if step < recipe.warmup_steps:
+        return recipe.lr * (step + 1) / recipe.warmup_steps
+    if step >= recipe.decay_steps:
+        return recipe.min_lr
+    ratio = (step - recipe.warmup_steps) / max(1, recipe.decay_steps - recipe.warmup_steps)
+    return recipe.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (recipe.lr - recipe.min_lr)
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """nanoGPT's split: weight decay on matrices and embeddings (dim >= 2), none on biases and LayerNorms."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+
+
+def build_optimizer(groups: list[dict], recipe: Recipe) -> torch.optim.Optimizer:
+    """AdamW (foreach, fused or for-loop) or SGD with momentum over ``groups``."""
+    if recipe.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=recipe.lr, momentum=recipe.momentum)
+    impl = {"foreach": dict(foreach=True), "fused": dict(fused=True), "for-loop": dict(foreach=False)}
+    return torch.optim.AdamW(groups, lr=recipe.lr, betas=(recipe.beta1, recipe.beta2), **impl[recipe.adamw_impl])
+
+
+class Trainer:
+    """One training run: ``step()`` does one optimizer step over ``grad_accum_steps`` micro-batches."""
+
+    def __init__(self, cfg: GPTConfig, recipe: Recipe, device: torch.device | str = "cpu", *,
+                 corpus: Corpus | None = None, dtype: torch.dtype = torch.float32) -> None:
+        """``dtype`` is the master-weight dtype (float64 for exact CPU equivalence tests); bf16-pure overrides it."""
+        self.cfg, self.recipe, self.device = cfg, recipe, torch.device(device)
+        check_runnable(recipe, self.device)
+        self.micro_batch = recipe.micro_batch(cfg)
+        self.accum = recipe.grad_accum_steps
+        torch.manual_seed(recipe.seed)
+        if recipe.precision == "bf16-pure":
+            dtype = torch.bfloat16
+        self.model = GPT(cfg, recipe).to(device=self.device, dtype=dtype)
+        self.forward = torch.compile(self.model) if recipe.compile else self.model
+        self.autocast_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(recipe.precision)
+        self.scaler = torch.amp.GradScaler(self.device.type) if recipe.precision == "fp16" else None
+        groups = param_groups(self.model, recipe.weight_decay)
+        self.optimizers: list[torch.optim.Optimizer] = []
+        if recipe.optim_in_backward:
+            for group in groups:
+                for p in group["params"]:
+                    opt = build_optimizer([{"params": [p], "weight_decay": group["weight_decay"]}], recipe)
+                    self.optimizers.append(opt)
+                    p.register_post_accumulate_grad_hook(self._step_in_backward_hook(opt))
+        else:
+            self.optimizers.append(build_optimizer(groups, recipe))
+        self.step_count = 0
+        self.last_loss: float | None = None  # set only by sync_every_step
+        self.corpus = corpus or load_corpus(cfg.dataset, vocab_size=cfg.vocab_size, seed=recipe.seed)
+        if self.corpus.vocab_size != cfg.vocab_size:
+            raise ValueError(f"vocab_size: model has {cfg.vocab_size}, corpus {self.corpus.name!r} has "
+                             f"{self.corpus.vocab_size}")
+        self._pin = recipe.pin_memory and self.device.type == "cuda"  # pinning means nothing without a GPU
+        self._batches: Iterator[Batch] | None = None
+
+    # -- the hot loop --------------------------------------------------------------------------------------------
+
+    def step(self, batch: Batch | None = None) -> torch.Tensor:
+        """One optimizer step. ``batch`` (x, y) of the full batch is split into micro-batches; by default the
+        micro-batches come from the training data. Returns the mean loss as a device tensor (no sync)."""
+        lr = lr_at(self.step_count, self.recipe)
+        for opt in self.optimizers:
+            for group in opt.param_groups:
+                group["lr"] = lr
+        micro = list(zip(batch[0].chunk(self.accum), batch[1].chunk(self.accum))) if batch is not None else (
+            self._next_batch() for _ in range(self.accum))
+        total = torch.zeros((), device=self.device)
+        with self.numerics():
+            for x, y in micro:
+                x, y = x.to(self.device, non_blocking=self._pin), y.to(self.device, non_blocking=self._pin)
+                with self.autocast():
+                    _, loss = self.forward(x, y)
+                loss = loss / self.accum
+                (self.scaler.scale(loss) if self.scaler else loss).backward()
+                total += loss.detach().float()
+        if not self.recipe.optim_in_backward:
+            self._optimizer_step()
+        self.step_count += 1
+        if self.recipe.sync_every_step:
+            self.last_loss = total.item()  # the naive loop: a host-device sync every step
+        return total
+
+    def _optimizer_step(self) -> None:
+        opt = self.optimizers[0]
+        if self.scaler:
+            self.scaler.unscale_(opt)
+        if self.recipe.grad_clip is not None:
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.recipe.grad_clip)
+        if self.scaler:
+            self.scaler.step(opt)
+            self.scaler.update()
+        else:
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    @staticmethod
+    def _step_in_backward_hook(opt: torch.optim.Optimizer) -> Callable[[torch.Tensor], None]:
+        def hook(_: torch.Tensor) -> None:
+            opt.step()
+            opt.zero_grad(set_to_none=True)  # the gradient is freed as soon as it is used
+        return hook
+
+    def numerics(self) -> contextlib.AbstractContextManager:
+        """Float32 matmul precision (TF32 or IEEE) and the compiler's activation memory budget for this step."""
+        stack = contextlib.ExitStack()
+        previous = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision("high" if self.recipe.precision == "tf32" else "highest")
+        stack.callback(torch.set_float32_matmul_precision, previous)
+        if self.recipe.memory_budget is not None:
+            stack.enter_context(functorch_config.patch(activation_memory_budget=self.recipe.memory_budget))
+        return stack
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    # -- data and evaluation -------------------------------------------------------------------------------------
+
+    def batches(self, split: str = "train", seed_offset: int = 0) -> TokenBatches:
+        return TokenBatches(self.corpus, split, self.micro_batch, self.cfg.block_size, self.recipe.seed + seed_offset)
+
+    def _next_batch(self) -> Batch:
+        if self._batches is None:
+            loader = make_loader(self.batches("train"), num_workers=self.recipe.num_workers, pin_memory=self._pin)
+            self._batches = iter(loader)
+        return next(self._batches)
+
+    @torch.no_grad()
+    def evaluate(self, split: str = "val", n_batches: int = 10) -> float:
+        """Mean loss over ``n_batches`` fixed batches of ``split`` in eval mode (dropout off). Syncs once."""
+        self.model.eval()
+        data = self.batches(split, seed_offset=1)
+        total = torch.zeros((), device=self.device)
+        with self.numerics():
+            for i in range(n_batches):
+                x, y = (t.to(self.device) for t in data[i])
+                with self.autocast():
+                    _, loss = self.model(x, y)
+                total += loss.float()
+        self.model.train()
+        return (total / n_batches).item()
+
+    def run(self, steps: int, log_every: int = 0,
+            on_log: Callable[[int, float], None] | None = None) -> list[float]:
+        """``steps`` optimizer steps; every ``log_every`` steps (and at the end) the loss is read on the host and
+        passed to ``on_log(step, loss)``. Returns the losses read."""
+        losses = []
+        for i in range(1, steps + 1):
+            loss = self.step()
+            if (log_every and i % log_every == 0) or i == steps:
+                losses.append(loss.item())
+                if on_log:
+                    on_log(i, losses[-1])
+        return losses
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.micro_batch * self.accum * self.cfg.block_size

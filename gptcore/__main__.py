@@ -31,6 +31,9 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if present, else cpu")
     train.add_argument("--batch", type=int, default=None, help="override the model's batch size")
     train.add_argument("--log-every", type=int, default=10, help="read the loss every N steps (default 10)")
+
+    # estimate: memory.add_estimate_arguments / memory.cmd_estimate (owned by gptcore/memory.py)
+    # report: report.add_report_arguments / report.cmd_report (owned by gptcore/report.py)
     return parser
 
 
@@ -97,6 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, ValueError) as err:  # UnsupportedRecipe is a ValueError
         print(f"gptcore: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `python -m gptcore list | head`
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

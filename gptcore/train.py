@@ -105,6 +105,11 @@ class Trainer:
         if recipe.precision == "bf16-pure":
             dtype = torch.bfloat16
         self.model = GPT(cfg, recipe).to(device=self.device, dtype=dtype)
+        if recipe.compile:
+            # Dynamo caches compiled graphs on GPT.forward's code object and its guards ignore the functorch
+            # config: without a reset a second Trainer would silently reuse the first one's graph, memory
+            # budget and all. Compile time is spent in warm-up, outside any timing.
+            torch._dynamo.reset()
         self.forward = torch.compile(self.model) if recipe.compile else self.model
         self.autocast_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(recipe.precision)
         self.scaler = torch.amp.GradScaler(self.device.type) if recipe.precision == "fp16" else None

@@ -1,0 +1,38 @@
+"""Small shared builders for the CPU tests: a tiny model, fixed batches, gradient capture."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from gptcore.config import CHAR_VOCAB, GPTConfig, Recipe
+from gptcore.data import TokenBatches, load_corpus
+from gptcore.train import Trainer
+
+#: 2 layers x 2 heads x 32 wide, T=16, batch 8: a full step takes a few ms on CPU.
+TINY = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=CHAR_VOCAB, batch_size=8)
+
+F32_EPS = torch.finfo(torch.float32).eps
+
+
+def batches(n: int, cfg: GPTConfig = TINY, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``n`` fixed full batches of shakespeare for ``cfg``."""
+    data = TokenBatches(load_corpus("shakespeare"), "train", cfg.batch_size, cfg.block_size, seed)
+    return [data[i] for i in range(n)]
+
+
+def trainer(recipe: Recipe, cfg: GPTConfig = TINY, dtype: torch.dtype = torch.float32, **fields) -> Trainer:
+    return Trainer(dataclasses.replace(cfg, **fields) if fields else cfg, recipe, "cpu", dtype=dtype)
+
+
+def capture_grads(t: Trainer) -> list[list[torch.Tensor]]:
+    """Record a copy of every gradient just before each optimizer step (ordinary optimizers only)."""
+    seen: list[list[torch.Tensor]] = []
+    params = list(t.model.parameters())
+    t.optimizers[0].register_step_pre_hook(lambda *_: seen.append([p.grad.clone() for p in params]))
+    return seen
+
+
+def params(t: Trainer) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in t.model.parameters()]

@@ -1,0 +1,69 @@
+"""Measure the dense matmul peak of this device (TFLOP/s), the honest denominator for MFU.
+
+    python scripts/matmul_peak.py [--dtype bf16] [--size 8192] [--json OUT.json]
+
+Times square matmuls with CUDA events (a synchronized clock on CPU) after warm-up, median of the rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+import torch
+
+from gptcore.train import resolve_device
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, "fp32": torch.float32}
+
+
+def matmul_tflops(device: torch.device, dtype: str, size: int, rounds: int = 20) -> dict:
+    """Median TFLOP/s of ``size``-cube matmuls in ``dtype`` on ``device``."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if dtype == "tf32" else "highest")
+    try:
+        a = torch.randn(size, size, device=device, dtype=DTYPES[dtype])
+        b = torch.randn(size, size, device=device, dtype=DTYPES[dtype])
+        for _ in range(3):
+            a @ b
+        times = []
+        for _ in range(rounds):
+            if device.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                a @ b
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1e3)
+            else:
+                import time
+                t0 = time.perf_counter()
+                a @ b
+                times.append(time.perf_counter() - t0)
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    median = statistics.median(times)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return {"device": name, "torch": torch.__version__, "dtype": dtype, "size": size,
+            "median_s": median, "tflops": 2 * size**3 / median / 1e12}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", choices=DTYPES, default="bf16")
+    parser.add_argument("--size", type=int, default=8192)
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--json", default=None, help="write the result here too")
+    args = parser.parse_args()
+    result = matmul_tflops(resolve_device(args.device), args.dtype, args.size)
+    print(json.dumps(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""Profile training steps of one (model, recipe) with torch.profiler and report where the time goes.
+
+    python scripts/profile_step.py --model gpt2 --recipe ladder-8 [--batch N] [--steps 5] --out DIR
+
+Writes DIR/profile-<model>-<recipe>.txt (top kernels by device time, and tokens/s) and a gzipped Chrome trace.
+Warm-up (compile included) happens before the profiled window.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gzip
+import shutil
+import os
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from gptcore.config import get_model, get_recipe
+from gptcore.train import Trainer, resolve_device
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="gpt2")
+    parser.add_argument("--recipe", default="ladder-8")
+    parser.add_argument("--batch", type=int, default=None)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--out", default=".")
+    args = parser.parse_args()
+    cfg = get_model(args.model)
+    if args.batch:
+        cfg = dataclasses.replace(cfg, batch_size=args.batch)
+    device = resolve_device(args.device)
+    trainer = Trainer(cfg, get_recipe(args.recipe), device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    t0 = time.perf_counter()
+    for _ in range(args.warmup):
+        trainer.step()
+    sync()
+    warmup_s = time.perf_counter() - t0
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            trainer.step()
+        sync()
+        seconds = time.perf_counter() - t0
+    tok_s = args.steps * trainer.tokens_per_step / seconds
+    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=sort, row_limit=40)
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(args.out, f"profile-{args.model}-{args.recipe}")
+    header = (f"{args.model} / {args.recipe} on {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}),"
+              f" torch {torch.__version__}: batch {trainer.micro_batch}x{trainer.accum}, {tok_s:,.0f} tok/s under the"
+              f" profiler (warm-up incl. compile {warmup_s:.1f} s)\n")
+    with open(stem + ".txt", "w") as f:
+        f.write(header + table + "\n")
+    prof.export_chrome_trace(stem + ".json")
+    with open(stem + ".json", "rb") as raw, gzip.open(stem + ".json.gz", "wb") as packed:
+        shutil.copyfileobj(raw, packed)  # traces run to tens of MB; gzip packs them ~10x
+    os.remove(stem + ".json")
+    print(header + table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
-CATEGORIES = ("parameters", "gradients", "optimizer state", "activations", "backward temporaries",
+CATEGORIES = ("parameters", "buffers", "gradients", "optimizer state", "activations", "backward temporaries",
               "optimizer temporaries", "other")
 _PHASE_CATEGORY = {"forward": "activations", "backward": "backward temporaries", "optimizer": "optimizer temporaries"}
 
@@ -139,6 +139,8 @@ def phases(tracker: LiveBytes, model: torch.nn.Module, optimizers: list[torch.op
         tracker.track(p, "parameters")
         if p.grad is not None:
             tracker.track(p.grad, "gradients")
+    for b in model.buffers():  # e.g. manual attention's causal masks: device memory like the parameters
+        tracker.track(b, "buffers")
     try:
         yield
     finally:
@@ -146,19 +148,25 @@ def phases(tracker: LiveBytes, model: torch.nn.Module, optimizers: list[torch.op
             h.remove()
 
 
-def track_training(trainer, steps: int = 2) -> PeakReport:
+def track_training(trainer, steps: int = 2, *, batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+                   tracker: LiveBytes | None = None) -> PeakReport:
     """Run ``steps`` optimizer steps of ``trainer`` (a gptcore Trainer) under the tracker and report the peak.
-    Two steps are the default so that optimizer state exists during the second. Not for compiled recipes."""
+    Two steps are the default so that optimizer state exists during the second. Not for compiled recipes.
+    ``batches``: the full (x, y) batch of each step, consumed (default: ``steps`` batches drawn from the
+    trainer's data); ``tracker``: the LiveBytes to use (default: a new one, rounding to 512 bytes on CUDA).
+    gptcore.memory passes both to run this same loop on fake tensors."""
     if trainer.recipe.compile:
         raise ValueError("compile: the storage tracker cannot see inside compiled kernels; track an eager recipe")
-    round_to = 512 if trainer.device.type == "cuda" else 1
-    tracker = LiveBytes(round_to=round_to)
-    batches = [trainer._next_batch() for _ in range(steps * trainer.accum)]  # made outside: not counted
-    k = trainer.accum
-    full = [(torch.cat([x for x, _ in batches[i * k:(i + 1) * k]]), torch.cat([y for _, y in batches[i * k:(i + 1) * k]]))
-            for i in range(steps)]
+    if tracker is None:
+        tracker = LiveBytes(round_to=512 if trainer.device.type == "cuda" else 1)
+    full = batches
+    if full is None:
+        micro = [trainer._next_batch() for _ in range(steps * trainer.accum)]  # made outside: not counted
+        k = trainer.accum
+        full = [(torch.cat([x for x, _ in micro[i * k:(i + 1) * k]]), torch.cat([y for _, y in micro[i * k:(i + 1) * k]]))
+                for i in range(steps)]
     with phases(tracker, trainer.model, trainer.optimizers), tracker:
-        for step, batch in enumerate(full):
+        for step in range(len(full)):
             tracker.step = step + 1
-            trainer.step(batch)
+            trainer.step(full.pop(0))  # popped: a step's batch dies after it, as in a training loop
     return tracker.report()

@@ -148,7 +148,7 @@ class Trainer:
             for x, y in micro:
                 x, y = x.to(self.device, non_blocking=self._pin), y.to(self.device, non_blocking=self._pin)
                 with self.autocast():
-                    _, loss = self.forward(x, y)
+                    loss = self.forward(x, y)[1]  # drop the logits now: backward does not need them
                 loss = loss / self.accum
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
                 total += loss.detach().float()

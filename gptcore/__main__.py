@@ -7,6 +7,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from . import memory
 from .config import MODEL_NOTES, MODELS, RECIPE_NOTES, RECIPES, get_model, get_recipe
 
 
@@ -33,7 +34,10 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--log-every", type=int, default=10, help="read the loss every N steps (default 10)")
 
     # estimate: memory.add_estimate_arguments / memory.cmd_estimate (owned by gptcore/memory.py)
+    memory.add_estimate_arguments(sub)
     # report: report.add_report_arguments / report.cmd_report (owned by gptcore/report.py)
+    from .report import add_report_arguments
+    add_report_arguments(sub)
     return parser
 
 
@@ -90,7 +94,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"list": cmd_list, "train": cmd_train}
+COMMANDS = {"list": cmd_list, "train": cmd_train, "estimate": memory.cmd_estimate,
+            "report": lambda args: args.handler(args)  # report.cmd_report, set by add_report_arguments
+            }
 
 
 def main(argv: Sequence[str] | None = None) -> int:

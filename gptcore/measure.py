@@ -1,10 +1,28 @@
-"""Measurement: peak memory, tokens/s and MFU."""
+"""Measurement: timing (CUDA events or the host clock), peak memory, tokens/s and MFU for one benchmark case.
+
+A case is (GPTConfig, Recipe, device): :class:`CaseRunner` builds a fresh Trainer and runs the warm-up steps
+(compile and optimizer-state creation happen there, timed apart), then each call of :meth:`CaseRunner.round`
+times ``steps_per_round`` optimizer steps. :func:`run_case` strings it together; a benchmark hands ``round`` to
+``benchmark.pedantic`` instead of the plain loop so that pytest-benchmark keeps its own statistics too.
+
+Peak memory: on CUDA the caching allocator's peaks over the timed rounds (stats reset after the warm-up); on CPU
+the peak of live tensor bytes from a separate tracked pass (:func:`gptcore.memtrack.track_training`) on a fresh
+Trainer, so that tracking never slows the timed steps. That figure is exact and deterministic.
+"""
 
 from __future__ import annotations
 
+import gc
+import re
 import resource
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 
 import torch
+
+from .config import GPTConfig, Recipe
 
 
 def process_peak_memory(device: torch.device) -> tuple[int, str]:
@@ -12,3 +30,258 @@ def process_peak_memory(device: torch.device) -> tuple[int, str]:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device), "allocated"
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "RSS"
+
+
+# -- peak FLOPs and MFU ------------------------------------------------------------------------------------------
+
+#: Dense peak TFLOP/s from the vendors' datasheets (sparsity figures halved), per precision class: "fp32" on the
+#: CUDA cores (TF32 off), "tf32" and "16-bit" (fp16/bf16 with fp32 accumulation) on the tensor cores.
+PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "H100 SXM": {"fp32": 67.0, "tf32": 494.7, "16-bit": 989.4},
+    "H100 PCIe": {"fp32": 51.2, "tf32": 378.0, "16-bit": 756.0},
+    "H100 NVL": {"fp32": 60.0, "tf32": 417.5, "16-bit": 835.5},
+    "H200 SXM": {"fp32": 67.0, "tf32": 494.7, "16-bit": 989.4},
+    "H200 NVL": {"fp32": 60.0, "tf32": 417.5, "16-bit": 835.5},
+    "A100": {"fp32": 19.5, "tf32": 156.0, "16-bit": 312.0},  # 40/80 GB, SXM4 and PCIe alike
+    "L4": {"fp32": 30.3, "tf32": 60.0, "16-bit": 121.0},
+    "L40S": {"fp32": 91.6, "tf32": 183.0, "16-bit": 362.1},
+    "L40": {"fp32": 90.5, "tf32": 90.5, "16-bit": 181.0},
+    "RTX 4090": {"fp32": 82.6, "tf32": 82.6, "16-bit": 165.2},  # GeForce: half rate with fp32 accumulation
+    "A10": {"fp32": 31.2, "tf32": 62.5, "16-bit": 125.0},
+    "A10G": {"fp32": 35.0, "tf32": 70.0, "16-bit": 140.0},  # A10's GA102 with 80 SMs at 1.71 GHz
+}
+
+# (pattern on the lowercased torch.cuda.get_device_name, key of PEAK_TFLOPS); first match wins
+_GPU_PATTERNS: tuple[tuple[str, str], ...] = (
+    (r"\bh100\b.*\bnvl\b", "H100 NVL"),
+    (r"\bh100\b.*\bpcie\b", "H100 PCIe"),
+    (r"\bh100\b.*(\bsxm|\bhbm3)", "H100 SXM"),  # "NVIDIA H100 80GB HBM3" is the SXM part
+    (r"\bh200\b.*\bnvl\b", "H200 NVL"),
+    (r"\bh200\b", "H200 SXM"),
+    (r"\ba100\b", "A100"),
+    (r"\bl40s\b", "L40S"),
+    (r"\bl40\b", "L40"),
+    (r"\bl4\b", "L4"),
+    (r"\brtx 4090\b", "RTX 4090"),
+    (r"\ba10g\b", "A10G"),
+    (r"\ba10\b", "A10"),
+)
+
+_PRECISION_CLASS = {"fp32": "fp32", "tf32": "tf32", "fp16": "16-bit", "bf16": "16-bit", "bf16-pure": "16-bit"}
+
+
+def gpu_key(device_name: str) -> str | None:
+    """The PEAK_TFLOPS key for a CUDA device name, or None for a GPU not in the table."""
+    name = device_name.lower()
+    for pattern, key in _GPU_PATTERNS:
+        if re.search(pattern, name):
+            return key
+    return None
+
+
+def peak_flops(device_name: str, precision: str) -> float | None:
+    """Dense peak FLOP/s of ``device_name`` for a recipe precision; None when the GPU is unknown (no guessing)."""
+    key = gpu_key(device_name)
+    if key is None:
+        return None
+    return PEAK_TFLOPS[key][_PRECISION_CLASS[precision]] * 1e12
+
+
+def mfu(flops_per_token: float, tokens_per_s: float, device_name: str | None, precision: str) -> float | None:
+    """Model FLOPs utilization in [0, 1]: achieved training FLOP/s over the GPU's peak; None on CPU or an unknown
+    GPU (``device_name`` None means CPU)."""
+    peak = peak_flops(device_name, precision) if device_name else None
+    return None if peak is None else flops_per_token * tokens_per_s / peak
+
+
+# -- timing --------------------------------------------------------------------------------------------------------
+
+
+class StepTimer:
+    """Seconds of the work done inside ``with timer:``; on CUDA recorded with events and synchronized at the end
+    (the one sync of a round), on CPU the host clock. ``timer.seconds`` holds the last interval; on CPU
+    ``timer.cpu_share`` is the process's CPU time over (wall time x torch threads): about 1 when the process had
+    its cores to itself (idle OpenMP threads spin), about 0.5 or less when another process competed for them."""
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self.seconds = 0.0
+        self.cpu_share: float | None = None
+        if self.device.type == "cuda":
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._end = torch.cuda.Event(enable_timing=True)
+
+    def __enter__(self) -> StepTimer:
+        if self.device.type == "cuda":
+            self._start.record()
+        else:
+            self._c0, self._t0 = time.process_time(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.device.type == "cuda":
+            self._end.record()
+            self._end.synchronize()
+            self.seconds = self._start.elapsed_time(self._end) / 1000.0
+        else:
+            self.seconds = time.perf_counter() - self._t0
+            cpu = time.process_time() - self._c0
+            self.cpu_share = cpu / (self.seconds * torch.get_num_threads()) if self.seconds > 0 else None
+
+
+def throughput(round_seconds: Sequence[float], tokens_per_round: int) -> tuple[float, float]:
+    """(median, IQR) of tokens/s over rounds; quartiles by linear interpolation (numpy's default). One round has
+    an IQR of 0."""
+    if not round_seconds:
+        raise ValueError("round_seconds: need at least one timed round")
+    rates = sorted(tokens_per_round / s for s in round_seconds)
+    if len(rates) == 1:
+        return rates[0], 0.0
+    q1, median, q3 = statistics.quantiles(rates, n=4, method="inclusive")
+    return median, q3 - q1
+
+
+# -- one case ------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Measurement:
+    """What one benchmark case measured. Bytes are None where the device has no such figure (reserved on CPU)."""
+
+    device: str
+    tokens_per_step: int
+    steps_per_round: int
+    round_seconds: list[float] = field(default_factory=list)
+    tokens_per_s: float | None = None
+    """Median over the timed rounds."""
+    tokens_per_s_iqr: float | None = None
+    setup_seconds: float = 0.0
+    """Building the Trainer (model, optimizer)."""
+    warmup_seconds: float = 0.0
+    """Warm-up steps: compile and optimizer-state creation happen here, never in the timed rounds."""
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    loss: float | None = None
+    """Loss of the last timed optimizer step."""
+    loss_step: int = 0
+    """Optimizer steps taken when the loss was read (warm-up included)."""
+    mfu: float | None = None
+    threads: int = 0
+    cpu_share: float | None = None
+    """CPU only: median over rounds of the process's CPU time / (wall time x threads); below ~0.9 the machine was
+    busy with something else and tokens/s says little (see StepTimer)."""
+    error: str | None = None
+    """Set when the case failed (out of memory), with what was allocated at the time."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class CaseRunner:
+    """A fresh Trainer for one case: ``prepare()`` builds and warms it up, ``round()`` times K steps,
+    ``finish()`` returns the Measurement (and on CPU runs the separate tracked pass for peak memory)."""
+
+    def __init__(self, cfg: GPTConfig, recipe: Recipe, device: torch.device | str, *, warmup: int,
+                 steps_per_round: int) -> None:
+        if warmup < 0 or steps_per_round < 1:
+            raise ValueError(f"warmup must be >= 0 and steps_per_round >= 1, got {warmup}, {steps_per_round}")
+        self.cfg, self.recipe, self.device = cfg, recipe, torch.device(device)
+        self.warmup, self.steps_per_round = warmup, steps_per_round
+        self.trainer = None
+        self.timer = StepTimer(self.device)
+        self.last_loss: torch.Tensor | None = None
+        self._shares: list[float] = []
+        self.m = Measurement(device=str(self.device), tokens_per_step=recipe.batch_size(cfg) * cfg.block_size,
+                             steps_per_round=steps_per_round, threads=torch.get_num_threads())
+
+    def prepare(self) -> None:
+        """Build the Trainer and run the warm-up steps; then reset the CUDA peak-memory stats."""
+        from .train import Trainer
+
+        t0 = time.perf_counter()
+        self.trainer = Trainer(self.cfg, self.recipe, self.device)
+        self.m.setup_seconds = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for _ in range(self.warmup):
+            self.last_loss = self.trainer.step()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.m.warmup_seconds = time.perf_counter() - t0
+
+    def round(self) -> None:
+        """One timed round of ``steps_per_round`` optimizer steps; the loss stays on the device."""
+        with self.timer:
+            for _ in range(self.steps_per_round):
+                self.last_loss = self.trainer.step()
+        self.m.round_seconds.append(self.timer.seconds)
+        if self.timer.cpu_share is not None:
+            self._shares.append(self.timer.cpu_share)
+
+    def out_of_memory(self, err: torch.OutOfMemoryError) -> None:
+        """Record an OOM with what was allocated at the time (call inside the ``except``)."""
+        where = f"after {self.trainer.step_count} steps" if self.trainer is not None else "while building"
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else "out of memory"
+        self.m.error = f"out of memory {where}: {first_line}"
+        if self.device.type == "cuda":
+            self.m.peak_allocated_bytes = torch.cuda.max_memory_allocated(self.device)
+            self.m.peak_reserved_bytes = torch.cuda.max_memory_reserved(self.device)
+            self.m.error += f" (allocated {torch.cuda.memory_allocated(self.device) / 2**30:.2f} GiB)"
+
+    def finish(self) -> Measurement:
+        """Read the final loss and the peaks, free the Trainer, and return the Measurement."""
+        m, trainer = self.m, self.trainer
+        if m.error is None:
+            if m.round_seconds:
+                m.tokens_per_s, m.tokens_per_s_iqr = throughput(m.round_seconds,
+                                                                m.tokens_per_step * self.steps_per_round)
+            if self._shares:
+                m.cpu_share = statistics.median(self._shares)
+            if self.last_loss is not None:
+                m.loss = float(self.last_loss.item())
+            m.loss_step = trainer.step_count
+            if self.device.type == "cuda":
+                m.peak_allocated_bytes = torch.cuda.max_memory_allocated(self.device)
+                m.peak_reserved_bytes = torch.cuda.max_memory_reserved(self.device)
+                if m.tokens_per_s is not None:
+                    m.mfu = mfu(trainer.model.flops_per_token(), m.tokens_per_s,
+                                torch.cuda.get_device_name(self.device), self.recipe.precision)
+        self.trainer = self.last_loss = trainer = None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        elif m.error is None and not self.recipe.compile:  # the tracker cannot see inside compiled kernels
+            m.peak_allocated_bytes = cpu_peak_bytes(self.cfg, self.recipe)
+        return m
+
+
+def cpu_peak_bytes(cfg: GPTConfig, recipe: Recipe, steps: int = 2) -> int:
+    """Peak live tensor bytes of ``steps`` training steps on CPU, tracked on a fresh Trainer (exact)."""
+    from .memtrack import track_training
+    from .train import Trainer
+
+    return track_training(Trainer(cfg, recipe, "cpu"), steps=steps).peak_bytes
+
+
+TimedLoop = Callable[[Callable[[], None], int], None]
+
+
+def _plain_loop(round_fn: Callable[[], None], rounds: int) -> None:
+    for _ in range(rounds):
+        round_fn()
+
+
+def run_case(cfg: GPTConfig, recipe: Recipe, device: torch.device | str, *, warmup: int, rounds: int,
+             steps_per_round: int, timed_loop: TimedLoop | None = None) -> Measurement:
+    """Measure one case: warm-up, then ``rounds`` timed rounds of ``steps_per_round`` steps through
+    ``timed_loop(round_fn, rounds)`` (default: a plain loop; a benchmark passes benchmark.pedantic). An OOM
+    anywhere is caught: the Measurement carries ``error`` and what was allocated, and memory is freed."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    runner = CaseRunner(cfg, recipe, device, warmup=warmup, steps_per_round=steps_per_round)
+    try:
+        runner.prepare()
+        (timed_loop or _plain_loop)(runner.round, rounds)
+    except torch.OutOfMemoryError as err:
+        runner.out_of_memory(err)
+    return runner.finish()  # outside the except: the traceback (and the tensors its frames hold) is gone

@@ -1,0 +1,107 @@
+"""What every benchmark case shares: parameter grids with readable ids, a RunIf-style skip helper, and
+``measure`` (skip what the device cannot run, time the case with benchmark.pedantic, gate it against baselines)."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterable
+
+import pytest
+import torch
+
+from gptcore.config import MODELS, Recipe
+from gptcore.measure import Measurement, run_case
+from gptcore.train import unsupported_reason
+
+
+class BaselineMissing(UserWarning):
+    """A benchmark ran but its device's baseline file has no entry for it."""
+
+
+def run_if(*, cuda: bool = False, bf16: bool = False, min_capability: tuple[int, int] | None = None,
+           min_torch: str | None = None) -> list[pytest.MarkDecorator]:
+    """One skipif mark carrying every unmet hardware/software need (Lightning's RunIf), for
+    ``pytest.param(..., marks=run_if(...))``; an empty list when all needs are met."""
+    reasons = []
+    has_cuda = torch.cuda.is_available()
+    if (cuda or bf16 or min_capability) and not has_cuda:
+        reasons.append("needs CUDA (torch.cuda.is_available() is False)")
+    if has_cuda and bf16 and not torch.cuda.is_bf16_supported():
+        reasons.append(f"needs bf16 ({torch.cuda.get_device_name()} has none)")
+    if has_cuda and min_capability and torch.cuda.get_device_capability() < min_capability:
+        reasons.append(f"needs compute capability >= {min_capability[0]}.{min_capability[1]}")
+    if min_torch:
+        from packaging.version import Version
+
+        if Version(torch.__version__.split("+")[0]) < Version(min_torch):
+            reasons.append(f"needs torch >= {min_torch} (have {torch.__version__})")
+    return [pytest.mark.skipif(True, reason="; ".join(reasons))] if reasons else []
+
+
+def needs_of(recipe: Recipe, device: str) -> list[pytest.MarkDecorator]:
+    """The run_if marks a recipe implies on ``device`` (bf16 and flash need the right GPU)."""
+    if device != "cuda":
+        return []
+    return run_if(cuda=True, bf16=recipe.precision.startswith("bf16"),
+                  min_capability=(8, 0) if recipe.attention == "flash" else None)
+
+
+def grid(models: Iterable[str], recipes: dict[str, Recipe], device: str) -> list:
+    """pytest.param(model, recipe name) for every pair, with ids like 'char-ctx2-bf16' and the RunIf marks."""
+    return [pytest.param(model, name, id=f"{model}-{name}", marks=needs_of(recipe, device))
+            for model in models for name, recipe in recipes.items()]
+
+
+def estimate_bytes(model: str, recipe: Recipe, device: str) -> int | str | None:
+    """gptcore.memory.estimate's total for the case when that module exists (None otherwise; 'err' if it raised)."""
+    try:
+        from gptcore import memory
+    except ImportError:
+        return None
+    estimate = getattr(memory, "estimate", None)
+    if estimate is None:
+        return None
+    cfg = MODELS[model]
+    try:
+        # batch: the preset's sequences per optimizer step (the estimator applies the recipe's divisor and accumulation)
+        result = estimate(cfg, recipe, batch=cfg.batch_size, seq=cfg.block_size, device=device)
+    except Exception:  # an optional column must never fail a benchmark
+        return "err"
+    for name in ("total", "total_bytes", "peak", "peak_bytes"):
+        value = getattr(result, name, None)
+        if isinstance(value, (int, float)):
+            return int(value)
+    return None
+
+
+def measure(benchmark, gate, request: pytest.FixtureRequest, model: str, recipe_name: str, recipe: Recipe,
+            device: str, *, warmup: int, rounds: int, steps_per_round: int) -> Measurement:
+    """Run one case under benchmark.pedantic and gate it; skip (with the reason) what the device cannot run."""
+    reason = unsupported_reason(recipe, device)
+    if reason:
+        pytest.skip(reason)
+    warmup, rounds, steps_per_round = gate.counts(warmup, rounds, steps_per_round)
+    cfg = MODELS[model]
+
+    def timed_loop(round_fn: Callable[[], None], n: int) -> None:
+        benchmark.pedantic(round_fn, rounds=n, iterations=1, warmup_rounds=0)
+
+    m = run_case(cfg, recipe, device, warmup=warmup, rounds=rounds, steps_per_round=steps_per_round,
+                 timed_loop=timed_loop)
+    estimate = estimate_bytes(model, recipe, device) if m.error is None else None
+    verdict = gate.check(request.node, m, precision=recipe.precision, estimate=estimate)
+    benchmark.extra_info.update(model=model, recipe=recipe_name, precision=recipe.precision,
+                                batch=recipe.batch_size(cfg), block_size=cfg.block_size, estimate_bytes=estimate,
+                                verdict=verdict.summary() if verdict else None, **m.to_dict())
+    if m.error:
+        pytest.fail(f"{request.node.name}: {m.error}", pytrace=False)
+    if verdict is not None:
+        if verdict.failed:
+            pytest.fail(verdict.failure_message(), pytrace=False)
+        if verdict.missing:
+            message = f"{request.node.name}: no baseline for {gate.slug_for(device)}; record it with: " \
+                      f"{gate.record_command(request.node.nodeid)}"
+            if gate.strict:
+                pytest.fail(message + " (--baseline-strict)", pytrace=False)
+            warnings.warn(message, BaselineMissing, stacklevel=1)
+    return m

@@ -1,0 +1,418 @@
+"""Baseline files: one per device (``baselines/<device-slug>.json``), their schema, validation, the comparison of a
+measurement with its baseline (verdicts), and atomic updates that rewrite only the cases that ran.
+
+Gate rules (defaults per device type, stored in each file's ``tolerances`` and overridable per run):
+
+* peak memory (allocated bytes) fails above +``memory`` (2%); on CPU the tracked bytes are exact and
+  deterministic, so any change there is real;
+* tokens/s fails below -``speed``: 5% on a GPU; on CPU 50%, and only when the CPU model matches the one the
+  baseline was recorded on (another CPU is another machine) and both runs had their cores to themselves
+  (CPU share >= ``min_cpu_share``, see gptcore.measure.StepTimer); otherwise it is reported, not gated. An
+  explicit speed tolerance on the command line (--speed-tol) gates tokens/s on any CPU, busy or not;
+* the loss of the last timed step must stay within ``loss`` nats (fp32/tf32) or ``loss_amp`` nats (fp16/bf16),
+  either way, and only when it was read at the same optimizer step;
+* leaner or faster than the baseline beyond tolerance passes with a "refresh the baseline" note.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import os
+import platform
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+AMP_PRECISIONS = ("fp16", "bf16", "bf16-pure")
+
+
+class BaselineError(ValueError):
+    """A baseline file that cannot be used; the message names the file and the field."""
+
+
+# -- devices -------------------------------------------------------------------------------------------------------
+
+
+def slugify(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3' (lowercase, runs of non-alphanumerics -> '-')."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def cpu_model() -> str:
+    """The host CPU's model string (from /proc/cpuinfo on Linux)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def device_slug(device: Any) -> str:
+    """File stem of a device's baselines: the slugified CUDA device name, or 'cpu'."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return slugify(torch.cuda.get_device_name(device))
+    return "cpu"
+
+
+def device_name(device: Any) -> str:
+    import torch
+
+    device = torch.device(device)
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
+
+
+def git_commit(cwd: str | Path | None = None) -> str | None:
+    """HEAD's sha, with '+dirty' when the working tree has changes; None outside git."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                               capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sha + ("+dirty" if dirty else "")
+
+
+# -- schema ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    """Relative tolerances for memory and speed, absolute (nats) for the loss."""
+
+    memory: float = 0.02
+    """Peak allocated bytes fail above baseline x (1 + memory)."""
+    speed: float = 0.05
+    """tokens/s fail below baseline x (1 - speed)."""
+    loss: float = 1e-3
+    """|loss - baseline| for fp32/tf32 recipes."""
+    loss_amp: float = 2e-2
+    """|loss - baseline| for fp16/bf16 recipes."""
+    speed_needs_same_cpu: bool = False
+    """Gate tokens/s only when the CPU model matches the baseline's (the CPU tier)."""
+    min_cpu_share: float = 0.0
+    """Gate tokens/s only when this run and the baseline's had at least this CPU share (the CPU tier)."""
+
+    @classmethod
+    def default_for(cls, device_type: str) -> Tolerances:
+        """CPU: memory exact (2% kept as the one memory rule), speed only as a 2x smoke check on the same CPU model
+        and an unloaded machine, loss tight (bit-identical run to run; across ISAs and thread counts fp32 moved
+        < 1e-6 nats, bf16 < 5e-4)."""
+        if device_type == "cpu":
+            return cls(memory=0.02, speed=0.5, loss=1e-4, loss_amp=2e-3, speed_needs_same_cpu=True,
+                       min_cpu_share=0.9)
+        return cls()
+
+    def validate(self, where: str) -> None:
+        for name in ("memory", "speed", "loss", "loss_amp", "min_cpu_share"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+                raise BaselineError(f"{where}: tolerances.{name}: must be a number >= 0, got {value!r}")
+        if self.speed > 1:
+            raise BaselineError(f"{where}: tolerances.speed: must be in [0, 1], got {self.speed}")
+
+
+@dataclass
+class Entry:
+    """One benchmark's figures (measured now, or recorded in a baseline file)."""
+
+    tokens_per_s: float | None
+    tokens_per_s_iqr: float | None
+    peak_allocated_bytes: int | None
+    peak_reserved_bytes: int | None
+    loss: float | None
+    loss_step: int
+    precision: str = "fp32"
+    cpu_model: str | None = None
+    cpu_share: float | None = None
+    recorded_at: str | None = None
+    commit: str | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "tokens_per_s": {"median": self.tokens_per_s, "iqr": self.tokens_per_s_iqr},
+            "peak_allocated_bytes": self.peak_allocated_bytes,
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "loss": {"value": self.loss, "step": self.loss_step},
+            "precision": self.precision,
+            "cpu_model": self.cpu_model,
+            "cpu_share": self.cpu_share,
+            "recorded_at": self.recorded_at,
+            "commit": self.commit,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> Entry:
+        def get(obj: Any, key: str, types: tuple, path: str, nullable: bool = True) -> Any:
+            if not isinstance(obj, dict):
+                raise BaselineError(f"{where}: {path.rsplit('.', 1)[0]}: must be an object")
+            if key not in obj:
+                raise BaselineError(f"{where}: {path}: missing")
+            value = obj[key]
+            if value is None and nullable:
+                return None
+            if isinstance(value, bool) or not isinstance(value, types):
+                raise BaselineError(f"{where}: {path}: expected {' or '.join(t.__name__ for t in types)}"
+                                    f"{' or null' if nullable else ''}, got {value!r}")
+            return value
+
+        num = (int, float)
+        speed = get(data, "tokens_per_s", (dict,), "tokens_per_s", nullable=False)
+        loss = get(data, "loss", (dict,), "loss", nullable=False)
+        return cls(
+            tokens_per_s=get(speed, "median", num, "tokens_per_s.median"),
+            tokens_per_s_iqr=get(speed, "iqr", num, "tokens_per_s.iqr"),
+            peak_allocated_bytes=get(data, "peak_allocated_bytes", (int,), "peak_allocated_bytes"),
+            peak_reserved_bytes=get(data, "peak_reserved_bytes", (int,), "peak_reserved_bytes"),
+            loss=get(loss, "value", num, "loss.value"),
+            loss_step=get(loss, "step", (int,), "loss.step", nullable=False),
+            precision=get(data, "precision", (str,), "precision", nullable=False),
+            cpu_model=get(data, "cpu_model", (str,), "cpu_model"),
+            cpu_share=get(data, "cpu_share", num, "cpu_share"),
+            recorded_at=data.get("recorded_at"),
+            commit=data.get("commit"),
+        )
+
+
+@dataclass
+class BaselineFile:
+    """A device's baselines: header fields and one Entry per benchmark name (e.g. 'test_cpu_matrix[cpu-small-fp32]')."""
+
+    path: Path
+    slug: str
+    device_name: str
+    device_type: str
+    tolerances: Tolerances
+    entries: dict[str, Entry] = field(default_factory=dict)
+    torch: str | None = None
+    cuda: str | None = None
+    driver: str | None = None
+    recorded_at: str | None = None
+    commit: str | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "device": {"slug": self.slug, "name": self.device_name, "type": self.device_type},
+            "torch": self.torch,
+            "cuda": self.cuda,
+            "driver": self.driver,
+            "recorded_at": self.recorded_at,
+            "commit": self.commit,
+            "tolerances": dataclasses.asdict(self.tolerances),
+            "benchmarks": {name: self.entries[name].to_json() for name in sorted(self.entries)},
+        }
+
+
+def parse(data: Any, path: Path, expect_slug: str | None = None) -> BaselineFile:
+    """Validate decoded JSON; BaselineError naming ``path`` and the field otherwise."""
+    where = str(path)
+    if not isinstance(data, dict):
+        raise BaselineError(f"{where}: top level must be a JSON object")
+    if "schema_version" not in data:
+        raise BaselineError(f"{where}: schema_version: missing")
+    if data["schema_version"] != SCHEMA_VERSION:
+        raise BaselineError(f"{where}: schema_version: unknown {data['schema_version']!r} (this gptcore reads "
+                            f"{SCHEMA_VERSION}); re-record with --update-baselines or upgrade gptcore")
+    for key in ("device", "tolerances", "benchmarks"):
+        if not isinstance(data.get(key), dict):
+            raise BaselineError(f"{where}: {key}: {'missing' if key not in data else 'must be an object'}")
+    device = data["device"]
+    for key in ("slug", "name", "type"):
+        if not isinstance(device.get(key), str):
+            raise BaselineError(f"{where}: device.{key}: {'missing' if key not in device else 'must be a string'}")
+    if expect_slug is not None and device["slug"] != expect_slug:
+        raise BaselineError(f"{where}: device.slug: this file holds baselines of {device['name']!r} "
+                            f"({device['slug']}), this run is on {expect_slug!r}")
+    known = {f.name for f in dataclasses.fields(Tolerances)}
+    unknown = set(data["tolerances"]) - known
+    if unknown:
+        raise BaselineError(f"{where}: tolerances.{sorted(unknown)[0]}: unknown field; known: {', '.join(sorted(known))}")
+    tol = dataclasses.replace(Tolerances.default_for(device["type"]), **data["tolerances"])
+    tol.validate(where)
+    entries = {name: Entry.from_json(value, f"{where}: benchmarks[{name!r}]")
+               for name, value in data["benchmarks"].items()}
+    return BaselineFile(path=path, slug=device["slug"], device_name=device["name"], device_type=device["type"],
+                        tolerances=tol, entries=entries, torch=data.get("torch"), cuda=data.get("cuda"),
+                        driver=data.get("driver"), recorded_at=data.get("recorded_at"), commit=data.get("commit"))
+
+
+def load(path: str | Path, expect_slug: str | None = None) -> BaselineFile | None:
+    """The baseline file at ``path`` (None when it does not exist); BaselineError when it cannot be used."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise BaselineError(f"{path}: cannot read: {err.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise BaselineError(f"{path}: not valid JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
+    return parse(data, path, expect_slug)
+
+
+def write_atomic(path: str | Path, data: dict) -> None:
+    """Write JSON to a temp file in the same directory, then os.replace: readers see the old or the new file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~umask)  # mkstemp makes it 0600
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=2, sort_keys=False)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def update(path: str | Path, slug: str, entries: dict[str, Entry], *, device_name: str, device_type: str,
+           torch_version: str | None = None, cuda: str | None = None, driver: str | None = None,
+           commit: str | None = None) -> BaselineFile:
+    """Merge ``entries`` (the cases that ran) into the file at ``path``, keeping every other entry and the file's
+    tolerances (defaults for a new file), and rewrite it atomically."""
+    current = load(path, expect_slug=slug)
+    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    if current is None:
+        current = BaselineFile(path=Path(path), slug=slug, device_name=device_name, device_type=device_type,
+                               tolerances=Tolerances.default_for(device_type))
+    for name, entry in entries.items():
+        current.entries[name] = dataclasses.replace(entry, recorded_at=now, commit=commit)
+    current.device_name, current.torch, current.cuda, current.driver = device_name, torch_version, cuda, driver
+    current.recorded_at, current.commit = now, commit
+    write_atomic(path, current.to_json())
+    return current
+
+
+# -- verdicts --------------------------------------------------------------------------------------------------------
+
+OK, FAIL, BETTER, NOT_GATED, NO_BASELINE = "ok", "FAIL", "better", "not gated", "no baseline"
+
+
+@dataclass
+class Check:
+    """One metric of one case against its baseline. ``delta`` is relative for memory and speed, in nats for loss."""
+
+    metric: str
+    measured: float | None
+    baseline: float | None
+    delta: float | None
+    status: str
+    note: str = ""
+
+
+@dataclass
+class Verdict:
+    case: str
+    checks: list[Check]
+
+    @property
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if c.status == FAIL]
+
+    @property
+    def refresh(self) -> list[Check]:
+        return [c for c in self.checks if c.status == BETTER]
+
+    @property
+    def missing(self) -> bool:
+        return any(c.status == NO_BASELINE for c in self.checks)
+
+    def summary(self) -> str:
+        """'FAIL: peak memory +3.1%' / 'ok (refresh the baseline: tokens/s +12%)' / 'no baseline' / 'ok'."""
+        if self.failed:
+            return "FAIL: " + "; ".join(_describe(c) for c in self.failed)
+        if self.missing:
+            return NO_BASELINE
+        if self.refresh:
+            return "ok (refresh the baseline: " + "; ".join(_describe(c) for c in self.refresh) + ")"
+        return OK
+
+    def failure_message(self) -> str:
+        return f"{self.case}: " + "; ".join(f"{_describe(c)} ({c.note})" for c in self.failed)
+
+
+def _describe(c: Check) -> str:
+    if c.delta is None:
+        return c.metric
+    return f"{c.metric} {c.delta:+.4f} nats" if c.metric == "loss" else f"{c.metric} {c.delta:+.1%}"
+
+
+def _relative(measured: float | None, baseline: float | None) -> float | None:
+    if measured is None or baseline is None or baseline == 0:
+        return None
+    return measured / baseline - 1.0
+
+
+def _share(entry: Entry) -> float:
+    return 1.0 if entry.cpu_share is None else entry.cpu_share
+
+
+def compare(case: str, measured: Entry, baseline: Entry | None, tol: Tolerances, *,
+            cpu_model_now: str | None = None) -> Verdict:
+    """Verdicts of ``measured`` against ``baseline`` (None: no baseline recorded) under ``tol``."""
+    if baseline is None:
+        return Verdict(case, [Check(metric, None, None, None, NO_BASELINE)
+                              for metric in ("peak memory", "tokens/s", "loss")])
+    checks = []
+
+    # memory: fail above +tol, "better" below -tol
+    d = _relative(measured.peak_allocated_bytes, baseline.peak_allocated_bytes)
+    if d is None:
+        checks.append(Check("peak memory", measured.peak_allocated_bytes, baseline.peak_allocated_bytes, None,
+                            NOT_GATED, "no figure to compare"))
+    else:
+        status = FAIL if d > tol.memory else BETTER if d < -tol.memory else OK
+        checks.append(Check("peak memory", measured.peak_allocated_bytes, baseline.peak_allocated_bytes, d, status,
+                            f"{measured.peak_allocated_bytes:,} B vs {baseline.peak_allocated_bytes:,} B, "
+                            f"tolerance +{tol.memory:.0%}"))
+
+    # speed: fail below -tol, "better" above +tol; on CPU only against the same CPU model
+    d = _relative(measured.tokens_per_s, baseline.tokens_per_s)
+    if d is None:
+        checks.append(Check("tokens/s", measured.tokens_per_s, baseline.tokens_per_s, None, NOT_GATED,
+                            "no figure to compare"))
+    elif tol.speed_needs_same_cpu and baseline.cpu_model != cpu_model_now:
+        checks.append(Check("tokens/s", measured.tokens_per_s, baseline.tokens_per_s, d, NOT_GATED,
+                            f"recorded on {baseline.cpu_model!r}, running on {cpu_model_now!r}"))
+    elif tol.min_cpu_share and min(_share(measured), _share(baseline)) < tol.min_cpu_share:
+        checks.append(Check("tokens/s", measured.tokens_per_s, baseline.tokens_per_s, d, NOT_GATED,
+                            f"machine busy: CPU share {_share(measured):.0%} now, {_share(baseline):.0%} in the "
+                            f"baseline, gated from {tol.min_cpu_share:.0%}"))
+    else:
+        status = FAIL if d < -tol.speed else BETTER if d > tol.speed else OK
+        checks.append(Check("tokens/s", measured.tokens_per_s, baseline.tokens_per_s, d, status,
+                            f"{measured.tokens_per_s:,.0f} vs {baseline.tokens_per_s:,.0f} tok/s, "
+                            f"tolerance -{tol.speed:.0%}"))
+
+    # loss: two-sided, absolute, only at the same step
+    loss_tol = tol.loss_amp if measured.precision in AMP_PRECISIONS else tol.loss
+    if measured.loss is None or baseline.loss is None:
+        checks.append(Check("loss", measured.loss, baseline.loss, None, NOT_GATED, "no figure to compare"))
+    elif measured.loss_step != baseline.loss_step:
+        checks.append(Check("loss", measured.loss, baseline.loss, measured.loss - baseline.loss, NOT_GATED,
+                            f"read at step {measured.loss_step}, baseline at step {baseline.loss_step}"))
+    else:
+        d = measured.loss - baseline.loss
+        checks.append(Check("loss", measured.loss, baseline.loss, d, FAIL if abs(d) > loss_tol else OK,
+                            f"{measured.loss:.6f} vs {baseline.loss:.6f} at step {measured.loss_step}, "
+                            f"tolerance ±{loss_tol:g} nats"))
+    return Verdict(case, checks)

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Everything the GPU issue needs from a GPU machine, in as few calls as possible. Tables, logs and JSON go to
+# one output folder. Stages (each fits a 10-minute call; `all` runs them in order):
+#   record   device facts, measured matmul peak, the whole GPU tier once with --update-baselines (wall time)
+#   verify   the whole GPU tier again against the baselines just written: a false failure shows here
+#   profile  the top ladder rung under torch.profiler, and the report tables of the verify run
+# Usage: bash scripts/gpu_session.sh STAGE [OUT_DIR]   (OUT_DIR defaults to $OUT, else out/gpu)
+set -uo pipefail
+stage=${1:?stage: record, verify, profile or all}
+out=${2:-${OUT:-out/gpu}}
+mkdir -p "$out"
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/gptcore-inductor}
+python -m pip install --quiet --no-deps --no-build-isolation -e . >/dev/null 2>&1 || export PYTHONPATH=$PWD
+
+record() {
+  { nvidia-smi; python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"; } >"$out/env.txt" 2>&1
+  python scripts/matmul_peak.py --dtype bf16 --json "$out/matmul-bf16.json"
+  start=$(date +%s)
+  pytest bench -m gpu --require-gpu --update-baselines --benchmark-json "$out/record.json" 2>&1 | tee "$out/record.log"
+  echo "GPU tier wall time (record): $(( $(date +%s) - start )) s" | tee -a "$out/record.log"
+  cp baselines/nvidia-*.json "$out/" 2>/dev/null
+}
+
+verify() {
+  start=$(date +%s)
+  pytest bench -m gpu --require-gpu --benchmark-json "$out/verify.json" 2>&1 | tee "$out/verify.log"
+  echo "GPU tier wall time (verify): $(( $(date +%s) - start )) s" | tee -a "$out/verify.log"
+}
+
+profile() {
+  python scripts/profile_step.py --model gpt2 --recipe ladder-8 --out "$out" 2>&1 | tail -60
+  for run in verify record; do
+    if [ -f "$out/$run.json" ]; then python -m gptcore report "$out/$run.json" >"$out/report.txt" 2>&1; break; fi
+  done
+}
+
+case "$stage" in
+  record) record ;;
+  verify) verify ;;
+  profile) profile ;;
+  all) record; verify; profile ;;
+  *) echo "unknown stage $stage: record, verify, profile or all" >&2; exit 2 ;;
+esac

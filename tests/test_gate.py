@@ -1,0 +1,309 @@
+"""The baselines gate proves itself: a real CPU benchmark case (cpu-small fp32, 1 warm-up, 2 rounds of 2 steps) run
+through pytest in a subprocess against a temporary baselines dir: recorded, rerun unchanged, then with the
+baseline moved so that the run must fail; and unusable baseline files give a clear error. Plus unit tests of
+gptcore.baselines (verdicts, validation, atomic update)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gptcore import baselines
+from gptcore.baselines import BaselineError, Entry, Tolerances, compare
+
+pytest_plugins = ["pytester"]
+pytestmark = pytest.mark.cpu
+
+ROOT = Path(__file__).resolve().parent.parent
+CASE = "test_cpu_matrix[cpu-small-fp32]"
+CASE_GLOB = CASE.replace("[", "[[]")  # fnmatch: '[' opens a character class
+QUICK = [str(ROOT / "bench" / "test_cpu_matrix.py"), "-k", "cpu-small-fp32", "-p", "no:cacheprovider",
+         "--bench-warmup", "1", "--bench-rounds", "2", "--bench-steps", "2"]
+# the child must not think it is an xdist worker (pytest-benchmark would disable itself); one thread each keeps
+# two test workers from oversubscribing two cores, and the child's numerics equal the recording's
+ENV_DROP = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID", "PYTEST_ADDOPTS")
+ENV_SET = {"OMP_NUM_THREADS": "1"}
+
+
+def child_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ENV_DROP}
+    return {**env, **ENV_SET}
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """baselines/cpu.json as a first run with --update-baselines writes it (recorded once per module)."""
+    where = tmp_path_factory.mktemp("recorded")
+    proc = subprocess.run([sys.executable, "-m", "pytest", *QUICK, "--baselines-dir", str(where / "baselines"),
+                           "--update-baselines"], cwd=where, env=child_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "recorded" in proc.stdout
+    return json.loads((where / "baselines" / "cpu.json").read_text())
+
+
+@pytest.fixture
+def run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+    """run(baseline_json_or_text, *args) -> the RunResult of the quick case against that cpu.json."""
+    for key in ENV_DROP:
+        monkeypatch.delenv(key, raising=False)
+    for key, value in ENV_SET.items():
+        monkeypatch.setenv(key, value)
+
+    def _run(content: dict | str | None, *args: str) -> pytest.RunResult:
+        directory = pytester.path / "baselines"
+        directory.mkdir(exist_ok=True)
+        if content is not None:
+            text = content if isinstance(content, str) else json.dumps(content)
+            (directory / "cpu.json").write_text(text)
+        return pytester.runpytest_subprocess(*QUICK, "--baselines-dir", str(directory), *args, timeout=300)
+
+    return _run
+
+
+def entry(data: dict) -> dict:
+    return data["benchmarks"][CASE]
+
+
+# -- the gate on a real case --------------------------------------------------------------------------------------
+
+
+def test_first_run_with_update_baselines_records_the_case(recorded: dict) -> None:
+    assert recorded["schema_version"] == baselines.SCHEMA_VERSION
+    assert recorded["device"]["slug"] == "cpu"
+    e = entry(recorded)
+    assert e["peak_allocated_bytes"] > 0 and e["peak_reserved_bytes"] is None
+    assert e["tokens_per_s"]["median"] > 0 and e["tokens_per_s"]["iqr"] >= 0
+    assert e["loss"]["step"] == 1 + 2 * 2 and e["loss"]["value"] > 0
+    assert recorded["tolerances"] == {**recorded["tolerances"], "memory": 0.02, "speed_needs_same_cpu": True}
+
+
+def test_unchanged_rerun_passes(run, recorded: dict) -> None:
+    # --speed-tol 1.0: tokens/s is never gated here (no wall-clock assertions in tests/); memory and the loss
+    # are exact on CPU, so an unchanged rerun must match them
+    result = run(recorded, "--speed-tol", "1.0")
+    result.assert_outcomes(passed=1)
+    assert "gptcore benchmark gate" in result.stdout.str() and "FAIL" not in result.stdout.str()
+
+
+def test_memory_baseline_lowered_3pct_fails_naming_case_and_metric(run, recorded: dict) -> None:
+    lowered = copy.deepcopy(recorded)
+    entry(lowered)["peak_allocated_bytes"] = int(entry(recorded)["peak_allocated_bytes"] * 0.97)
+    result = run(lowered, "--speed-tol", "1.0")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*{CASE_GLOB}: peak memory +3.*%*tolerance +2%*"])
+
+
+def test_tokens_per_s_baseline_raised_fails_naming_case_and_metric(run, recorded: dict) -> None:
+    # x10 with a 5% tolerance: passing would need a run 9.5x faster than the recording on the same machine;
+    # noise and contention only slow a run down, so this cannot pass by chance
+    raised = copy.deepcopy(recorded)
+    entry(raised)["tokens_per_s"]["median"] *= 10
+    result = run(raised, "--speed-tol", "0.05")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*{CASE_GLOB}: tokens/s -*%*tolerance -5%*"])
+
+
+def test_loss_moved_beyond_tolerance_fails(run, recorded: dict) -> None:
+    moved = copy.deepcopy(recorded)
+    entry(moved)["loss"]["value"] += 0.01
+    result = run(moved, "--speed-tol", "1.0")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*{CASE_GLOB}: loss -0.0100 nats*"])
+
+
+def test_missing_entry_passes_as_no_baseline_and_fails_under_strict(run, recorded: dict) -> None:
+    empty = {**copy.deepcopy(recorded), "benchmarks": {}}
+    result = run(empty)
+    result.assert_outcomes(passed=1, warnings=1)
+    result.stdout.fnmatch_lines(["*no baseline*", "*1 case(s) have no baseline; record them with: *--update-baselines"])
+    strict = run(empty, "--baseline-strict")
+    strict.assert_outcomes(failed=1)
+    strict.stdout.fnmatch_lines([f"*{CASE_GLOB}: no baseline for cpu*--baseline-strict*"])
+
+
+def test_benchmark_compare_without_history_says_so_and_still_gates(run, recorded: dict) -> None:
+    lowered = copy.deepcopy(recorded)
+    entry(lowered)["peak_allocated_bytes"] = int(entry(recorded)["peak_allocated_bytes"] * 0.97)
+    result = run(lowered, "--speed-tol", "1.0", "--benchmark-compare", "--benchmark-compare-fail=median:5%")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*{CASE_GLOB}: peak memory +3.*", "*--benchmark-compare: no saved benchmark run in*"])
+    assert "requires valid --benchmark-compare" not in result.stdout.str() + result.stderr.str()
+
+
+def _assert_usage_error(result: pytest.RunResult, *fragments: str) -> None:
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in err
+
+
+def test_corrupt_json_is_a_clear_error(run) -> None:
+    _assert_usage_error(run('{"schema_version": 1, '), "cpu.json: not valid JSON")
+
+
+def test_unknown_schema_version_is_a_clear_error(run, recorded: dict) -> None:
+    _assert_usage_error(run({**recorded, "schema_version": 99}), "cpu.json: schema_version: unknown 99")
+
+
+def test_another_devices_file_is_a_clear_error(run, recorded: dict) -> None:
+    other = {**recorded, "device": {"slug": "nvidia-h100-80gb-hbm3", "name": "NVIDIA H100 80GB HBM3", "type": "cuda"}}
+    _assert_usage_error(run(other), "cpu.json: device.slug:", "'NVIDIA H100 80GB HBM3'", "this run is on 'cpu'")
+
+
+def test_missing_field_is_a_clear_error_naming_it(run, recorded: dict) -> None:
+    broken = copy.deepcopy(recorded)
+    del entry(broken)["loss"]
+    _assert_usage_error(run(broken), f"benchmarks['{CASE}']: loss: missing")
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_require_gpu_without_cuda_fails_at_once(run) -> None:
+    _assert_usage_error(run(None, "--require-gpu"), "--require-gpu: CUDA is not available")
+
+
+# -- unit tests of gptcore.baselines --------------------------------------------------------------------------------
+
+BASE = Entry(tokens_per_s=1000.0, tokens_per_s_iqr=10.0, peak_allocated_bytes=1_000_000, peak_reserved_bytes=None,
+             loss=2.5, loss_step=10, precision="fp32", cpu_model="CPU A")
+GPU, CPU = Tolerances.default_for("cuda"), Tolerances.default_for("cpu")
+
+
+def measured(**fields) -> Entry:
+    return Entry(**{**BASE.__dict__, **fields})
+
+
+def status(verdict: baselines.Verdict, metric: str) -> str:
+    return next(c.status for c in verdict.checks if c.metric == metric)
+
+
+@pytest.mark.parametrize(("bytes_", "expected"), [(1_019_000, "ok"), (1_021_000, "FAIL"), (979_000, "better")])
+def test_memory_fails_above_2pct_and_leaner_asks_for_a_refresh(bytes_: int, expected: str) -> None:
+    verdict = compare("c", measured(peak_allocated_bytes=bytes_), BASE, GPU)
+    assert status(verdict, "peak memory") == expected
+    if expected == "better":
+        assert verdict.summary().startswith("ok (refresh the baseline: peak memory -2.1%")
+
+
+@pytest.mark.parametrize(("speed", "expected"), [(960.0, "ok"), (940.0, "FAIL"), (1060.0, "better")])
+def test_gpu_speed_fails_below_5pct_and_faster_asks_for_a_refresh(speed: float, expected: str) -> None:
+    assert status(compare("c", measured(tokens_per_s=speed), BASE, GPU), "tokens/s") == expected
+
+
+def test_cpu_speed_is_gated_at_50pct_on_the_same_cpu_model_only() -> None:
+    assert status(compare("c", measured(tokens_per_s=600.0), BASE, CPU, cpu_model_now="CPU A"), "tokens/s") == "ok"
+    assert status(compare("c", measured(tokens_per_s=400.0), BASE, CPU, cpu_model_now="CPU A"), "tokens/s") == "FAIL"
+    other = compare("c", measured(tokens_per_s=100.0), BASE, CPU, cpu_model_now="CPU B")
+    assert status(other, "tokens/s") == "not gated" and not other.failed
+
+
+def test_cpu_speed_is_not_gated_when_either_run_shared_its_cores() -> None:
+    busy_now = compare("c", measured(tokens_per_s=100.0, cpu_share=0.5), BASE, CPU, cpu_model_now="CPU A")
+    assert status(busy_now, "tokens/s") == "not gated" and "machine busy: CPU share 50% now" in busy_now.checks[1].note
+    busy_then = compare("c", measured(tokens_per_s=100.0), measured(cpu_share=0.6), CPU, cpu_model_now="CPU A")
+    assert status(busy_then, "tokens/s") == "not gated"
+    forced = dataclasses.replace(CPU, speed=0.05, speed_needs_same_cpu=False, min_cpu_share=0.0)  # --speed-tol
+    assert status(compare("c", measured(tokens_per_s=900.0, cpu_share=0.5), BASE, forced), "tokens/s") == "FAIL"
+
+
+def test_loss_is_gated_both_ways_by_precision_and_only_at_the_same_step() -> None:
+    assert status(compare("c", measured(loss=2.50005), BASE, CPU), "loss") == "ok"
+    assert status(compare("c", measured(loss=2.4998), BASE, CPU), "loss") == "FAIL"
+    assert status(compare("c", measured(loss=2.501, precision="bf16"), BASE, CPU), "loss") == "ok"
+    assert status(compare("c", measured(loss=9.0, loss_step=12), BASE, CPU), "loss") == "not gated"
+
+
+def test_no_baseline_is_reported_not_failed() -> None:
+    verdict = compare("c", BASE, None, GPU)
+    assert verdict.missing and not verdict.failed and verdict.summary() == "no baseline"
+
+
+def test_failure_message_names_case_metric_and_numbers() -> None:
+    verdict = compare("test_x[a-b]", measured(peak_allocated_bytes=1_100_000, tokens_per_s=500.0), BASE, GPU)
+    message = verdict.failure_message()
+    assert message.startswith("test_x[a-b]: peak memory +10.0%")
+    assert "tokens/s -50.0%" in message and "1,100,000 B vs 1,000,000 B" in message
+
+
+def test_slug_of_a_cuda_device_name() -> None:
+    assert baselines.slugify("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    assert baselines.slugify("NVIDIA A100-SXM4-40GB") == "nvidia-a100-sxm4-40gb"
+    assert baselines.device_slug("cpu") == "cpu"
+
+
+def _write(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data))
+
+
+def test_update_rewrites_only_the_cases_that_ran_and_keeps_tolerances(tmp_path: Path) -> None:
+    path = tmp_path / "cpu.json"
+    baselines.update(path, "cpu", {"a": BASE, "b": BASE}, device_name="CPU A", device_type="cpu")
+    data = json.loads(path.read_text())
+    data["tolerances"]["memory"] = 0.01
+    _write(path, data)
+    baselines.update(path, "cpu", {"b": measured(loss=3.0), "c": BASE}, device_name="CPU A", device_type="cpu")
+    file = baselines.load(path, expect_slug="cpu")
+    assert sorted(file.entries) == ["a", "b", "c"]
+    assert file.entries["a"].loss == 2.5 and file.entries["b"].loss == 3.0
+    assert file.tolerances.memory == 0.01
+    assert [p.name for p in tmp_path.iterdir()] == ["cpu.json"]  # no temp file left behind
+
+
+def test_a_failed_write_leaves_the_old_file_intact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "cpu.json"
+    baselines.update(path, "cpu", {"a": BASE}, device_name="CPU A", device_type="cpu")
+    before = path.read_text()
+
+    def fail(*_):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(baselines.os, "replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        baselines.update(path, "cpu", {"a": measured(loss=9.0)}, device_name="CPU A", device_type="cpu")
+    assert path.read_text() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["cpu.json"]
+
+
+@pytest.mark.parametrize(("mutate", "message"), [
+    (lambda d: d.pop("benchmarks"), "benchmarks: missing"),
+    (lambda d: d["device"].pop("slug"), "device.slug: missing"),
+    (lambda d: d["benchmarks"]["a"]["tokens_per_s"].update(median="fast"), "benchmarks['a']: tokens_per_s.median"),
+    (lambda d: d["benchmarks"]["a"].update(peak_allocated_bytes=1.5), "peak_allocated_bytes: expected int"),
+    (lambda d: d["tolerances"].update(memroy=0.1), "tolerances.memroy: unknown field"),
+    (lambda d: d["tolerances"].update(speed=2), "tolerances.speed: must be in [0, 1]"),
+])
+def test_validation_errors_name_the_file_and_the_field(tmp_path: Path, mutate, message: str) -> None:
+    path = tmp_path / "cpu.json"
+    baselines.update(path, "cpu", {"a": BASE}, device_name="CPU A", device_type="cpu")
+    data = json.loads(path.read_text())
+    mutate(data)
+    _write(path, data)
+    with pytest.raises(BaselineError) as err:
+        baselines.load(path, expect_slug="cpu")
+    assert str(err.value).startswith(str(path)) and message in str(err.value)
+
+
+def test_a_missing_file_loads_as_none(tmp_path: Path) -> None:
+    assert baselines.load(tmp_path / "cpu.json", expect_slug="cpu") is None
+
+
+def test_ladder_rung_is_slower_only_beyond_the_sum_of_iqrs() -> None:
+    from bench.test_ladder import slower_than_previous
+    from gptcore.measure import Measurement
+
+    def rung(median: float, iqr: float) -> Measurement:
+        return Measurement(device="cuda", tokens_per_step=1, steps_per_round=1, tokens_per_s=median,
+                           tokens_per_s_iqr=iqr)
+
+    assert slower_than_previous(rung(95_000, 3_000), rung(100_000, 3_000)) is None  # 5k drop < 6k of noise
+    assert "noise bound 6,000" in slower_than_previous(rung(93_000, 3_000), rung(100_000, 3_000))
+    assert slower_than_previous(rung(97_000, 0), rung(100_000, 0)) is not None  # tight runs: the 2% floor
+    assert slower_than_previous(rung(150_000, 0), rung(100_000, 0)) is None

@@ -1,0 +1,116 @@
+"""gptcore.measure: the peak-FLOPs table and MFU, the timer, tokens/s statistics, and run_case on CPU."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from gptcore import measure
+from gptcore.config import MODELS, RECIPES
+from gptcore.measure import mfu, peak_flops, run_case, throughput
+from gptcore.memtrack import track_training
+from gptcore.train import Trainer
+
+pytestmark = pytest.mark.cpu
+
+CPU_SMALL = MODELS["cpu-small"]
+CHECKPOINTED = dataclasses.replace(RECIPES["fp32"], checkpoint=True)
+
+
+@pytest.mark.parametrize(("name", "precision", "tflops"), [
+    ("NVIDIA H100 80GB HBM3", "bf16", 989.4),
+    ("NVIDIA H100 80GB HBM3", "fp32", 67.0),
+    ("NVIDIA H100 PCIe", "tf32", 378.0),
+    ("NVIDIA H100 NVL", "fp16", 835.5),
+    ("NVIDIA H200", "bf16-pure", 989.4),
+    ("NVIDIA A100-SXM4-40GB", "fp32", 19.5),
+    ("NVIDIA A100 80GB PCIe", "bf16", 312.0),
+    ("NVIDIA L4", "bf16", 121.0),
+    ("NVIDIA L40S", "tf32", 183.0),
+    ("NVIDIA GeForce RTX 4090", "fp16", 165.2),
+    ("NVIDIA A10G", "bf16", 140.0),
+    ("NVIDIA A10", "bf16", 125.0),
+])
+def test_known_gpu_gets_the_peak_of_its_precision(name: str, precision: str, tflops: float) -> None:
+    assert peak_flops(name, precision) == pytest.approx(tflops * 1e12)
+
+
+@pytest.mark.parametrize("name", ["Tesla T4", "NVIDIA GeForce GTX 1080", "AMD Instinct MI300X", "NVIDIA B200"])
+def test_unknown_gpu_gets_no_peak_and_no_mfu(name: str) -> None:
+    assert peak_flops(name, "bf16") is None
+    assert mfu(1e9, 1e5, name, "bf16") is None
+
+
+def test_mfu_is_achieved_over_peak_flops_and_none_on_cpu() -> None:
+    assert mfu(6e8, 1e5, "NVIDIA A100-SXM4-80GB", "bf16") == pytest.approx(6e13 / 312e12)
+    assert mfu(6e8, 1e5, None, "fp32") is None
+
+
+def test_cpu_timer_measures_the_block_on_the_host_clock_and_the_cpu_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    wall, cpu = iter([10.0, 12.5]), iter([1.0, 3.5])
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: next(wall))
+    monkeypatch.setattr(measure.time, "process_time", lambda: next(cpu))
+    monkeypatch.setattr(measure.torch, "get_num_threads", lambda: 2)
+    timer = measure.StepTimer("cpu")
+    with timer:
+        pass
+    assert timer.seconds == 2.5
+    assert timer.cpu_share == 0.5  # 2.5 s of CPU over 2.5 s x 2 threads: half the cores went elsewhere
+
+
+def test_throughput_is_the_median_and_iqr_of_tokens_per_second() -> None:
+    seconds = [1.0, 2.0, 4.0, 0.5, 1.0, 0.8]
+    rates = [1000 / s for s in seconds]
+    median, iqr = throughput(seconds, tokens_per_round=1000)
+    assert median == pytest.approx(np.median(rates))
+    assert iqr == pytest.approx(np.percentile(rates, 75) - np.percentile(rates, 25))
+
+
+def test_throughput_of_one_round_has_zero_iqr_and_none_is_an_error() -> None:
+    assert throughput([0.5], 100) == (200.0, 0.0)
+    with pytest.raises(ValueError, match="round_seconds"):
+        throughput([], 100)
+
+
+def test_run_case_cpu_peak_equals_track_training_on_the_same_config() -> None:
+    m = run_case(CPU_SMALL, CHECKPOINTED, "cpu", warmup=1, rounds=2, steps_per_round=1)
+    tracked = track_training(Trainer(CPU_SMALL, CHECKPOINTED, "cpu"), steps=2)
+    assert m.peak_allocated_bytes == tracked.peak_bytes
+    assert m.peak_reserved_bytes is None and m.mfu is None  # no allocator reserve and no peak table on CPU
+    assert 0 < m.cpu_share
+
+
+def test_run_case_times_the_rounds_apart_from_warmup_and_reads_the_last_loss() -> None:
+    calls = []
+
+    def timed_loop(round_fn, rounds: int) -> None:
+        calls.append(rounds)
+        for _ in range(rounds):
+            round_fn()
+
+    m = run_case(CPU_SMALL, RECIPES["fp32"], "cpu", warmup=2, rounds=3, steps_per_round=2, timed_loop=timed_loop)
+    assert calls == [3] and len(m.round_seconds) == 3
+    assert m.loss_step == 2 + 3 * 2
+    assert m.tokens_per_step == 12 * 64
+    expected = Trainer(CPU_SMALL, RECIPES["fp32"], "cpu").run(8)[-1]  # same seed, same batches: bit-identical
+    assert m.loss == expected
+
+
+def test_out_of_memory_is_reported_with_the_case_failed_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    step = Trainer.step
+    count = itertools.count()
+
+    def step_then_oom(self, batch=None):
+        if next(count) == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return step(self, batch)
+
+    monkeypatch.setattr(Trainer, "step", step_then_oom)
+    m = run_case(CPU_SMALL, RECIPES["fp32"], "cpu", warmup=1, rounds=3, steps_per_round=1)
+    assert m.error.startswith("out of memory after 3 steps: CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert m.tokens_per_s is None and m.loss is None
+    assert len(m.round_seconds) == 2  # the rounds before the failure

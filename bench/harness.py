@@ -11,6 +11,7 @@ import torch
 
 from gptcore.config import MODELS, Recipe
 from gptcore.measure import Measurement, run_case
+from gptcore import memory
 from gptcore.train import unsupported_reason
 
 
@@ -52,26 +53,23 @@ def grid(models: Iterable[str], recipes: dict[str, Recipe], device: str) -> list
             for model in models for name, recipe in recipes.items()]
 
 
-def estimate_bytes(model: str, recipe: Recipe, device: str) -> int | str | None:
-    """gptcore.memory.estimate's total for the case when that module exists (None otherwise; 'err' if it raised)."""
-    try:
-        from gptcore import memory
-    except ImportError:
-        return None
-    estimate = getattr(memory, "estimate", None)
-    if estimate is None:
-        return None
+def estimate_bytes(model: str, recipe: Recipe, device: str) -> int | str:
+    """gptcore.memory.estimate's peak for the case ('err' if it raised: an estimate column never fails a case)."""
     cfg = MODELS[model]
-    try:
-        # batch: the preset's sequences per optimizer step (the estimator applies the recipe's divisor and accumulation)
-        result = estimate(cfg, recipe, batch=cfg.batch_size, seq=cfg.block_size, device=device)
-    except Exception:  # an optional column must never fail a benchmark
+    try:  # batch: the preset's sequences per optimizer step (the estimator applies divisor and accumulation)
+        return memory.estimate(cfg, recipe, batch=cfg.batch_size, seq=cfg.block_size, device=device).total_bytes
+    except Exception:  # noqa: BLE001
         return "err"
-    for name in ("total", "total_bytes", "peak", "peak_bytes"):
-        value = getattr(result, name, None)
-        if isinstance(value, (int, float)):
-            return int(value)
-    return None
+
+
+def skip_if_it_cannot_fit(estimate: int | str, device: str) -> None:
+    """Skip, with the estimate, a GPU case that cannot fit in the device's memory instead of crashing into OOM."""
+    if device != "cuda" or not isinstance(estimate, int):
+        return
+    total = torch.cuda.get_device_properties(0).total_memory
+    if estimate > total:
+        pytest.skip(f"estimated peak {estimate / 2**30:.1f} GiB exceeds the {total / 2**30:.1f} GiB of "
+                    f"{torch.cuda.get_device_name()}")
 
 
 def measure(benchmark, gate, request: pytest.FixtureRequest, model: str, recipe_name: str, recipe: Recipe,
@@ -82,13 +80,14 @@ def measure(benchmark, gate, request: pytest.FixtureRequest, model: str, recipe_
         pytest.skip(reason)
     warmup, rounds, steps_per_round = gate.counts(warmup, rounds, steps_per_round)
     cfg = MODELS[model]
+    estimate = estimate_bytes(model, recipe, device)
+    skip_if_it_cannot_fit(estimate, device)
 
     def timed_loop(round_fn: Callable[[], None], n: int) -> None:
         benchmark.pedantic(round_fn, rounds=n, iterations=1, warmup_rounds=0)
 
     m = run_case(cfg, recipe, device, warmup=warmup, rounds=rounds, steps_per_round=steps_per_round,
                  timed_loop=timed_loop)
-    estimate = estimate_bytes(model, recipe, device) if m.error is None else None
     verdict = gate.check(request.node, m, precision=recipe.precision, estimate=estimate)
     benchmark.extra_info.update(model=model, recipe=recipe_name, precision=recipe.precision,
                                 batch=recipe.batch_size(cfg), block_size=cfg.block_size, estimate_bytes=estimate,

@@ -114,3 +114,17 @@ def test_out_of_memory_is_reported_with_the_case_failed_not_raised(monkeypatch: 
     assert m.error.startswith("out of memory after 3 steps: CUDA out of memory. Tried to allocate 2.00 GiB")
     assert m.tokens_per_s is None and m.loss is None
     assert len(m.round_seconds) == 2  # the rounds before the failure
+
+
+@pytest.mark.cpu
+def test_a_gpu_case_the_estimate_says_cannot_fit_is_skipped_with_the_estimate(monkeypatch):
+    from types import SimpleNamespace
+
+    from bench.harness import skip_if_it_cannot_fit
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: SimpleNamespace(total_memory=80 * 2**30))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "NVIDIA H100 80GB HBM3")
+    skip_if_it_cannot_fit(79 * 2**30, "cuda")  # fits: nothing happens
+    skip_if_it_cannot_fit(200 * 2**30, "cpu")  # CPU memory is not the GPU's
+    with pytest.raises(pytest.skip.Exception, match=r"estimated peak 120\.0 GiB exceeds the 80\.0 GiB"):
+        skip_if_it_cannot_fit(120 * 2**30, "cuda")

@@ -169,10 +169,6 @@ class Recipe:
 # Named models (DESIGN.md §3)
 
 
-def _doubled(base: GPTConfig, **fields: int) -> GPTConfig:
-    return dataclasses.replace(base, **fields)
-
-
 _CHAR = GPTConfig(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=CHAR_VOCAB, batch_size=64,
                   dropout=0.2)
 _CPU = GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=64, vocab_size=CHAR_VOCAB, batch_size=12)
@@ -181,14 +177,14 @@ _GPT2 = dict(block_size=1024, vocab_size=GPT2_VOCAB, batch_size=16, dataset="ran
 MODELS: dict[str, GPTConfig] = {
     # seed 000: nanoGPT shakespeare_char, and one dimension doubled at a time
     "char": _CHAR,
-    "char-ctx2": _doubled(_CHAR, block_size=512),
-    "char-layers2": _doubled(_CHAR, n_layer=12),
-    "char-embd2": _doubled(_CHAR, n_embd=768),
+    "char-ctx2": dataclasses.replace(_CHAR, block_size=512),
+    "char-layers2": dataclasses.replace(_CHAR, n_layer=12),
+    "char-embd2": dataclasses.replace(_CHAR, n_embd=768),
     # seed 001: nanoGPT's CPU recipe, and one dimension doubled at a time
     "cpu-small": _CPU,
-    "cpu-heads2": _doubled(_CPU, n_head=8),
-    "cpu-layers2": _doubled(_CPU, n_layer=8),
-    "cpu-embd2": _doubled(_CPU, n_embd=256),
+    "cpu-heads2": dataclasses.replace(_CPU, n_head=8),
+    "cpu-layers2": dataclasses.replace(_CPU, n_layer=8),
+    "cpu-embd2": dataclasses.replace(_CPU, n_embd=256),
     # seeds 003, 004: GPT-2 family on random tokens (throughput and memory do not depend on content)
     "gpt2": GPTConfig(n_layer=12, n_head=12, n_embd=768, **_GPT2),
     "gpt2-medium": GPTConfig(n_layer=24, n_head=16, n_embd=1024, **_GPT2),

@@ -35,11 +35,17 @@ def test_doubled_presets_double_one_dimension():
         assert dataclasses.replace(MODELS[name], **{field: getattr(base, field)}) == base
 
 
+# what seed 004's ladder adds at each rung, as Recipe fields (workers: worker processes and pinned memory)
+LADDER_CHANGES = [{"precision"}, {"sync_every_step"}, {"precision"}, {"compile"}, {"attention"},
+                  {"vocab_multiple"}, {"tie_weights"}, {"num_workers", "pin_memory"}]
+
+
 def test_each_ladder_rung_adds_exactly_one_switch():
-    for lower, upper in zip(LADDER, LADDER[1:]):
+    assert len(LADDER) == len(LADDER_CHANGES) + 1
+    for lower, upper, expected in zip(LADDER[:-1], LADDER[1:], LADDER_CHANGES, strict=True):
         a, b = RECIPES[lower], RECIPES[upper]
-        changed = [f.name for f in dataclasses.fields(Recipe) if getattr(a, f.name) != getattr(b, f.name)]
-        assert 1 <= len(changed) <= 2, (upper, changed)  # workers = num_workers + pin_memory together
+        changed = {f.name for f in dataclasses.fields(Recipe) if getattr(a, f.name) != getattr(b, f.name)}
+        assert changed == expected, upper
     top = RECIPES[LADDER[-1]]
     assert (top.precision, top.compile, top.attention, top.vocab_multiple, top.tie_weights, top.adamw_impl) == (
         "bf16", True, "flash", 64, True, "fused")

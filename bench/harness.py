@@ -1,17 +1,18 @@
-"""What every benchmark case shares: parameter grids with readable ids, a RunIf-style skip helper, and
+"""What every benchmark case shares: the study's grid with readable ids, a RunIf-style skip helper, and
 ``measure`` (skip what the device cannot run, time the case with benchmark.pedantic, gate it against baselines)."""
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 import torch
 
-from gptcore.config import MODELS, Recipe
+from gptcore.config import MODELS, RECIPES, Recipe, Study
 from gptcore.measure import Measurement, run_case
-from gptcore import memory
+from gptcore import baselines, memory
 from gptcore.train import unsupported_reason
 
 
@@ -19,9 +20,19 @@ class BaselineMissing(UserWarning):
     """A benchmark ran but its device's baseline file has no entry for it."""
 
 
-def run_if(*, cuda: bool = False, bf16: bool = False, min_capability: tuple[int, int] | None = None,
-           min_torch: str | None = None) -> list[pytest.MarkDecorator]:
-    """One skipif mark carrying every unmet hardware/software need (Lightning's RunIf), for
+@dataclass(frozen=True)
+class Counts:
+    """How a study's cases are timed: warm-up steps (compile and optimizer state happen there), timed rounds, and
+    optimizer steps per round."""
+
+    warmup: int
+    rounds: int
+    steps_per_round: int
+
+
+def run_if(*, cuda: bool = False, bf16: bool = False, min_capability: tuple[int, int] | None = None
+           ) -> list[pytest.MarkDecorator]:
+    """One skipif mark carrying every unmet hardware need (Lightning's RunIf), for
     ``pytest.param(..., marks=run_if(...))``; an empty list when all needs are met."""
     reasons = []
     has_cuda = torch.cuda.is_available()
@@ -31,11 +42,6 @@ def run_if(*, cuda: bool = False, bf16: bool = False, min_capability: tuple[int,
         reasons.append(f"needs bf16 ({torch.cuda.get_device_name()} has none)")
     if has_cuda and min_capability and torch.cuda.get_device_capability() < min_capability:
         reasons.append(f"needs compute capability >= {min_capability[0]}.{min_capability[1]}")
-    if min_torch:
-        from packaging.version import Version
-
-        if Version(torch.__version__.split("+")[0]) < Version(min_torch):
-            reasons.append(f"needs torch >= {min_torch} (have {torch.__version__})")
     return [pytest.mark.skipif(True, reason="; ".join(reasons))] if reasons else []
 
 
@@ -47,17 +53,19 @@ def needs_of(recipe: Recipe, device: str) -> list[pytest.MarkDecorator]:
                   min_capability=(8, 0) if recipe.attention == "flash" else None)
 
 
-def grid(models: Iterable[str], recipes: dict[str, Recipe], device: str) -> list:
-    """pytest.param(model, recipe name) for every pair, with ids like 'char-ctx2-bf16' and the RunIf marks."""
-    return [pytest.param(model, name, id=f"{model}-{name}", marks=needs_of(recipe, device))
-            for model in models for name, recipe in recipes.items()]
+def grid(study: Study) -> list:
+    """pytest.param(model, recipe name) for every case of ``study``, with ids like 'char-ctx2-bf16' (a registered
+    model and recipe: ``python -m gptcore train --model char-ctx2 --recipe bf16`` reruns the case) and RunIf marks."""
+    return [pytest.param(model, name, id=f"{model}-{name}", marks=needs_of(RECIPES[name], study.device))
+            for model in study.models for name in study.recipes]
 
 
 def estimate_bytes(model: str, recipe: Recipe, device: str) -> int | str:
     """gptcore.memory.estimate's peak for the case ('err' if it raised: an estimate column never fails a case)."""
     cfg = MODELS[model]
     try:  # batch: the preset's sequences per optimizer step (the estimator applies divisor and accumulation)
-        return memory.estimate(cfg, recipe, batch=cfg.batch_size, seq=cfg.block_size, device=device).total_bytes
+        question = memory.resolve(cfg, recipe, batch=cfg.batch_size, seq=cfg.block_size, device=device)
+        return memory.estimate(question).total_bytes
     except Exception:  # noqa: BLE001
         return "err"
 
@@ -72,13 +80,15 @@ def skip_if_it_cannot_fit(estimate: int | str, device: str) -> None:
                     f"{torch.cuda.get_device_name()}")
 
 
-def measure(benchmark, gate, request: pytest.FixtureRequest, model: str, recipe_name: str, recipe: Recipe,
-            device: str, *, warmup: int, rounds: int, steps_per_round: int) -> Measurement:
-    """Run one case under benchmark.pedantic and gate it; skip (with the reason) what the device cannot run."""
+def measure(benchmark, gate, request: pytest.FixtureRequest, study: Study, model: str, recipe_name: str,
+            counts: Counts) -> Measurement:
+    """Run one case of ``study`` under benchmark.pedantic and gate it; skip (with the reason) what the device
+    cannot run."""
+    recipe, device = RECIPES[recipe_name], study.device
     reason = unsupported_reason(recipe, device)
     if reason:
         pytest.skip(reason)
-    warmup, rounds, steps_per_round = gate.counts(warmup, rounds, steps_per_round)
+    warmup, rounds, steps_per_round = gate.counts(counts.warmup, counts.rounds, counts.steps_per_round)
     cfg = MODELS[model]
     estimate = estimate_bytes(model, recipe, device)
     skip_if_it_cannot_fit(estimate, device)
@@ -98,7 +108,7 @@ def measure(benchmark, gate, request: pytest.FixtureRequest, model: str, recipe_
         if verdict.failed:
             pytest.fail(verdict.failure_message(), pytrace=False)
         if verdict.missing:
-            message = f"{request.node.name}: no baseline for {gate.slug_for(device)}; record it with: " \
+            message = f"{request.node.name}: no baseline for {baselines.device_slug(device)}; record it with: " \
                       f"{gate.record_command(request.node.nodeid)}"
             if gate.strict:
                 pytest.fail(message + " (--baseline-strict)", pytrace=False)

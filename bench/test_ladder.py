@@ -1,4 +1,4 @@
-"""Seed 004 on a GPU: GPT-2 124M up the optimization ladder (fp32 -> tf32 -> no-sync -> amp -> compile -> flash ->
+"""The ladder on a GPU: GPT-2 124M up the optimization ladder (fp32 -> tf32 -> no-sync -> amp -> compile -> flash ->
 vocab-pad -> tied -> workers). Each rung is also checked not to be slower than the rung before it beyond noise.
 
 Noise bound: rung k is "slower" when median_k < median_{k-1} - max(IQR_k + IQR_{k-1}, 2% of median_{k-1}), i.e.
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pytest
 
-from bench.harness import grid, measure
-from gptcore.config import LADDER, RECIPES
+from bench.harness import Counts, grid, measure
+from gptcore.config import STUDIES
 from gptcore.measure import Measurement
 
-RECIPES_004 = {name: RECIPES[name] for name in LADDER}
-WARMUP, ROUNDS, STEPS = 5, 7, 5
+STUDY = STUDIES["ladder"]
+COUNTS = Counts(warmup=5, rounds=7, steps_per_round=5)
 FLOOR = 0.02
 
 pytestmark = pytest.mark.gpu
@@ -36,11 +36,10 @@ def slower_than_previous(now: Measurement, before: Measurement) -> str | None:
     return None
 
 
-@pytest.mark.benchmark(group="seed004-ladder")
-@pytest.mark.parametrize(("model", "recipe"), grid(("gpt2",), RECIPES_004, "cuda"))
+@pytest.mark.benchmark(group="ladder")
+@pytest.mark.parametrize(("model", "recipe"), grid(STUDY))
 def test_ladder(benchmark, gate, request, rungs: dict[int, Measurement], model: str, recipe: str) -> None:
-    m = measure(benchmark, gate, request, model, recipe, RECIPES_004[recipe], "cuda",
-                warmup=WARMUP, rounds=ROUNDS, steps_per_round=STEPS)
+    m = measure(benchmark, gate, request, STUDY, model, recipe, COUNTS)
     rung = int(recipe.rsplit("-", 1)[1])
     rungs[rung] = m
     before = rungs.get(rung - 1)

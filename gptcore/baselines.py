@@ -5,12 +5,11 @@ Gate rules (defaults per device type, stored in each file's ``tolerances`` and o
 
 * peak memory (allocated bytes) fails above +``memory`` (2%); on CPU the tracked bytes are exact and
   deterministic, so any change there is real;
-* tokens/s fails below -``speed``: 5% on a GPU; on CPU 50%, and only when the CPU model matches the one the
-  baseline was recorded on (another CPU is another machine) and both runs had their cores to themselves
-  (CPU share >= ``min_cpu_share``, see gptcore.measure.StepTimer); otherwise it is reported, not gated. An
-  explicit speed tolerance on the command line (--speed-tol) gates tokens/s on any CPU, busy or not;
+* tokens/s fails below -``speed`` (5%) on a GPU; on CPU it is reported, not gated, unless a run asks for it
+  with --speed-tol;
 * the loss of the last timed step must stay within ``loss`` nats (fp32/tf32) or ``loss_amp`` nats (fp16/bf16),
-  either way, and only when it was read at the same optimizer step;
+  either way, and only when it was read at the same optimizer step; against a CPU baseline recorded on another
+  CPU model, within ``loss_other_cpu`` / ``loss_amp_other_cpu`` (see ``Tolerances.default_for``);
 * leaner or faster than the baseline beyond tolerance passes with a "refresh the baseline" note.
 """
 
@@ -28,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 AMP_PRECISIONS = ("fp16", "bf16", "bf16-pure")
 
 
@@ -93,33 +92,43 @@ class Tolerances:
 
     memory: float = 0.02
     """Peak allocated bytes fail above baseline x (1 + memory)."""
-    speed: float = 0.05
-    """tokens/s fail below baseline x (1 - speed)."""
+    speed: float | None = 0.05
+    """tokens/s fail below baseline x (1 - speed); None: reported, not gated (the CPU default)."""
     loss: float = 1e-3
     """|loss - baseline| for fp32/tf32 recipes."""
     loss_amp: float = 2e-2
     """|loss - baseline| for fp16/bf16 recipes."""
-    speed_needs_same_cpu: bool = False
-    """Gate tokens/s only when the CPU model matches the baseline's (the CPU tier)."""
-    min_cpu_share: float = 0.0
-    """Gate tokens/s only when this run and the baseline's had at least this CPU share (the CPU tier)."""
+    loss_other_cpu: float | None = None
+    """|loss - baseline| for fp32 when the baseline was recorded on another CPU model (None: ``loss``)."""
+    loss_amp_other_cpu: float | None = None
+    """|loss - baseline| for fp16/bf16 when the baseline was recorded on another CPU model (None: ``loss_amp``)."""
 
     @classmethod
     def default_for(cls, device_type: str) -> Tolerances:
-        """CPU: memory exact (2% kept as the one memory rule), speed only as a 2x smoke check on the same CPU model
-        and an unloaded machine, loss tight (bit-identical run to run; across ISAs and thread counts fp32 moved
-        < 1e-6 nats, bf16 < 5e-4)."""
+        """CPU: memory exact (2% kept as the one memory rule); tokens/s not gated (a shared 2-core machine varies
+        1.5-2x with no sign of it inside the process; opt in with --speed-tol); the loss from what runs actually
+        differ by. On one CPU model, repeated runs are bit-identical and 1 vs 2 threads moved fp32 by at most
+        2.4e-7 (1 ulp) and bf16 by 1.6e-4: 1e-6 and 5e-4. Between CPU models (AMD EPYC vs an AMX Xeon) fp32 moved
+        by up to 2.9e-5 and bf16 by 5.3e-3: 1e-4 and 2e-2."""
         if device_type == "cpu":
-            return cls(memory=0.02, speed=0.5, loss=1e-4, loss_amp=2e-3, speed_needs_same_cpu=True,
-                       min_cpu_share=0.9)
+            return cls(memory=0.02, speed=None, loss=1e-6, loss_amp=5e-4, loss_other_cpu=1e-4,
+                       loss_amp_other_cpu=2e-2)
         return cls()
 
+    def loss_tolerance(self, precision: str, other_cpu: bool) -> float:
+        """The loss tolerance for a recipe precision, wider when the baseline comes from another CPU model."""
+        amp = precision in AMP_PRECISIONS
+        wide = self.loss_amp_other_cpu if amp else self.loss_other_cpu
+        return wide if other_cpu and wide is not None else self.loss_amp if amp else self.loss
+
     def validate(self, where: str) -> None:
-        for name in ("memory", "speed", "loss", "loss_amp", "min_cpu_share"):
+        for name in ("memory", "speed", "loss", "loss_amp", "loss_other_cpu", "loss_amp_other_cpu"):
             value = getattr(self, name)
+            if value is None and name in ("speed", "loss_other_cpu", "loss_amp_other_cpu"):
+                continue
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
                 raise BaselineError(f"{where}: tolerances.{name}: must be a number >= 0, got {value!r}")
-        if self.speed > 1:
+        if self.speed is not None and self.speed > 1:
             raise BaselineError(f"{where}: tolerances.speed: must be in [0, 1], got {self.speed}")
 
 
@@ -353,7 +362,7 @@ class Verdict:
 def _describe(c: Check) -> str:
     if c.delta is None:
         return c.metric
-    return f"{c.metric} {c.delta:+.4f} nats" if c.metric == "loss" else f"{c.metric} {c.delta:+.1%}"
+    return f"{c.metric} {c.delta:+.2e} nats" if c.metric == "loss" else f"{c.metric} {c.delta:+.1%}"
 
 
 def _relative(measured: float | None, baseline: float | None) -> float | None:
@@ -362,12 +371,7 @@ def _relative(measured: float | None, baseline: float | None) -> float | None:
     return measured / baseline - 1.0
 
 
-def _share(entry: Entry) -> float:
-    return 1.0 if entry.cpu_share is None else entry.cpu_share
-
-
-def compare(case: str, measured: Entry, baseline: Entry | None, tol: Tolerances, *,
-            cpu_model_now: str | None = None) -> Verdict:
+def compare(case: str, measured: Entry, baseline: Entry | None, tol: Tolerances) -> Verdict:
     """Verdicts of ``measured`` against ``baseline`` (None: no baseline recorded) under ``tol``."""
     if baseline is None:
         return Verdict(case, [Check(metric, None, None, None, NO_BASELINE)
@@ -385,26 +389,23 @@ def compare(case: str, measured: Entry, baseline: Entry | None, tol: Tolerances,
                             f"{measured.peak_allocated_bytes:,} B vs {baseline.peak_allocated_bytes:,} B, "
                             f"tolerance +{tol.memory:.0%}"))
 
-    # speed: fail below -tol, "better" above +tol; on CPU only against the same CPU model
+    # speed: fail below -tol, "better" above +tol; not gated where the tolerance is None (CPU, unless asked)
     d = _relative(measured.tokens_per_s, baseline.tokens_per_s)
     if d is None:
         checks.append(Check("tokens/s", measured.tokens_per_s, baseline.tokens_per_s, None, NOT_GATED,
                             "no figure to compare"))
-    elif tol.speed_needs_same_cpu and baseline.cpu_model != cpu_model_now:
+    elif tol.speed is None:
         checks.append(Check("tokens/s", measured.tokens_per_s, baseline.tokens_per_s, d, NOT_GATED,
-                            f"recorded on {baseline.cpu_model!r}, running on {cpu_model_now!r}"))
-    elif tol.min_cpu_share and min(_share(measured), _share(baseline)) < tol.min_cpu_share:
-        checks.append(Check("tokens/s", measured.tokens_per_s, baseline.tokens_per_s, d, NOT_GATED,
-                            f"machine busy: CPU share {_share(measured):.0%} now, {_share(baseline):.0%} in the "
-                            f"baseline, gated from {tol.min_cpu_share:.0%}"))
+                            "reported only on CPU; gate it with --speed-tol"))
     else:
         status = FAIL if d < -tol.speed else BETTER if d > tol.speed else OK
         checks.append(Check("tokens/s", measured.tokens_per_s, baseline.tokens_per_s, d, status,
                             f"{measured.tokens_per_s:,.0f} vs {baseline.tokens_per_s:,.0f} tok/s, "
                             f"tolerance -{tol.speed:.0%}"))
 
-    # loss: two-sided, absolute, only at the same step
-    loss_tol = tol.loss_amp if measured.precision in AMP_PRECISIONS else tol.loss
+    # loss: two-sided, absolute, only at the same step; wider against a baseline from another CPU model
+    other_cpu = bool(measured.cpu_model and baseline.cpu_model and measured.cpu_model != baseline.cpu_model)
+    loss_tol = tol.loss_tolerance(measured.precision, other_cpu)
     if measured.loss is None or baseline.loss is None:
         checks.append(Check("loss", measured.loss, baseline.loss, None, NOT_GATED, "no figure to compare"))
     elif measured.loss_step != baseline.loss_step:
@@ -412,7 +413,8 @@ def compare(case: str, measured: Entry, baseline: Entry | None, tol: Tolerances,
                             f"read at step {measured.loss_step}, baseline at step {baseline.loss_step}"))
     else:
         d = measured.loss - baseline.loss
+        where = f", baseline from another CPU ({baseline.cpu_model})" if other_cpu else ""
         checks.append(Check("loss", measured.loss, baseline.loss, d, FAIL if abs(d) > loss_tol else OK,
-                            f"{measured.loss:.6f} vs {baseline.loss:.6f} at step {measured.loss_step}, "
-                            f"tolerance ±{loss_tol:g} nats"))
+                            f"{measured.loss:.7f} vs {baseline.loss:.7f} at step {measured.loss_step}, "
+                            f"tolerance ±{loss_tol:g} nats{where}"))
     return Verdict(case, checks)

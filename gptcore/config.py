@@ -1,25 +1,28 @@
-"""Model shapes (GPTConfig) and training recipes (Recipe), with the named presets of DESIGN.md §3 and §4.
+"""Model shapes (GPTConfig), training recipes (Recipe), their named presets, and the studies that group them.
 
 Both are frozen keyword-only dataclasses validated in ``__post_init__``: an invalid combination raises
 ``ValueError`` naming the field. Variants are made with ``dataclasses.replace``, which re-validates.
+This module is the bottom of the package: it imports nothing heavy (no torch), so that the command line can
+parse its arguments and list the presets without loading torch.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import warnings
 from dataclasses import dataclass
 from typing import Literal
-
-from .data import SHAKESPEARE_VOCAB
 
 Precision = Literal["fp32", "tf32", "fp16", "bf16", "bf16-pure"]
 Attention = Literal["manual", "sdpa", "flash", "math"]
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "bf16-pure")
 ATTENTIONS: tuple[str, ...] = ("manual", "sdpa", "flash", "math")
+#: The corpora gptcore.data can load (gptcore.data.CORPORA is this tuple).
 DATASETS: tuple[str, ...] = ("shakespeare", "markov", "random")
 
-#: Alphabet size of the shipped Shakespeare corpus (a test checks it against the corpus itself).
-CHAR_VOCAB = SHAKESPEARE_VOCAB
+#: Alphabet size of the shipped Shakespeare corpus (tests/test_data.py checks it against the corpus itself).
+CHAR_VOCAB = 77
 GPT2_VOCAB = 50257
 
 
@@ -43,11 +46,12 @@ class GPTConfig:
     vocab_size: int
     """Real vocabulary size; the loss is always over exactly these classes."""
     batch_size: int
-    """Sequences per optimizer step in the seed experiment this preset comes from."""
+    """Sequences per optimizer step in the study this preset comes from."""
     dropout: float = 0.0
     """Dropout on attention weights and residual branches (nanoGPT's char config uses 0.2)."""
-    bias: bool = True
-    """Biases in Linear and LayerNorm layers (GPT-2 has them)."""
+    bias: bool = False
+    """Biases in Linear and LayerNorm layers: off by default, as in nanoGPT's train.py and its shakespeare_char
+    config; the GPT-2 presets turn them on (GPT-2 has them)."""
     dataset: str = "shakespeare"
     """Corpus the preset trains on: 'shakespeare' (chars), 'markov' (synthetic, known entropy) or 'random'."""
 
@@ -66,13 +70,13 @@ class GPTConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class Recipe:
-    """How to train: every optimization of the seeds is one field here."""
+    """How to train: every optimization the studies vary is one field here."""
 
     precision: Precision = "fp32"
     """fp32 (TF32 off), tf32 (TF32 matmuls, CUDA only), fp16 (autocast + GradScaler), bf16 (autocast,
     fp32 master weights) or bf16-pure (weights, grads and optimizer state in bf16)."""
     batch_divisor: int = 1
-    """Divide the model preset's batch by this (seed 000's small batch is 64 -> 16, i.e. 4)."""
+    """Divide the model preset's batch by this (the char-shape study's small batch is 64 -> 16, i.e. 4)."""
     grad_accum_steps: int = 1
     """Micro-batches per optimizer step; must divide the batch. The loss of each is scaled by 1/steps."""
     optimizer: Literal["adamw", "sgd"] = "adamw"
@@ -83,12 +87,12 @@ class Recipe:
     """Peak learning rate (nanoGPT char: 1e-3)."""
     min_lr: float = 1e-4
     """Floor of the cosine schedule."""
-    schedule: Literal["constant", "cosine"] = "constant"
-    """Constant learning rate, or linear warmup then cosine decay to min_lr."""
+    schedule: Literal["constant", "cosine"] = "cosine"
+    """Linear warmup then cosine decay to min_lr, as nanoGPT's train.py (the default); or a constant lr."""
     warmup_steps: int = 100
-    """Linear warmup steps of the cosine schedule."""
+    """Linear warmup steps of the cosine schedule (nanoGPT char: 100)."""
     decay_steps: int = 5000
-    """Step at which the cosine schedule reaches min_lr (nanoGPT char: 5000 iters)."""
+    """Step at which the cosine schedule reaches min_lr (nanoGPT char: 5000 iters; its CPU command: 2000)."""
     beta1: float = 0.9
     beta2: float = 0.99
     """AdamW betas (nanoGPT char: 0.9, 0.99)."""
@@ -109,7 +113,7 @@ class Recipe:
     attention: Attention = "sdpa"
     """Attention kernel: manual (masked softmax), sdpa (PyTorch chooses), flash (FlashAttention only), math."""
     vocab_multiple: int = 1
-    """Pad the embedding/lm_head vocabulary to a multiple of this (64 in seed 004); logits are sliced back."""
+    """Pad the embedding/lm_head vocabulary to a multiple of this (64 on the ladder); logits are sliced back."""
     tie_weights: bool = True
     """Share the token embedding with the lm_head."""
     num_workers: int = 0
@@ -117,7 +121,7 @@ class Recipe:
     pin_memory: bool = False
     """Pin host batches and copy them to the GPU with non_blocking=True."""
     sync_every_step: bool = False
-    """Read the loss on the host after every step (the naive loop seed 004 starts from). Off: no sync in the loop."""
+    """Read the loss on the host after every step (the naive loop the ladder starts from). Off: no sync in the loop."""
     seed: int = 1337
     """Seed for weights, dropout and batches."""
 
@@ -164,64 +168,71 @@ class Recipe:
             raise ValueError(f"batch_divisor: {self.batch_divisor} does not divide the batch of {model.batch_size}")
         return model.batch_size // self.batch_divisor
 
+    def vocab_rows(self, model: GPTConfig) -> int:
+        """Rows of the embedding and lm_head: the model's vocabulary rounded up to vocab_multiple."""
+        return -(-model.vocab_size // self.vocab_multiple) * self.vocab_multiple
+
+    def tokens_per_step(self, model: GPTConfig) -> int:
+        """Tokens per optimizer step: sequences per step x context length."""
+        return self.batch_size(model) * model.block_size
+
+
+
 
 # ---------------------------------------------------------------------------------------------------------------
-# Named models (DESIGN.md §3)
+# Named models
 
 
 _CHAR = GPTConfig(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=CHAR_VOCAB, batch_size=64,
-                  dropout=0.2)
+                  dropout=0.2)  # nanoGPT's config/train_shakespeare_char.py (bias off, as its train.py default)
 _CPU = GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=64, vocab_size=CHAR_VOCAB, batch_size=12)
-_GPT2 = dict(block_size=1024, vocab_size=GPT2_VOCAB, batch_size=16, dataset="random")
+_GPT2 = dict(block_size=1024, vocab_size=GPT2_VOCAB, batch_size=16, dataset="random", bias=True)
 
 MODELS: dict[str, GPTConfig] = {
-    # seed 000: nanoGPT shakespeare_char, and one dimension doubled at a time
     "char": _CHAR,
     "char-ctx2": dataclasses.replace(_CHAR, block_size=512),
     "char-layers2": dataclasses.replace(_CHAR, n_layer=12),
     "char-embd2": dataclasses.replace(_CHAR, n_embd=768),
-    # seed 001: nanoGPT's CPU recipe, and one dimension doubled at a time
     "cpu-small": _CPU,
     "cpu-heads2": dataclasses.replace(_CPU, n_head=8),
     "cpu-layers2": dataclasses.replace(_CPU, n_layer=8),
     "cpu-embd2": dataclasses.replace(_CPU, n_embd=256),
-    # seeds 003, 004: GPT-2 family on random tokens (throughput and memory do not depend on content)
     "gpt2": GPTConfig(n_layer=12, n_head=12, n_embd=768, **_GPT2),
     "gpt2-medium": GPTConfig(n_layer=24, n_head=16, n_embd=1024, **_GPT2),
     "gpt2-large": GPTConfig(n_layer=36, n_head=20, n_embd=1280, **_GPT2),
     "gpt2-xl": GPTConfig(n_layer=48, n_head=25, n_embd=1600, **_GPT2),
-    # seed 002: "Deep One", 32 layers x 2048 hidden, about 1.6B parameters
     "deep-1.6b": GPTConfig(n_layer=32, n_head=16, n_embd=2048, block_size=512, vocab_size=GPT2_VOCAB, batch_size=4,
-                           dataset="random"),
+                           dataset="random", bias=True),
 }
 
 MODEL_NOTES: dict[str, str] = {
-    "char": "seed 000: nanoGPT shakespeare_char (6 layers, 6 heads, 384 wide, T=256, batch 64, dropout 0.2)",
-    "char-ctx2": "seed 000: char with context 512",
-    "char-layers2": "seed 000: char with 12 layers",
-    "char-embd2": "seed 000: char with width 768",
-    "cpu-small": "seed 001: nanoGPT's CPU recipe (4 layers, 4 heads, 128 wide, T=64, batch 12)",
-    "cpu-heads2": "seed 001: cpu-small with 8 heads",
-    "cpu-layers2": "seed 001: cpu-small with 8 layers",
-    "cpu-embd2": "seed 001: cpu-small with width 256",
-    "gpt2": "seeds 003/004: GPT-2 124M, T=1024, random tokens",
-    "gpt2-medium": "seed 003: GPT-2 350M",
-    "gpt2-large": "seed 003: GPT-2 774M",
-    "gpt2-xl": "seed 003: GPT-2 1.5B",
-    "deep-1.6b": "seed 002: 32 layers x 2048, T=512, batch 4",
+    "char": "nanoGPT shakespeare_char: 6 layers, 6 heads, 384 wide, T=256, batch 64, dropout 0.2, no biases",
+    "char-ctx2": "char with context 512",
+    "char-layers2": "char with 12 layers",
+    "char-embd2": "char with width 768",
+    "cpu-small": "nanoGPT's CPU command: 4 layers, 4 heads, 128 wide, T=64, batch 12, no dropout, no biases",
+    "cpu-heads2": "cpu-small with 8 heads",
+    "cpu-layers2": "cpu-small with 8 layers",
+    "cpu-embd2": "cpu-small with width 256",
+    "gpt2": "GPT-2 124M (biases on), T=1024, batch 16, random tokens",
+    "gpt2-medium": "GPT-2 350M, T=1024, batch 16, random tokens",
+    "gpt2-large": "GPT-2 774M, T=1024, batch 16, random tokens",
+    "gpt2-xl": "GPT-2 1.5B, T=1024, batch 16, random tokens",
+    "deep-1.6b": "32 layers x 2048 wide (biases on), T=512, batch 4, random tokens: the memory-recipe study's model",
 }
 
 # ---------------------------------------------------------------------------------------------------------------
-# Named recipes (DESIGN.md §4)
+# Named recipes
 
-_NANOGPT_CHAR = Recipe()  # fp32 AdamW, lr 1e-3, beta2 0.99, clip 1.0
-_OPT_BWD = dict(optim_in_backward=True, grad_clip=None)
+_NANOGPT_CHAR = Recipe()  # fp32, AdamW (foreach) lr 1e-3 beta2 0.99, warmup 100 + cosine to 1e-4 at 5000, clip 1.0
+_IN_BACKWARD = dict(optim_in_backward=True, grad_clip=None)
 
-# seed 004's ladder: each rung adds one optimization to the one before. Fused AdamW throughout (build-nanogpt
-# uses it wherever available), manual attention, untied, unpadded and a host sync every step at the bottom.
+# The ladder: each rung adds one optimization to the one before. Fused AdamW throughout (build-nanogpt uses it
+# wherever available), GPT-2's lr 6e-4 -> 6e-5 and beta2 0.95; manual attention, untied, unpadded and a host
+# sync every step at the bottom.
 _LADDER_STEPS: list[tuple[str, dict]] = [
     ("fp32", dict(precision="fp32", attention="manual", tie_weights=False, sync_every_step=True,
-                  adamw_impl="fused", lr=6e-4, min_lr=6e-5, beta2=0.95, schedule="cosine")),
+                  adamw_impl="fused", lr=6e-4, min_lr=6e-5, beta2=0.95)),
     ("tf32", dict(precision="tf32")),
     ("no-sync", dict(sync_every_step=False)),
     ("amp", dict(precision="bf16")),
@@ -238,71 +249,137 @@ def _ladder() -> tuple[dict[str, Recipe], dict[str, str]]:
     for rung, (what, change) in enumerate(_LADDER_STEPS):
         fields.update(change)
         recipes[f"ladder-{rung}"] = Recipe(**fields)
-        notes[f"ladder-{rung}"] = f"seed 004 rung {rung}: " + ("fp32 baseline" if rung == 0 else f"+ {what}")
+        notes[f"ladder-{rung}"] = f"ladder rung {rung}: " + ("fp32, naive loop" if rung == 0 else f"+ {what}")
     return recipes, notes
 
 
 _LADDER, _LADDER_NOTES = _ladder()
 
+#: The CPU-shape study runs nanoGPT's CPU command: every recipe with checkpointing, lr decaying to 2,000 steps,
+#: and its own small batch (half) and accumulation (2 micro-batches).
+_CPU_COMMAND = dict(checkpoint=True, decay_steps=2000)
+
 RECIPES: dict[str, Recipe] = {
     "fp32": _NANOGPT_CHAR,
     "tf32": Recipe(precision="tf32"),
-    "sgd-cosine": Recipe(optimizer="sgd", schedule="cosine", lr=1e-2, min_lr=1e-3),
+    "sgd-cosine": Recipe(optimizer="sgd", lr=1e-2, min_lr=1e-3),
     "fp16": Recipe(precision="fp16"),
     "bf16": Recipe(precision="bf16"),
     "bf16-pure": Recipe(precision="bf16-pure"),
     "small-batch": Recipe(batch_divisor=4),
+    "half-batch": Recipe(batch_divisor=2),
     "grad-accum": Recipe(grad_accum_steps=4),
+    "grad-accum-2": Recipe(grad_accum_steps=2),
     "checkpoint": Recipe(checkpoint=True),
     "compile": Recipe(compile=True),
-    "fused-optim": Recipe(**_OPT_BWD),
-    "fused-checkpoint": Recipe(checkpoint=True, **_OPT_BWD),
-    "bf16-fused-checkpoint": Recipe(precision="bf16-pure", checkpoint=True, **_OPT_BWD),
+    "optim-in-bwd": Recipe(**_IN_BACKWARD),
+    "optim-in-bwd-checkpoint": Recipe(checkpoint=True, **_IN_BACKWARD),
+    "bf16-pure-optim-in-bwd-checkpoint": Recipe(precision="bf16-pure", checkpoint=True, **_IN_BACKWARD),
     "budget-0.05": Recipe(compile=True, memory_budget=0.05),
     "budget-0.60": Recipe(compile=True, memory_budget=0.60),
-    "fused-budget-0.05": Recipe(compile=True, memory_budget=0.05, **_OPT_BWD),
-    "bf16-budget-0.60": Recipe(precision="bf16-pure", compile=True, memory_budget=0.60),
+    "optim-in-bwd-budget-0.05": Recipe(compile=True, memory_budget=0.05, **_IN_BACKWARD),
+    "bf16-pure-budget-0.60": Recipe(precision="bf16-pure", compile=True, memory_budget=0.60),
+    "ckpt-fp32": Recipe(**_CPU_COMMAND),
+    "ckpt-half-batch": Recipe(batch_divisor=2, **_CPU_COMMAND),
+    "ckpt-grad-accum-2": Recipe(grad_accum_steps=2, **_CPU_COMMAND),
+    "ckpt-sgd-cosine": Recipe(optimizer="sgd", lr=1e-2, min_lr=1e-3, **_CPU_COMMAND),
+    "ckpt-bf16": Recipe(precision="bf16", **_CPU_COMMAND),
     **_LADDER,
 }
 
 RECIPE_NOTES: dict[str, str] = {
-    "fp32": "nanoGPT char default: fp32, AdamW (foreach), constant lr 1e-3, clip 1.0",
+    "fp32": "nanoGPT char default: fp32, AdamW (foreach) lr 1e-3, warmup 100 + cosine to 1e-4 at 5,000, clip 1.0",
     "tf32": "fp32 weights, TF32 tensor-core matmuls (CUDA only)",
     "sgd-cosine": "SGD momentum 0.9, warmup + cosine lr 1e-2 -> 1e-3",
     "fp16": "fp16 autocast + GradScaler, fp32 master weights",
     "bf16": "bf16 autocast, fp32 master weights",
     "bf16-pure": "weights, gradients and optimizer state in bf16",
-    "small-batch": "batch / 4 (seed 000: 64 -> 16)",
+    "small-batch": "batch / 4 (char: 64 -> 16)",
+    "half-batch": "batch / 2 (cpu-small: 12 -> 6)",
     "grad-accum": "4 micro-batches of batch / 4, same effective batch",
+    "grad-accum-2": "2 micro-batches of batch / 2, same effective batch",
     "checkpoint": "non-reentrant activation checkpointing of every block",
     "compile": "torch.compile",
-    "fused-optim": "optimizer step in each parameter's post-accumulate-grad hook",
-    "fused-checkpoint": "optimizer in backward + checkpointing",
-    "bf16-fused-checkpoint": "bf16 weights + optimizer in backward + checkpointing (seed 002's leanest)",
+    "optim-in-bwd": "optimizer step inside backward (each parameter's post-accumulate-grad hook), no clipping",
+    "optim-in-bwd-checkpoint": "optimizer in backward + checkpointing",
+    "bf16-pure-optim-in-bwd-checkpoint": "bf16 weights + optimizer in backward + checkpointing (the leanest)",
     "budget-0.05": "compile with activation memory budget 0.05",
     "budget-0.60": "compile with activation memory budget 0.60",
-    "fused-budget-0.05": "optimizer in backward + compile with budget 0.05",
-    "bf16-budget-0.60": "bf16 weights + compile with budget 0.60",
+    "optim-in-bwd-budget-0.05": "optimizer in backward + compile with budget 0.05",
+    "bf16-pure-budget-0.60": "bf16 weights + compile with budget 0.60",
+    "ckpt-fp32": "nanoGPT's CPU command: fp32 + checkpointing, lr decay to 2,000 steps",
+    "ckpt-half-batch": "ckpt-fp32 with batch / 2",
+    "ckpt-grad-accum-2": "ckpt-fp32 with 2 micro-batches of batch / 2",
+    "ckpt-sgd-cosine": "ckpt-fp32 with SGD momentum 0.9, lr 1e-2 -> 1e-3",
+    "ckpt-bf16": "ckpt-fp32 with bf16 autocast",
     **_LADDER_NOTES,
 }
 
-#: seed 002's eleven memory recipes, in the seed's order
+#: Names of earlier releases, still accepted for one release with a deprecation line: old name -> new name.
+RENAMED_RECIPES: dict[str, str] = {
+    "fused-optim": "optim-in-bwd",
+    "fused-checkpoint": "optim-in-bwd-checkpoint",
+    "bf16-fused-checkpoint": "bf16-pure-optim-in-bwd-checkpoint",
+    "fused-budget-0.05": "optim-in-bwd-budget-0.05",
+    "bf16-budget-0.60": "bf16-pure-budget-0.60",
+}
+
 MEMORY_RECIPES: tuple[str, ...] = (
-    "fp32", "bf16-pure", "checkpoint", "compile", "fused-optim", "fused-checkpoint", "bf16-fused-checkpoint",
-    "budget-0.05", "budget-0.60", "fused-budget-0.05", "bf16-budget-0.60",
+    "fp32", "bf16-pure", "checkpoint", "compile", "optim-in-bwd", "optim-in-bwd-checkpoint",
+    "bf16-pure-optim-in-bwd-checkpoint", "budget-0.05", "budget-0.60", "optim-in-bwd-budget-0.05",
+    "bf16-pure-budget-0.60",
 )
 LADDER: tuple[str, ...] = tuple(_LADDER)
 
+# ---------------------------------------------------------------------------------------------------------------
+# Studies: the experiments the benchmarks reproduce, each a set of models x recipes
+
+
+@dataclass(frozen=True)
+class Study:
+    """One experiment the suite reproduces: which models it varies under which recipes, and where it runs."""
+
+    name: str
+    what: str
+    models: tuple[str, ...]
+    recipes: tuple[str, ...]
+    device: Literal["cpu", "cuda"]
+
+
+STUDIES: dict[str, Study] = {s.name: s for s in (
+    Study("char-shape", "nanoGPT's shakespeare_char model, one dimension doubled at a time, x precision, "
+          "optimizer and batch recipes", ("char", "char-ctx2", "char-layers2", "char-embd2"),
+          ("fp32", "sgd-cosine", "fp16", "bf16", "small-batch", "grad-accum"), "cuda"),
+    Study("cpu-shape", "nanoGPT's CPU model, one dimension doubled at a time, x nanoGPT's CPU command's recipes",
+          ("cpu-small", "cpu-heads2", "cpu-layers2", "cpu-embd2"),
+          ("ckpt-fp32", "ckpt-half-batch", "ckpt-grad-accum-2", "ckpt-sgd-cosine", "ckpt-bf16"), "cpu"),
+    Study("memory-recipe", "a 1.6B model under eleven memory-saving recipes", ("deep-1.6b",), MEMORY_RECIPES,
+          "cuda"),
+    Study("ladder", "GPT-2 124M up the optimization ladder, one switch per rung", ("gpt2",), LADDER, "cuda"),
+)}
+
+
+def _unknown(kind: str, name: str, choices: list[str]) -> ValueError:
+    close = difflib.get_close_matches(name, choices, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return ValueError(f"{kind}: unknown {name!r}; {hint}choose from {', '.join(choices)}")
+
 
 def get_model(name: str) -> GPTConfig:
-    """The named model preset; ValueError listing the valid names otherwise."""
+    """The named model preset; ValueError suggesting the closest name and listing the valid ones otherwise."""
     if name not in MODELS:
-        raise ValueError(f"model: unknown {name!r}; choose from {', '.join(MODELS)}")
+        raise _unknown("model", name, list(MODELS))
     return MODELS[name]
 
 
 def get_recipe(name: str) -> Recipe:
-    """The named recipe; ValueError listing the valid names otherwise."""
+    """The named recipe; an old name gives its new recipe with a FutureWarning; ValueError suggesting the closest
+    name and listing the valid ones otherwise."""
+    if name in RENAMED_RECIPES:
+        new = RENAMED_RECIPES[name]
+        warnings.warn(f"recipe {name!r} is now called {new!r}; the old name will be removed in the next release",
+                      FutureWarning, stacklevel=2)
+        name = new
     if name not in RECIPES:
-        raise ValueError(f"recipe: unknown {name!r}; choose from {', '.join(RECIPES)}")
+        raise _unknown("recipe", name, list(RECIPES))
     return RECIPES[name]

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-CORPORA: tuple[str, ...] = ("shakespeare", "markov", "random")
-SHAKESPEARE_VOCAB: int = 77  # alphabet size of the shipped corpus (checked by tests/test_data.py)
+from .config import DATASETS as CORPORA
+
 MARKOV_TRAIN_TOKENS, MARKOV_VAL_TOKENS = 300_000, 30_000
 _SPLITS = ("train", "val")
 
@@ -77,11 +77,6 @@ def _shakespeare() -> tuple[CharTokenizer, torch.Tensor]:
     text = gzip.decompress(blob).decode("ascii")
     tok = CharTokenizer("".join(sorted(set(text))))
     return tok, tok.encode(text)
-
-
-def shakespeare_vocab_size() -> int:
-    """Alphabet size of the shipped corpus, computed from the data (see SHAKESPEARE_VOCAB)."""
-    return _shakespeare()[0].vocab_size
 
 
 def markov_source(vocab_size: int, seed: int, concentration: float = 0.1) -> torch.Tensor:
@@ -138,12 +133,13 @@ def load_corpus(name: str, *, vocab_size: int | None = None, seed: int = 0,
     """Load a corpus by name (see module docstring). val_fraction applies to shakespeare only."""
     if name == "shakespeare":
         tok, data = _shakespeare()
-        if vocab_size is not None and vocab_size != tok.vocab_size:
-            raise ValueError(f"shakespeare has a fixed vocab of {tok.vocab_size}, got vocab_size={vocab_size}")
         if not 0.0 < val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
         n = int(len(data) * (1.0 - val_fraction))
-        return Corpus(name, tok.vocab_size, data[:n], data[n:], None, tok)
+        corpus = Corpus(name, tok.vocab_size, data[:n], data[n:], None, tok)
+        if vocab_size is not None:
+            check_vocab(corpus, vocab_size)
+        return corpus
     if name == "markov":
         V = 16 if vocab_size is None else vocab_size
         if V < 2:
@@ -155,6 +151,12 @@ def load_corpus(name: str, *, vocab_size: int | None = None, seed: int = 0,
             raise ValueError(f"the random corpus needs an explicit vocab_size >= 1, got {vocab_size}")
         return Corpus(name, vocab_size, None, None, math.log(vocab_size), None)
     raise ValueError(f"unknown corpus {name!r}; choose one of {', '.join(CORPORA)}")
+
+
+def check_vocab(corpus: Corpus, vocab_size: int) -> None:
+    """The one check that a model's vocabulary is its corpus's: ValueError naming vocab_size otherwise."""
+    if corpus.vocab_size != vocab_size:
+        raise ValueError(f"vocab_size: the model has {vocab_size}, corpus {corpus.name!r} has {corpus.vocab_size}")
 
 
 class TokenBatches(Dataset):

@@ -6,7 +6,7 @@ times ``steps_per_round`` optimizer steps. :func:`run_case` strings it together;
 ``benchmark.pedantic`` instead of the plain loop so that pytest-benchmark keeps its own statistics too.
 
 Peak memory: on CUDA the caching allocator's peaks over the timed rounds (stats reset after the warm-up); on CPU
-the peak of live tensor bytes from a separate tracked pass (:func:`gptcore.memtrack.track_training`) on a fresh
+the peak of live tensor bytes from a separate tracked pass (:func:`gptcore.memory.track_training`) on a fresh
 Trainer, so that tracking never slows the timed steps. That figure is exact and deterministic.
 """
 
@@ -26,10 +26,12 @@ from .config import GPTConfig, Recipe
 
 
 def process_peak_memory(device: torch.device) -> tuple[int, str]:
-    """Peak memory so far and what it is: CUDA allocator peak on a GPU, the process's peak RSS on CPU."""
+    """Peak memory so far and what it is: the CUDA allocator's peak on a GPU; on CPU the process's peak resident
+    memory (everything the process holds, not only tensors: the benchmarks' tracked tensor bytes are another
+    figure)."""
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device), "allocated"
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "RSS"
+        return torch.cuda.max_memory_allocated(device), "CUDA allocated"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process RSS"
 
 
 # -- peak FLOPs and MFU ------------------------------------------------------------------------------------------
@@ -257,7 +259,7 @@ class CaseRunner:
 
 def cpu_peak_bytes(cfg: GPTConfig, recipe: Recipe, steps: int = 2) -> int:
     """Peak live tensor bytes of ``steps`` training steps on CPU, tracked on a fresh Trainer (exact)."""
-    from .memtrack import track_training
+    from .memory.tracker import track_training
     from .train import Trainer
 
     return track_training(Trainer(cfg, recipe, "cpu"), steps=steps).peak_bytes

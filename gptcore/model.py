@@ -1,6 +1,6 @@
 """GPT in the nanoGPT architecture: pre-LayerNorm blocks, GELU MLP, learned positions, optional weight tying.
 
-The recipe chooses what the seeds vary inside the model: the attention kernel, vocabulary padding, weight tying
+The recipe chooses what the studies vary inside the model: the attention kernel, vocabulary padding, weight tying
 and activation checkpointing per block.
 """
 
@@ -31,12 +31,6 @@ def attention_unsupported(attention: str, device: torch.device | str) -> str | N
     if major < 8:
         return f"flash attention needs compute capability >= 8.0; {torch.cuda.get_device_name(device)} is {major}.{minor}"
     return None
-
-
-def padded_vocab(cfg: GPTConfig, recipe: Recipe) -> int:
-    """Vocabulary rows of the embedding and lm_head: vocab_size rounded up to recipe.vocab_multiple."""
-    m = recipe.vocab_multiple
-    return (cfg.vocab_size + m - 1) // m * m
 
 
 class CausalSelfAttention(nn.Module):
@@ -105,7 +99,7 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.checkpoint_blocks = recipe.checkpoint
         self.tied = recipe.tie_weights
-        self.vocab_rows = padded_vocab(cfg, recipe)
+        self.vocab_rows = recipe.vocab_rows(cfg)
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(self.vocab_rows, cfg.n_embd),
             wpe=nn.Embedding(cfg.block_size, cfg.n_embd),

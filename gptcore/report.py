@@ -1,9 +1,8 @@
-"""Tables (tabulate) and optional PNG charts from a pytest-benchmark JSON (``--benchmark-json``), and the gate's
-end-of-run table.
+"""Tables (tabulate) and optional PNG charts from a pytest-benchmark JSON (``--benchmark-json``).
 
-For each benchmark group (one bench file) and metric (peak memory, tokens/s, loss): the shape x recipe table as in
-seed 000, the % change against the same shape's default recipe (fp32), and the deviation from additivity (seed
-000's Figure 5). With m[s, r] the metric for shape s and recipe r, b the base shape (char, cpu-small) and d the
+For each benchmark group (one study) and metric (peak memory, tokens/s, loss): the shape x recipe table of the
+char-shape study, the % change against the same shape's default recipe (the study's first: fp32, ckpt-fp32), and
+the deviation from additivity. With m[s, r] the metric for shape s and recipe r, b the base shape (char, cpu-small) and d the
 default recipe, the additive prediction is m[s, d] + (m[b, r] - m[b, d]) (the shape's change plus the recipe's
 change, each measured alone); the deviation is what the combination adds beyond that, as a percentage of the
 base default:
@@ -16,7 +15,6 @@ in the default column.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from collections.abc import Sequence
@@ -25,8 +23,8 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-DEFAULT_RECIPE = "fp32"
-MIB = 2**20
+from .units import in_unit
+
 
 #: metric key -> (title, how to read it from a benchmark's extra_info)
 METRICS: dict[str, tuple[str, str]] = {
@@ -68,10 +66,9 @@ def load_run(path: str | Path) -> list[Record]:
         if not isinstance(info, dict) or "model" not in info or "recipe" not in info:
             continue
         values = {key: _number(info.get(field)) for key, (_, field) in METRICS.items()}
-        if values["memory"] is not None:
-            values["memory"] /= MIB
-        if values["reserved"] is not None:
-            values["reserved"] /= MIB
+        for key in ("memory", "reserved"):  # bytes -> the MiB of METRICS' titles
+            if values[key] is not None:
+                values[key] = in_unit(values[key], "MiB")
         records.append(Record(bench.get("group") or "", bench.get("name", ""), info["model"], info["recipe"], values))
     if not records:
         raise ValueError(f"{path}: no gptcore benchmark cases (benchmarks with extra_info model/recipe)")
@@ -106,7 +103,7 @@ def pivot(records: Sequence[Record], metric: str) -> tuple[list[str], list[str],
     return shapes, recipes, table
 
 
-def pct_change(table: Pivot, default: str = DEFAULT_RECIPE) -> Pivot:
+def pct_change(table: Pivot, default: str) -> Pivot:
     """100 x (m[s, r] / m[s, default] - 1) per shape; None where either is missing."""
     out: Pivot = {}
     for s, row in table.items():
@@ -115,7 +112,7 @@ def pct_change(table: Pivot, default: str = DEFAULT_RECIPE) -> Pivot:
     return out
 
 
-def additivity(table: Pivot, base: str, default: str = DEFAULT_RECIPE) -> Pivot:
+def additivity(table: Pivot, base: str, default: str) -> Pivot:
     """Deviation from additivity in % of m[base, default] (module docstring); None where a term is missing."""
     b = table.get(base, {})
     bd = b.get(default)
@@ -149,13 +146,14 @@ def render(records: Sequence[Record]) -> str:
             if all(v is None for row in table.values() for v in row.values()):
                 continue
             out += [f"\n{title}", _fmt(table, shapes, recipes, _VALUE_FMT[metric])]
-            if DEFAULT_RECIPE in recipes and len(recipes) > 1:
-                out += [f"\n{title}: % change vs {DEFAULT_RECIPE} of the same shape",
-                        _fmt(pct_change(table), shapes, recipes, "+.1f")]
+            default = recipes[0]  # a study lists its default recipe first
+            if len(recipes) > 1:
+                out += [f"\n{title}: % change vs {default} of the same shape",
+                        _fmt(pct_change(table, default), shapes, recipes, "+.1f")]
                 if len(shapes) > 1:
                     base = base_shape(shapes)
-                    out += [f"\n{title}: deviation from additivity, % of {base}/{DEFAULT_RECIPE}",
-                            _fmt(additivity(table, base), shapes, recipes, "+.1f")]
+                    out += [f"\n{title}: deviation from additivity, % of {base}/{default}",
+                            _fmt(additivity(table, base, default), shapes, recipes, "+.1f")]
         out.append("")
     return "\n".join(out)
 
@@ -189,8 +187,9 @@ def plot(records: Sequence[Record], outdir: str | Path) -> list[Path]:
             written.append(outdir / f"{stem}-{metric}.png")
             fig.savefig(written[-1], dpi=120)
             plt.close(fig)
-            if DEFAULT_RECIPE in recipes and len(shapes) > 1:
-                dev = additivity(table, base_shape(shapes))
+            default = recipes[0]
+            if len(recipes) > 1 and len(shapes) > 1:
+                dev = additivity(table, base_shape(shapes), default)
                 grid = [[dev[s][r] if dev[s][r] is not None else math.nan for r in recipes] for s in shapes]
                 fig, ax = plt.subplots(figsize=(max(6.0, 3.0 + 1.1 * len(recipes)), 2.2 + 0.5 * len(shapes)))
                 image = ax.imshow(grid, cmap="coolwarm", vmin=-max(1.0, _absmax(grid)), vmax=max(1.0, _absmax(grid)))
@@ -200,7 +199,7 @@ def plot(records: Sequence[Record], outdir: str | Path) -> list[Path]:
                             ax.text(j, i, f"{v:+.1f}", ha="center", va="center", fontsize=8)
                 ax.set_xticks(range(len(recipes)), recipes, rotation=30, ha="right")
                 ax.set_yticks(range(len(shapes)), shapes)
-                ax.set_title(f"{group}: {title}\ndeviation from additivity, % of {base_shape(shapes)}/{DEFAULT_RECIPE}",
+                ax.set_title(f"{group}: {title}\ndeviation from additivity, % of {base_shape(shapes)}/{default}",
                              fontsize=10)
                 fig.colorbar(image, ax=ax)
                 fig.tight_layout()
@@ -213,76 +212,3 @@ def plot(records: Sequence[Record], outdir: str | Path) -> list[Path]:
 def _absmax(grid: list[list[float]]) -> float:
     values = [abs(v) for row in grid for v in row if not math.isnan(v)]
     return max(values, default=1.0)
-
-
-# -- the gate's end-of-run table -------------------------------------------------------------------------------------
-
-
-def _pct(measured: float | None, baseline: float | None, status: str | None = None) -> str:
-    if measured is None or baseline is None or not baseline:
-        return "—"
-    text = f"{measured / baseline - 1:+.1%}"
-    return f"({text})" if status == "not gated" else text
-
-
-def gate_table(rows: Sequence) -> str:
-    """One line per case (rows of conftest.Row): tokens/s and peak memory measured / baseline / delta (in
-    parentheses when not gated), the estimate over the measured peak, the loss and its drift, and the verdict."""
-    def mib(b: float | None) -> str:
-        return "—" if b is None else f"{b / MIB:,.2f}"
-
-    def num(v: float | None, fmt: str) -> str:
-        return "—" if v is None else format(v, fmt)
-
-    table = []
-    for row in rows:
-        m, b, status = row.measured, row.baseline, getattr(row, "status", {})
-        est = row.estimate
-        peak = m.peak_allocated_bytes if m else None
-        est_meas = f"{est / peak:.2f}" if isinstance(est, (int, float)) and peak else ("err" if est == "err" else "—")
-        if not (m and b and m.loss is not None and b.loss is not None):
-            loss_delta = "—"
-        elif m.loss_step != b.loss_step:
-            loss_delta = f"(step {m.loss_step}≠{b.loss_step})"
-        else:
-            loss_delta = f"{m.loss - b.loss:+.1e}"
-        table.append([
-            row.case,
-            num(m.tokens_per_s if m else None, ",.0f"), num(b.tokens_per_s if b else None, ",.0f"),
-            _pct(m.tokens_per_s if m else None, b.tokens_per_s if b else None, status.get("tokens/s")),
-            mib(peak), mib(b.peak_allocated_bytes if b else None),
-            _pct(peak, b.peak_allocated_bytes if b else None, status.get("peak memory")),
-            est_meas,
-            num(m.loss if m else None, ".4f"), loss_delta,
-            row.verdict if not row.error else f"{row.verdict} ({row.error})",
-        ])
-    headers = ["case", "tok/s", "base tok/s", "Δ", "peak MiB", "base MiB", "Δ", "est/meas", "loss", "Δ loss",
-               "verdict"]
-    return tabulate(table, headers=headers, disable_numparse=True, stralign="right")
-
-
-# -- command line ----------------------------------------------------------------------------------------------------
-
-
-def add_report_arguments(sub: argparse._SubParsersAction) -> None:
-    """The `report` subcommand of python -m gptcore."""
-    report = sub.add_parser("report", help="tables (and --plot charts) from a pytest --benchmark-json file")
-    report.add_argument("run", metavar="RUN.json", help="a file written by pytest bench --benchmark-json=RUN.json")
-    report.add_argument("--plot", metavar="DIR", default=None,
-                        help="also write PNG charts into DIR (needs matplotlib: pip install 'gptcore-bench[plot]')")
-    report.set_defaults(handler=cmd_report)
-
-
-def cmd_report(args: argparse.Namespace) -> int:
-    if args.plot is not None:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise ValueError("--plot needs matplotlib, which is not installed: pip install 'gptcore-bench[plot]'") \
-                from None
-    records = load_run(args.run)
-    print(render(records))
-    if args.plot is not None:
-        for path in plot(records, args.plot):
-            print(f"wrote {path}")
-    return 0

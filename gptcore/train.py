@@ -17,7 +17,7 @@ import torch._functorch.config as functorch_config
 import torch.nn as nn
 
 from .config import GPTConfig, Recipe
-from .data import Corpus, TokenBatches, load_corpus, make_loader
+from .data import Corpus, TokenBatches, check_vocab, load_corpus, make_loader
 from .model import GPT, attention_unsupported
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -63,15 +63,16 @@ def check_runnable(recipe: Recipe, device: torch.device | str) -> None:
 
 
 def lr_at(step: int, recipe: Recipe) -> float:
-    """Learning rate at optimizer step ``step`` (0-based): constant, or linear warmup then cosine to min_lr."""
+    """Learning rate at optimizer step ``step`` (0-based), as nanoGPT's train.py computes it: constant, or a linear
+    warmup lr * (step + 1) / (warmup + 1), then cosine decay from lr to min_lr until decay_steps, then min_lr."""
     if recipe.schedule == "constant":
         return recipe.lr
     if step < recipe.warmup_steps:
-        return recipe.lr * (step + 1) / recipe.warmup_steps
-    if step >= recipe.decay_steps:
+        return recipe.lr * (step + 1) / (recipe.warmup_steps + 1)
+    if step > recipe.decay_steps:
         return recipe.min_lr
     ratio = (step - recipe.warmup_steps) / max(1, recipe.decay_steps - recipe.warmup_steps)
-    return recipe.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (recipe.lr - recipe.min_lr)
+    return recipe.min_lr + 0.5 * (1.0 + math.cos(math.pi * min(1.0, ratio))) * (recipe.lr - recipe.min_lr)
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -105,6 +106,8 @@ class Trainer:
         if recipe.precision == "bf16-pure":
             dtype = torch.bfloat16
         self.model = GPT(cfg, recipe).to(device=self.device, dtype=dtype)
+        # the loss is summed over micro-batches in the master dtype, never below float32
+        self.loss_dtype = torch.promote_types(dtype, torch.float32)
         if recipe.compile:
             # Dynamo caches compiled graphs on GPT.forward's code object and its guards ignore the functorch
             # config: without a reset a second Trainer would silently reuse the first one's graph, memory
@@ -126,9 +129,7 @@ class Trainer:
         self.step_count = 0
         self.last_loss: float | None = None  # set only by sync_every_step
         self.corpus = corpus or load_corpus(cfg.dataset, vocab_size=cfg.vocab_size, seed=recipe.seed)
-        if self.corpus.vocab_size != cfg.vocab_size:
-            raise ValueError(f"vocab_size: model has {cfg.vocab_size}, corpus {self.corpus.name!r} has "
-                             f"{self.corpus.vocab_size}")
+        check_vocab(self.corpus, cfg.vocab_size)
         self._pin = recipe.pin_memory and self.device.type == "cuda"  # pinning means nothing without a GPU
         self._batches: Iterator[Batch] | None = None
 
@@ -143,7 +144,7 @@ class Trainer:
                 group["lr"] = lr
         micro = list(zip(batch[0].chunk(self.accum), batch[1].chunk(self.accum))) if batch is not None else (
             self._next_batch() for _ in range(self.accum))
-        total = torch.zeros((), device=self.device)
+        total = torch.zeros((), device=self.device, dtype=self.loss_dtype)
         with self.numerics():
             for x, y in micro:
                 x, y = x.to(self.device, non_blocking=self._pin), y.to(self.device, non_blocking=self._pin)
@@ -151,7 +152,7 @@ class Trainer:
                     loss = self.forward(x, y)[1]  # drop the logits now: backward does not need them
                 loss = loss / self.accum
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
-                total += loss.detach().float()
+                total += loss.detach().to(self.loss_dtype)
         if not self.recipe.optim_in_backward:
             self._optimizer_step()
         self.step_count += 1
@@ -210,24 +211,26 @@ class Trainer:
         """Mean loss over ``n_batches`` fixed batches of ``split`` in eval mode (dropout off). Syncs once."""
         self.model.eval()
         data = self.batches(split, seed_offset=1)
-        total = torch.zeros((), device=self.device)
+        total = torch.zeros((), device=self.device, dtype=self.loss_dtype)
         with self.numerics():
             for i in range(n_batches):
                 x, y = (t.to(self.device) for t in data[i])
                 with self.autocast():
                     _, loss = self.model(x, y)
-                total += loss.float()
+                total += loss.to(self.loss_dtype)
         self.model.train()
         return (total / n_batches).item()
 
     def run(self, steps: int, log_every: int = 0,
             on_log: Callable[[int, float], None] | None = None) -> list[float]:
-        """``steps`` optimizer steps; every ``log_every`` steps (and at the end) the loss is read on the host and
-        passed to ``on_log(step, loss)``. Returns the losses read."""
+        """``steps`` optimizer steps. The loss is read on the host (one sync each) at step 1, every ``log_every``
+        steps and at the last step, and passed to ``on_log(step, loss)``. Returns the losses read, in order."""
+        if steps < 1 or log_every < 0:
+            raise ValueError(f"steps must be >= 1 and log_every >= 0, got {steps}, {log_every}")
         losses = []
         for i in range(1, steps + 1):
             loss = self.step()
-            if (log_every and i % log_every == 0) or i == steps:
+            if i == 1 or (log_every and i % log_every == 0) or i == steps:
                 losses.append(loss.item())
                 if on_log:
                     on_log(i, losses[-1])
@@ -235,4 +238,4 @@ class Trainer:
 
     @property
     def tokens_per_step(self) -> int:
-        return self.micro_batch * self.accum * self.cfg.block_size
+        return self.recipe.tokens_per_step(self.cfg)

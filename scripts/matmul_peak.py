@@ -14,6 +14,7 @@ import sys
 
 import torch
 
+from gptcore.measure import StepTimer
 from gptcore.train import resolve_device
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, "fp32": torch.float32}
@@ -28,20 +29,11 @@ def matmul_tflops(device: torch.device, dtype: str, size: int, rounds: int = 20)
         b = torch.randn(size, size, device=device, dtype=DTYPES[dtype])
         for _ in range(3):
             a @ b
-        times = []
+        times, timer = [], StepTimer(device)  # CUDA events on a GPU, the host clock on CPU
         for _ in range(rounds):
-            if device.type == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
+            with timer:
                 a @ b
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) / 1e3)
-            else:
-                import time
-                t0 = time.perf_counter()
-                a @ b
-                times.append(time.perf_counter() - t0)
+            times.append(timer.seconds)
     finally:
         torch.set_float32_matmul_precision(previous)
     median = statistics.median(times)

@@ -1,4 +1,5 @@
-"""Presets exist as DESIGN lists them, and invalid configs are refused with a ValueError naming the field."""
+"""Presets are what they claim (nanoGPT's configs, the studies' grids), old names still work with a deprecation
+line, and invalid configs are refused with a ValueError naming the field."""
 
 from __future__ import annotations
 
@@ -6,26 +7,61 @@ import dataclasses
 
 import pytest
 
-from gptcore.config import CHAR_VOCAB, LADDER, MEMORY_RECIPES, MODELS, RECIPES, GPTConfig, Recipe, get_model
-from gptcore.data import shakespeare_vocab_size
+from gptcore.config import (CHAR_VOCAB, LADDER, MEMORY_RECIPES, MODEL_NOTES, MODELS, RECIPE_NOTES, RECIPES,
+                            RENAMED_RECIPES, STUDIES, GPTConfig, Recipe, get_model, get_recipe)
+from gptcore.data import CORPORA, load_corpus
 from gptcore.train import UnsupportedRecipe, check_runnable
 
 pytestmark = pytest.mark.cpu
 
-DESIGN_RECIPES = ["fp32", "sgd-cosine", "fp16", "bf16", "small-batch", "grad-accum", "checkpoint", "compile",
-                  "fused-optim", "fused-checkpoint", "bf16-fused-checkpoint", "budget-0.05", "budget-0.60",
-                  "fused-budget-0.05", "bf16-budget-0.60"] + [f"ladder-{i}" for i in range(9)]
-DESIGN_MODELS = ["char", "char-ctx2", "char-layers2", "char-embd2", "cpu-small", "cpu-heads2", "cpu-layers2",
-                 "cpu-embd2", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "deep-1.6b"]
 
-
-def test_every_preset_of_the_design_exists():
-    assert set(DESIGN_MODELS) <= set(MODELS) and set(DESIGN_RECIPES) <= set(RECIPES)
+def test_every_study_names_registered_models_and_recipes_with_notes():
+    for study in STUDIES.values():
+        assert set(study.models) <= set(MODELS) and set(study.recipes) <= set(RECIPES), study.name
     assert set(MEMORY_RECIPES) <= set(RECIPES) and len(MEMORY_RECIPES) == 11
+    assert MODELS.keys() == MODEL_NOTES.keys() and RECIPES.keys() == RECIPE_NOTES.keys()
 
 
-def test_char_vocab_is_the_corpus_alphabet():
-    assert CHAR_VOCAB == shakespeare_vocab_size()
+def test_char_vocab_is_the_corpus_alphabet_and_the_corpora_are_one_list():
+    assert CHAR_VOCAB == load_corpus("shakespeare").vocab_size
+    from gptcore.config import DATASETS
+    assert CORPORA is DATASETS
+
+
+def test_char_presets_are_nanogpts_shakespeare_char_and_cpu_command():
+    # nanoGPT: train.py defaults to bias=False and config/train_shakespeare_char.py keeps it; its CPU command runs
+    # 4 layers x 4 heads x 128, block 64, batch 12, dropout 0, lr decay to 2000
+    char, cpu = MODELS["char"], MODELS["cpu-small"]
+    assert (char.n_layer, char.n_head, char.n_embd, char.block_size, char.batch_size, char.dropout, char.bias) == (
+        6, 6, 384, 256, 64, 0.2, False)
+    assert (cpu.n_layer, cpu.n_head, cpu.n_embd, cpu.block_size, cpu.batch_size, cpu.dropout, cpu.bias) == (
+        4, 4, 128, 64, 12, 0.0, False)
+    assert all(not MODELS[m].bias for m in MODELS if m.startswith(("char", "cpu-")))
+    assert all(MODELS[m].bias for m in MODELS if m.startswith("gpt2"))  # GPT-2 has biases
+    fp32 = RECIPES["fp32"]  # nanoGPT char: lr 1e-3 -> 1e-4, warmup 100, cosine decay to 5000, beta2 0.99, clip 1
+    assert (fp32.lr, fp32.min_lr, fp32.schedule, fp32.warmup_steps, fp32.decay_steps, fp32.beta2, fp32.grad_clip,
+            fp32.weight_decay) == (1e-3, 1e-4, "cosine", 100, 5000, 0.99, 1.0, 0.1)
+    assert all(RECIPES[r].decay_steps == 2000 and RECIPES[r].checkpoint for r in STUDIES["cpu-shape"].recipes)
+
+
+def test_the_cpu_variants_have_their_own_names():
+    cpu = MODELS["cpu-small"]
+    assert RECIPES["half-batch"].batch_size(cpu) == 6 and RECIPES["small-batch"].batch_size(cpu) == 3
+    assert RECIPES["grad-accum-2"].micro_batch(cpu) == 6 and RECIPES["grad-accum"].micro_batch(cpu) == 3
+
+
+@pytest.mark.parametrize("old,new", sorted(RENAMED_RECIPES.items()))
+def test_old_recipe_names_still_work_with_a_deprecation_warning(old, new):
+    assert old not in RECIPES and new in RECIPES
+    with pytest.warns(FutureWarning, match=f"{old!r} is now called {new!r}"):
+        assert get_recipe(old) is RECIPES[new]
+
+
+def test_optimizer_in_backward_recipes_are_named_for_it_and_fused_adamw_is_not():
+    in_backward = {name for name, r in RECIPES.items() if r.optim_in_backward}
+    assert in_backward and all("optim-in-bwd" in name for name in in_backward)
+    assert not any("fused" in name for name in RECIPES)
+    assert all(RECIPES[n].precision == "bf16-pure" for n in RECIPES if n.startswith("bf16-pure"))
 
 
 def test_doubled_presets_double_one_dimension():
@@ -35,7 +71,7 @@ def test_doubled_presets_double_one_dimension():
         assert dataclasses.replace(MODELS[name], **{field: getattr(base, field)}) == base
 
 
-# what seed 004's ladder adds at each rung, as Recipe fields (workers: worker processes and pinned memory)
+# what the ladder adds at each rung, as Recipe fields (workers: worker processes and pinned memory)
 LADDER_CHANGES = [{"precision"}, {"sync_every_step"}, {"precision"}, {"compile"}, {"attention"},
                   {"vocab_multiple"}, {"tie_weights"}, {"num_workers", "pin_memory"}]
 
@@ -90,6 +126,10 @@ def test_recipes_the_cpu_cannot_run_are_refused_not_run_as_something_else(recipe
     assert issubclass(UnsupportedRecipe, ValueError)
 
 
-def test_unknown_names_list_the_choices():
+def test_unknown_names_suggest_the_closest_and_list_the_choices():
     with pytest.raises(ValueError, match="choose from char, char-ctx2"):
         get_model("nope")
+    with pytest.raises(ValueError, match="did you mean 'cpu-small'"):
+        get_model("cpu-smal")
+    with pytest.raises(ValueError, match="did you mean 'optim-in-bwd'"):
+        get_recipe("optim-in-bw")

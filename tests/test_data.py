@@ -9,9 +9,8 @@ from importlib import resources
 import pytest
 import torch
 
-from gptcore import data
-from gptcore.data import (CORPORA, SHAKESPEARE_VOCAB, CharTokenizer, TokenBatches, entropy_rate,
-                          load_corpus, make_loader, markov_source)
+from gptcore.config import CHAR_VOCAB
+from gptcore.data import CORPORA, CharTokenizer, TokenBatches, entropy_rate, load_corpus, make_loader, markov_source
 
 
 def _shakespeare_text() -> str:
@@ -48,12 +47,12 @@ def test_shakespeare_vocab_constant_matches_shipped_corpus():
     text = _shakespeare_text()
     assert len(text) >= 900_000
     assert text.isascii()
-    assert SHAKESPEARE_VOCAB == len(set(text)) == data.shakespeare_vocab_size()
-    c = load_corpus("shakespeare", vocab_size=SHAKESPEARE_VOCAB)
-    assert c.vocab_size == SHAKESPEARE_VOCAB and c.entropy_rate is None
+    assert CHAR_VOCAB == len(set(text))
+    c = load_corpus("shakespeare", vocab_size=CHAR_VOCAB)
+    assert c.vocab_size == CHAR_VOCAB and c.entropy_rate is None
     assert c.tokenizer.chars == "".join(sorted(set(text)))
-    with pytest.raises(ValueError, match="vocab"):
-        load_corpus("shakespeare", vocab_size=SHAKESPEARE_VOCAB + 1)
+    with pytest.raises(ValueError, match="^vocab_size: the model has 78, corpus 'shakespeare' has 77"):
+        load_corpus("shakespeare", vocab_size=CHAR_VOCAB + 1)
 
 
 @pytest.mark.cpu

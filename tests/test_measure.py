@@ -12,7 +12,7 @@ import torch
 from gptcore import measure
 from gptcore.config import MODELS, RECIPES
 from gptcore.measure import mfu, peak_flops, run_case, throughput
-from gptcore.memtrack import track_training
+from gptcore.memory import track_training
 from gptcore.train import Trainer
 
 pytestmark = pytest.mark.cpu

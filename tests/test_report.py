@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gptcore import report
-from gptcore.__main__ import main
+from gptcore.cli import main
 
 pytestmark = pytest.mark.cpu
 
@@ -36,14 +36,14 @@ def test_pivot_is_shape_by_recipe_in_run_order() -> None:
 
 def test_pct_change_is_against_the_fp32_default_of_the_same_shape() -> None:
     table = {"a": {"fp32": 200.0, "bf16": 150.0}, "b": {"fp32": 400.0, "bf16": None}}
-    assert report.pct_change(table) == {"a": {"fp32": 0.0, "bf16": -25.0}, "b": {"fp32": 0.0, "bf16": None}}
+    assert report.pct_change(table, "fp32") == {"a": {"fp32": 0.0, "bf16": -25.0}, "b": {"fp32": 0.0, "bf16": None}}
 
 
 def test_additivity_is_the_interaction_term_in_percent_of_the_base_default() -> None:
     table = {"base": {"fp32": 100.0, "r": 80.0},          # the recipe alone: -20
              "big": {"fp32": 200.0, "r": 170.0},          # the shape alone: +100; together: +70, not +80
              "add": {"fp32": 300.0, "r": 280.0}}          # exactly additive
-    dev = report.additivity(table, "base")
+    dev = report.additivity(table, "base", "fp32")
     assert dev["big"]["r"] == pytest.approx(-10.0)  # (170 - 200) - (80 - 100) = -10, in % of base/fp32 = 100
     assert dev["add"]["r"] == 0.0 and dev["base"]["r"] == 0.0 and dev["big"]["fp32"] == 0.0
 

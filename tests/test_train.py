@@ -121,16 +121,16 @@ def test_sgd_cosine_learning_rate_equals_the_closed_form():
     for batch in data:
         t.step(batch)
 
-    def closed_form(s: int) -> float:  # written independently of gptcore.train.lr_at
+    def closed_form(s: int) -> float:  # nanoGPT's get_lr, written independently of gptcore.train.lr_at
         if s < 3:
-            return 0.1 * (s + 1) / 3
-        if s >= 10:
+            return 0.1 * (s + 1) / (3 + 1)
+        if s > 10:
             return 0.01
         return 0.01 + 0.09 * 0.5 * (1 + math.cos(math.pi * (s - 3) / 7))
 
     assert seen == pytest.approx([closed_form(s) for s in range(13)], rel=1e-12, abs=0)
-    assert seen[2] == pytest.approx(0.1) and seen[-1] == pytest.approx(0.01)
-    assert lr_at(6, Recipe(lr=0.3)) == 0.3  # constant schedule
+    assert seen[3] == pytest.approx(0.1) and seen[10] == pytest.approx(0.01) and seen[-1] == pytest.approx(0.01)
+    assert lr_at(6, Recipe(lr=0.3, schedule="constant")) == 0.3
 
 
 def test_hot_loop_makes_no_host_sync_unless_asked(monkeypatch):
@@ -167,3 +167,55 @@ def test_dataloader_workers_change_no_training_step():
     a, b = trainer(Recipe(grad_clip=None)), trainer(Recipe(grad_clip=None, num_workers=2))
     for _ in range(2):
         assert torch.equal(a.step(), b.step())
+
+
+def test_evaluate_runs_in_eval_mode_and_returns_to_training():
+    t = trainer(Recipe(), dropout=0.5)
+    first, second = t.evaluate(n_batches=2), t.evaluate(n_batches=2)
+    assert first == second  # dropout off: the same batches give the same loss
+    assert t.model.training  # back in training mode for the next step
+    x, y = t.batches("val", seed_offset=1)[0]
+    t.model.eval()
+    with torch.no_grad():
+        one = t.model(x, y)[1].item()
+    t.model.train()
+    assert t.evaluate(n_batches=1) == pytest.approx(one, rel=1e-6)
+    with torch.no_grad():
+        assert t.model(x, y)[1].item() != one  # in training mode dropout does change the loss
+
+
+def test_clipping_bounds_the_global_gradient_norm():
+    def grad_norm(recipe: Recipe) -> float:
+        t = trainer(recipe)
+        seen = capture_grads(t)  # gradients as the optimizer sees them, after clipping
+        t.step(batches(1)[0])
+        return torch.linalg.vector_norm(torch.stack([g.norm() for g in seen[0]])).item()
+
+    raw = grad_norm(Recipe(grad_clip=None))
+    assert raw > 0.01  # the bound below really bites
+    # clip_grad_norm_ scales by clip / (norm + 1e-6): the result is the clip to float32 rounding
+    assert grad_norm(Recipe(grad_clip=0.01)) == pytest.approx(0.01, rel=1e-4)
+    assert grad_norm(Recipe(grad_clip=100.0)) == pytest.approx(raw, rel=1e-6)  # a loose clip changes nothing
+
+
+def test_weight_decay_applies_to_matrices_and_embeddings_only():
+    t = trainer(Recipe(weight_decay=0.1))
+    decayed, exempt = t.optimizers[0].param_groups
+    assert decayed["weight_decay"] == 0.1 and exempt["weight_decay"] == 0.0
+    names = {id(p): n for n, p in t.model.named_parameters()}
+    assert all(p.dim() == 2 for p in decayed["params"]) and all(p.dim() == 1 for p in exempt["params"])
+    assert any(names[id(p)].endswith("wte.weight") for p in decayed["params"])
+    assert any(".ln_" in names[id(p)] for p in exempt["params"])
+
+
+@pytest.mark.parametrize("dtype,loss_dtype", [(torch.float64, torch.float64), (torch.float32, torch.float32)])
+def test_the_loss_is_kept_in_the_master_dtype(dtype, loss_dtype):
+    assert trainer(Recipe(), dtype=dtype).step(batches(1)[0]).dtype == loss_dtype
+    assert trainer(Recipe(precision="bf16-pure")).step(batches(1)[0]).dtype == torch.float32  # never below fp32
+
+
+def test_run_reads_the_loss_at_step_1_every_log_every_and_at_the_end():
+    t = trainer(Recipe())
+    steps: list[int] = []
+    losses = t.run(7, log_every=3, on_log=lambda step, loss: steps.append(step))
+    assert steps == [1, 3, 6, 7] and len(losses) == 4 and t.step_count == 7

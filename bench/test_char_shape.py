@@ -1,0 +1,20 @@
+"""The char-shape study on a GPU: nanoGPT's shakespeare_char model, one dimension doubled at a time, x six
+recipes."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.harness import Counts, grid, measure
+from gptcore.config import STUDIES
+
+STUDY = STUDIES["char-shape"]
+COUNTS = Counts(warmup=5, rounds=10, steps_per_round=10)
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.benchmark(group="char-shape study")
+@pytest.mark.parametrize(("model", "recipe"), grid(STUDY))
+def test_char_shape(benchmark, gate, request, model: str, recipe: str) -> None:
+    measure(benchmark, gate, request, STUDY, model, recipe, COUNTS)

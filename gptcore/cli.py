@@ -1,0 +1,257 @@
+"""The command line: ``python -m gptcore {list, train, estimate, report}``.
+
+Every command's arguments are parsed here, with no torch imported until a command runs (``--help`` and ``list``
+stay fast). Bad input is one line on stderr and exit code 2; an out-of-memory run is one line and exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+import types
+import typing
+import warnings
+from collections.abc import Sequence
+
+from .config import MODEL_NOTES, MODELS, RECIPE_NOTES, RECIPES, GPTConfig, Recipe, get_model, get_recipe
+from .units import format_bytes
+
+
+class UsageError(Exception):
+    """Bad command-line input: reported as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> typing.NoReturn:  # argparse prints usage + message; we want one line
+        raise UsageError(message)
+
+
+def _positive(text: str) -> int:
+    """An integer >= 1 (argparse names the flag in its message)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _add_case_arguments(parser: argparse.ArgumentParser) -> None:
+    """--model, --recipe and --set: the one definition of what names a case."""
+    parser.add_argument("--model", required=True, help="model preset (see `list`)")
+    parser.add_argument("--recipe", default="fp32", help="recipe (see `list`); default fp32")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="assignments",
+                        help="change one Recipe field on top of the recipe, e.g. --set checkpoint=true "
+                             "--set grad_accum_steps=4 (repeatable; None/true/false/numbers/names)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m gptcore", description="gptcore: train, estimate and report GPT training "
+                     "recipes (see README.md)")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub.add_parser("list", help="every model and recipe, one line each")
+
+    train = sub.add_parser("train", help="train a named model with a named recipe")
+    _add_case_arguments(train)
+    train.add_argument("--steps", type=_positive, default=100, help="optimizer steps (default 100)")
+    train.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if present, else cpu")
+    train.add_argument("--batch", type=_positive, default=None, help="override the model's batch size")
+    train.add_argument("--log-every", type=_positive, default=10,
+                       help="read the loss every N steps (a host-device sync each; default 10)")
+
+    estimate = sub.add_parser("estimate", help="memory breakdown of a training step: analytic, optionally simulated")
+    _add_case_arguments(estimate)
+    estimate.add_argument("--batch", type=_positive, default=None,
+                          help="sequences per optimizer step (default: the preset's)")
+    estimate.add_argument("--seq", type=_positive, default=None,
+                          help="context length (default: the preset's block_size)")
+    estimate.add_argument("--checkpoint", action="store_true", help="add activation checkpointing to the recipe")
+    estimate.add_argument("--simulate", action="store_true", help="also simulate two iterations on fake tensors")
+    estimate.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                          help="device to estimate for (default cuda)")
+
+    report = sub.add_parser("report", help="tables (and --plot charts) from a pytest --benchmark-json file")
+    report.add_argument("run", metavar="RUN.json", help="a file written by pytest bench --benchmark-json=RUN.json")
+    report.add_argument("--plot", metavar="DIR", default=None,
+                        help="also write PNG charts into DIR (needs matplotlib: pip install 'gptcore-bench[plot]')")
+    return parser
+
+
+# -- --set FIELD=VALUE ---------------------------------------------------------------------------------------------
+
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def _convert(field: str, text: str, hint: object) -> object:
+    """``text`` as a value of the annotated type ``hint`` (bool, int, float, a Literal of names, or None-able)."""
+    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    if type(None) in options and text.lower() in ("none", "null"):
+        return None
+    for option in options:
+        if option is bool:
+            if text.lower() in _TRUE + _FALSE:
+                return text.lower() in _TRUE
+        elif option in (int, float):
+            try:
+                return option(text)
+            except ValueError:
+                pass
+        elif typing.get_origin(option) is typing.Literal or option is str:
+            return text  # the Recipe checks the name
+    kinds = " or ".join("true/false" if o is bool else "None" if o is type(None) else getattr(o, "__name__", "a name")
+                        for o in options)
+    raise UsageError(f"--set {field}={text}: expected {kinds}")
+
+
+def apply_assignments(recipe: Recipe, assignments: Sequence[str]) -> Recipe:
+    """``recipe`` with each FIELD=VALUE applied; the Recipe validates the result (ValueError naming the field)."""
+    import difflib
+
+    hints = typing.get_type_hints(Recipe)
+    changes = {}
+    for item in assignments:
+        field, sep, text = item.partition("=")
+        field = field.strip()
+        if not sep:
+            raise UsageError(f"--set {item}: expected FIELD=VALUE")
+        if field not in hints:
+            close = difflib.get_close_matches(field, list(hints), n=1)
+            raise UsageError(f"--set {field}: not a Recipe field" + (f"; did you mean {close[0]!r}?" if close else ""))
+        changes[field] = _convert(field, text.strip(), hints[field])
+    return dataclasses.replace(recipe, **changes) if changes else recipe
+
+
+def _case(args: argparse.Namespace) -> tuple[GPTConfig, Recipe, str]:
+    """The model, the recipe with --set applied, and a label saying what ran."""
+    cfg, recipe = get_model(args.model), get_recipe(args.recipe)
+    recipe = apply_assignments(recipe, args.assignments)
+    label = f"{args.model} / {args.recipe}" + "".join(f" --set {a}" for a in args.assignments)
+    return cfg, recipe, label
+
+
+# -- commands ------------------------------------------------------------------------------------------------------
+
+
+def cmd_list(_: argparse.Namespace) -> int:
+    from tabulate import tabulate
+
+    print(tabulate([(name, MODEL_NOTES[name]) for name in MODELS], headers=["model", "what"]))
+    print()
+    print(tabulate([(name, RECIPE_NOTES[name]) for name in RECIPES], headers=["recipe", "what"]))
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from .measure import process_peak_memory
+    from .train import Trainer, resolve_device
+
+    cfg, recipe, label = _case(args)
+    if args.batch is not None:
+        cfg = dataclasses.replace(cfg, batch_size=args.batch)
+    device = resolve_device(args.device)
+    trainer = Trainer(cfg, recipe, device)
+    start, first = time.perf_counter(), None
+    bar = tqdm(total=args.steps, unit="step", file=sys.stderr, dynamic_ncols=True)
+
+    def on_log(step: int, loss: float) -> None:
+        nonlocal first
+        first = loss if first is None else first
+        tok_s = step * trainer.tokens_per_step / (time.perf_counter() - start)
+        peak, kind = process_peak_memory(device)
+        bar.set_postfix_str(f"loss {loss:.4f} | {tok_s:,.0f} tok/s | peak {kind} {format_bytes(peak)}")
+        bar.update(step - bar.n)
+
+    try:
+        losses = trainer.run(args.steps, log_every=args.log_every, on_log=on_log)
+    except torch.OutOfMemoryError:
+        bar.close()
+        peak, kind = process_peak_memory(device)
+        print(f"gptcore: error: out of memory on {device} after step {trainer.step_count} (peak {kind} "
+              f"{format_bytes(peak)})", file=sys.stderr)
+        return 1
+    bar.close()
+    seconds = time.perf_counter() - start
+    peak, kind = process_peak_memory(device)
+    timing = f"{1000 * seconds / args.steps:.1f} ms/step, {args.steps * trainer.tokens_per_step / seconds:,.0f} tok/s"
+    if recipe.compile:
+        timing += ", compile included"
+    print(f"{label} on {device}: {args.steps} steps in {seconds:.1f} s ({timing}), loss {first:.4f} at step 1 -> "
+          f"{losses[-1]:.4f} at step {args.steps}, peak {kind} {format_bytes(peak)}")
+    return 0
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    """Print the breakdown, the phase of the peak and the states per parameter."""
+    from .memory import estimate, resolve, simulate
+    from .units import common_unit, in_unit
+
+    cfg, recipe, label = _case(args)
+    if args.checkpoint:
+        recipe = dataclasses.replace(recipe, checkpoint=True)
+        label += " + checkpoint"
+    question = resolve(cfg, recipe, batch=args.batch, seq=args.seq, device=args.device)
+    est = estimate(question)
+    sim = simulate(question) if args.simulate else None
+    cfg, recipe = question.cfg, question.recipe
+    batch, micro = recipe.batch_size(cfg), recipe.micro_batch(cfg)
+    batch_text = f"batch {batch}" + (f" ({recipe.grad_accum_steps} x {micro})" if micro != batch else "")
+    print(f"{label} on {args.device}: {est.num_params / 1e6:,.1f}M parameters, {batch_text}, seq {cfg.block_size}")
+    print(est.table(sim))
+    states, n = est.states, est.num_params
+    copies = states.get("weight copies", 0)
+    copies_text = f" (+ {copies / n:.1f} in autocast's weight copies)" if copies else ""
+    saved = est.at_forward_end
+    unit = common_unit([saved.get("activations", 0), saved.get("logits and loss", 0)])
+    print(f"states: {est.bytes_per_param:.1f} bytes/parameter = parameters {states['parameters'] / n:.0f} + "
+          f"gradients {states['gradients'] / n:.0f} + optimizer state {states['optimizer state'] / n:.0f}"
+          f"{copies_text}; saved by the forward: activations {in_unit(saved.get('activations', 0), unit):,.2f} "
+          f"{unit}, logits and loss {in_unit(saved.get('logits and loss', 0), unit):,.2f} {unit}")
+    for note in est.notes:
+        print(f"note: {note}")
+    if sim:
+        print(f"note: simulation: {sim.method}" + "".join(f"; {n}" for n in sim.notes if n not in est.notes))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import load_run, plot, render
+
+    if args.plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UsageError("--plot needs matplotlib, which is not installed: pip install 'gptcore-bench[plot]'") \
+                from None
+    records = load_run(args.run)
+    print(render(records))
+    if args.plot is not None:
+        for path in plot(records, args.plot):
+            print(f"wrote {path}")
+    return 0
+
+
+COMMANDS = {"list": cmd_list, "train": cmd_train, "estimate": cmd_estimate, "report": cmd_report}
+
+
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:  # noqa: ANN001 (warnings' API)
+    return f"gptcore: warning: {message}\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns the exit code."""
+    warnings.formatwarning = _one_line_warning  # a deprecated recipe name: one line, not a source excerpt
+    try:
+        args = _parser().parse_args(argv)
+        return COMMANDS[args.command](args)
+    except (UsageError, ValueError) as err:  # UnsupportedRecipe is a ValueError
+        print(f"gptcore: error: {err}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `python -m gptcore list | head`
+        sys.stderr.close()
+        return 0

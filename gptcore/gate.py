@@ -1,0 +1,396 @@
+"""The benchmark gate's session logic (the root conftest.py only holds thin hooks that call into here).
+
+* :func:`configure`: --require-gpu, pytest-benchmark storage split per device, --benchmark-compare without a
+  saved run turned off with a note, and the session's :class:`Gate`;
+* :class:`Gate`: the baseline files per device, one :class:`Row` per case that ran, the cases to record;
+* :func:`finish`: writes the recorded cases and collects pytest-benchmark's --benchmark-compare-fail regressions,
+  which fail the run;
+* :func:`write_summary`: the end table (:func:`gate_table`) and its notes, printed in every outcome;
+* :func:`update_machine_info`: GPU name, compute capability and versions in pytest-benchmark's machine_info.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from pytest_benchmark.session import PerformanceRegression
+from tabulate import tabulate
+
+from gptcore import baselines
+from gptcore.baselines import BaselineError, BaselineFile, Entry, Tolerances, Verdict
+from gptcore.units import common_unit, format_bytes
+
+if TYPE_CHECKING:
+    from gptcore.measure import Measurement
+
+__all__ = ["GATE", "Gate", "PerformanceRegression", "Row", "configure", "finish", "gate_table", "preload",
+           "update_machine_info", "write_summary"]
+
+GATE = pytest.StashKey["Gate"]()
+PLUGIN_DEFAULT_STORAGE = "file://./.benchmarks"
+SECTION = "gptcore benchmark gate"
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def session_slug() -> str:
+    """The device this session benchmarks on: CUDA device 0 when present, else the CPU."""
+    return baselines.device_slug("cuda" if cuda_available() else "cpu")
+
+
+def _xdist_worker() -> bool:
+    return bool(os.environ.get("PYTEST_XDIST_WORKER"))
+
+
+# -- configuration -------------------------------------------------------------------------------------------------
+
+
+def configure(config: pytest.Config) -> Gate:
+    """Check --require-gpu, set up pytest-benchmark's storage and comparison, and build the session's Gate."""
+    if config.getoption("require_gpu") and not cuda_available():
+        import torch
+
+        raise pytest.UsageError(f"--require-gpu: CUDA is not available (torch {torch.__version__}, built for CUDA "
+                                f"{torch.version.cuda}); this job must run on a GPU runner")
+    notes: list[str] = []
+    if config.pluginmanager.hasplugin("benchmark") and not _xdist_worker():
+        _split_storage_per_device(config)
+        notes += _disable_compare_without_history(config)
+    return Gate.from_config(config, notes)
+
+
+def _split_storage_per_device(config: pytest.Config) -> None:
+    """pytest-benchmark keys its storage by OS/Python only: by default put each device's history apart."""
+    passed = any(arg.startswith("--benchmark-storage") for arg in config.invocation_params.args)
+    if not passed and config.option.benchmark_storage == PLUGIN_DEFAULT_STORAGE:
+        config.option.benchmark_storage = f"{PLUGIN_DEFAULT_STORAGE}/{session_slug()}"
+
+
+def _disable_compare_without_history(config: pytest.Config) -> list[str]:
+    """--benchmark-compare on a runner with no saved run would make --benchmark-compare-fail a UsageError at the
+    end: say so and turn both off for this run (the baselines gate still applies)."""
+    compare = config.option.benchmark_compare
+    storage = config.option.benchmark_storage
+    if not compare or not storage.startswith("file://"):
+        return []
+    from pytest_benchmark.logger import Logger
+    from pytest_benchmark.storage.file import FileStorage
+    from pytest_benchmark.utils import get_machine_id
+
+    files = FileStorage(storage[len("file://"):], logger=Logger(Logger.QUIET, config=config),
+                        default_machine_id=get_machine_id())
+    if list(files.load() if compare is True else files.load(compare)):
+        return []
+    config.option.benchmark_compare = []
+    config.option.benchmark_compare_fail = None
+    return [f"--benchmark-compare: no saved benchmark run{'' if compare is True else f' matching {compare!r}'} in "
+            f"{files.path} (first run on this runner? save one with --benchmark-autosave); comparison and "
+            f"--benchmark-compare-fail are off for this run, the baselines gate still applies"]
+
+
+# -- the gate ------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One case of the end table."""
+
+    case: str
+    measured: Entry | None
+    baseline: Entry | None
+    verdict: str
+    estimate: int | str | None = None
+    error: str | None = None
+    status: dict[str, str] = field(default_factory=dict)
+    """metric -> status of its check (ok, FAIL, better, not gated, no baseline)."""
+
+
+@dataclass
+class Gate:
+    """Session state of the baselines gate: the files per device, what ran, what to record."""
+
+    directory: Path
+    update: bool
+    strict: bool
+    overrides: dict[str, float]
+    counts_override: tuple[int | None, int | None, int | None]
+    root: Path = Path(".")
+    """Where the git commit recorded with the baselines is read."""
+    notes: list[str] = field(default_factory=list)
+    files: dict[str, BaselineFile | None] = field(default_factory=dict)
+    rows: list[Row] = field(default_factory=list)
+    pending: dict[str, dict[str, Entry]] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+    not_gated: dict[str, int] = field(default_factory=dict)
+    regressions: list[str] = field(default_factory=list)
+    """One line per case that pytest-benchmark's --benchmark-compare-fail failed."""
+    cpu_model: str = field(default_factory=baselines.cpu_model)
+
+    @classmethod
+    def from_config(cls, config: pytest.Config, notes: list[str]) -> Gate:
+        """The gate the command-line options ask for; UsageError for a tolerance out of range."""
+        overrides = {}
+        loss_fields = ("loss", "loss_amp", "loss_other_cpu", "loss_amp_other_cpu")
+        for option, names in (("mem_tol", ("memory",)), ("speed_tol", ("speed",)), ("loss_tol", loss_fields)):
+            value = config.getoption(option)
+            if value is not None:
+                if value < 0 or (option == "speed_tol" and value > 1):
+                    raise pytest.UsageError(f"--{option.replace('_', '-')}: {value} is out of range")
+                overrides.update(dict.fromkeys(names, value))
+        counts = tuple(config.getoption(o) for o in ("bench_warmup", "bench_rounds", "bench_steps"))
+        return cls(directory=Path(config.getoption("baselines_dir")), update=config.getoption("update_baselines"),
+                   strict=config.getoption("baseline_strict"), overrides=overrides, counts_override=counts,
+                   root=config.rootpath, notes=notes)
+
+    def counts(self, warmup: int, rounds: int, steps: int) -> tuple[int, int, int]:
+        """The case's (warm-up, rounds, steps per round), with the command-line overrides applied."""
+        w, r, s = self.counts_override
+        return (warmup if w is None else w, rounds if r is None else r, steps if s is None else s)
+
+    def path_for(self, slug: str) -> Path:
+        return self.directory / f"{slug}.json"
+
+    def load(self, slug: str) -> BaselineFile | None:
+        """The device's baseline file (cached); BaselineError when it is unusable."""
+        if slug not in self.files:
+            self.files[slug] = baselines.load(self.path_for(slug), expect_slug=slug)
+        return self.files[slug]
+
+    def tolerances(self, file: BaselineFile | None, device_type: str) -> Tolerances:
+        base = file.tolerances if file else Tolerances.default_for(device_type)
+        return dataclasses.replace(base, **self.overrides)
+
+    @staticmethod
+    def record_command(*nodeids: str) -> str:
+        """The command that records these cases into their baseline files."""
+        return "python -m pytest " + " ".join(f'"{n}"' for n in nodeids) + " --update-baselines"
+
+    def summary_notes(self) -> list[str]:
+        """The lines under the end table: setup notes, what was not gated, what to record, the regressions."""
+        notes = list(self.notes)
+        notes += [f"{reason} ({n} case{'s' if n > 1 else ''}; shown in parentheses)"
+                  for reason, n in self.not_gated.items()]
+        if self.missing:
+            targets = self.missing if len(self.missing) <= 3 else list(dict.fromkeys(
+                n.split("::")[0] for n in self.missing))  # many: whole files (only the cases that run are written)
+            notes.append(f"{len(self.missing)} case(s) have no baseline; record them with: "
+                         f"{self.record_command(*targets)}")
+        return notes + self.regressions
+
+    def check(self, node: pytest.Item, m: Measurement, *, precision: str,
+              estimate: int | str | None) -> Verdict | None:
+        """Compare a Measurement with its baseline (None when recording or when the case failed) and keep a row."""
+        device_type = m.device.split(":")[0]
+        slug = baselines.device_slug(m.device)
+        measured = Entry(tokens_per_s=m.tokens_per_s, tokens_per_s_iqr=m.tokens_per_s_iqr,
+                         peak_allocated_bytes=m.peak_allocated_bytes, peak_reserved_bytes=m.peak_reserved_bytes,
+                         loss=m.loss, loss_step=m.loss_step, precision=precision,
+                         cpu_model=self.cpu_model if device_type == "cpu" else None, cpu_share=m.cpu_share)
+        file = self.load(slug)
+        baseline = file.entries.get(node.name) if file else None
+        if m.error:
+            self.rows.append(Row(node.name, measured, baseline, "FAIL: out of memory", estimate, m.error))
+            return None
+        if self.update:
+            self.pending.setdefault(slug, {})[node.name] = measured
+            self.rows.append(Row(node.name, measured, baseline, "recorded", estimate))
+            return None
+        verdict = baselines.compare(node.name, measured, baseline, self.tolerances(file, device_type))
+        summary = verdict.summary()
+        if verdict.missing:
+            summary += " (strict: FAIL)" if self.strict else ""
+            self.missing.append(node.nodeid)
+        for c in verdict.checks:
+            if c.status == baselines.NOT_GATED and c.delta is not None:
+                reason = f"{c.metric} not gated: {c.note}"
+                self.not_gated[reason] = self.not_gated.get(reason, 0) + 1
+        self.rows.append(Row(node.name, measured, baseline, summary, estimate,
+                             status={c.metric: c.status for c in verdict.checks}))
+        return verdict
+
+    def write_updates(self) -> list[str]:
+        """Write the recorded cases into their files; one line per file written."""
+        import torch
+
+        lines = []
+        for slug, entries in self.pending.items():
+            device = "cpu" if slug == "cpu" else "cuda"
+            path = self.path_for(slug)
+            baselines.update(path, slug, entries, device_name=baselines.device_name(device), device_type=device,
+                             torch_version=torch.__version__, cuda=torch.version.cuda,
+                             driver=driver_version() if device == "cuda" else None,
+                             commit=baselines.git_commit(self.root))
+            lines.append(f"baselines: recorded {len(entries)} case(s) into {path}")
+        self.pending.clear()
+        return lines
+
+
+# -- hooks' bodies -------------------------------------------------------------------------------------------------
+
+
+def preload(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Load the baseline files the collected benchmarks need (a broken file stops the run before anything runs);
+    under xdist, skip the benchmarks with the reason (pytest-benchmark switches itself off there)."""
+    bench = [item for item in items if "gate" in getattr(item, "fixturenames", ())]
+    if not bench:
+        return
+    if _xdist_worker():
+        skip = pytest.mark.skip(reason="pytest-benchmark is disabled under xdist: run bench/ without -n")
+        for item in bench:
+            item.add_marker(skip)
+        return
+    gate = config.stash[GATE]
+    slugs = {"cpu"} if any(item.get_closest_marker("cpu") for item in bench) else set()
+    if cuda_available() and any(item.get_closest_marker("gpu") for item in bench):
+        slugs.add(baselines.device_slug("cuda"))
+    try:
+        for slug in sorted(slugs):
+            gate.load(slug)
+    except BaselineError as err:
+        raise pytest.UsageError(f"baselines: {err}") from None
+
+
+def finish(session: pytest.Session) -> None:
+    """Write the recorded baselines and collect --benchmark-compare-fail's regressions; either failing fails the
+    run. Runs after pytest-benchmark's own session finish, which compares with the saved run."""
+    gate = session.config.stash.get(GATE, None)
+    if gate is None:
+        return
+    failed = False
+    if gate.pending:
+        try:
+            gate.notes += gate.write_updates()
+        except (BaselineError, OSError) as err:
+            gate.notes.append(f"baselines: NOT written: {err}")
+            failed = True
+    gate.regressions = compare_fail_lines(session.config)
+    if (failed or gate.regressions) and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def compare_fail_lines(config: pytest.Config) -> list[str]:
+    """'FAIL: <case>: median +912.3% vs saved run 0001 (--benchmark-compare-fail=median:5%)', one per failed
+    check, from the comparison pytest-benchmark made in its session finish."""
+    bench = getattr(config, "_benchmarksession", None)
+    found = list(getattr(bench, "performance_regressions", None) or [])
+    if not found:
+        return []
+    checks = list(bench.compare_fail or [])
+    benches = [b for _, group in (bench.groups or []) for b in group]
+    now = {b["fullname"]: b for b in benches if b.get("path") is None}
+    lines = []
+    for saved in benches:
+        current = now.get(saved["fullname"]) if saved.get("path") else None
+        for check in checks if current else []:
+            value = check.compute(current, saved)
+            if value > check.threshold:
+                percent = type(check).__name__.startswith("Percentage")
+                change = f"{value:+.1f}%" if percent else f"{value:+.6g} s"
+                run = Path(saved["path"]).stem.split("_")[0]
+                lines.append(f"FAIL: {saved['name']}: {check.field} {change} vs saved run {run} "
+                             f"(--benchmark-compare-fail={check.field}:{check.threshold:g}{'%' if percent else ''})")
+    # the plugin's own wording if its data is not what we read above
+    return lines or [f"FAIL: {name}: {message}" for name, message in found]
+
+
+def write_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """The end table and its notes as the 'gptcore benchmark gate' section (nothing when there is neither)."""
+    gate = config.stash.get(GATE, None)
+    notes = gate.summary_notes() if gate is not None else []
+    if gate is None or not (gate.rows or notes):
+        return
+    terminalreporter.section(SECTION)
+    if gate.rows:
+        terminalreporter.write_line(gate_table(gate.rows))
+    for note in notes:
+        terminalreporter.write_line(note, red=note.startswith("FAIL"))
+
+
+# -- the end table -------------------------------------------------------------------------------------------------
+
+
+def _pct(measured: float | None, baseline: float | None, status: str | None = None) -> str:
+    if measured is None or baseline is None or not baseline:
+        return "—"
+    text = f"{measured / baseline - 1:+.1%}"
+    return f"({text})" if status == "not gated" else text
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "—" if value is None else format(value, fmt)
+
+
+def gate_table(rows: Sequence[Row]) -> str:
+    """One line per case: tokens/s and peak memory measured / baseline / delta (in parentheses when not gated),
+    the estimate over the measured peak, the loss and its drift, and the verdict. Both memory columns share one
+    unit."""
+    peaks = [(r.measured.peak_allocated_bytes if r.measured else None,
+              r.baseline.peak_allocated_bytes if r.baseline else None) for r in rows]
+    unit = common_unit(b for pair in peaks for b in pair)
+    table = []
+    for row, (peak, base_peak) in zip(rows, peaks):
+        m, b = row.measured, row.baseline
+        est = row.estimate
+        est_meas = f"{est / peak:.2f}" if isinstance(est, (int, float)) and peak else ("err" if est == "err" else "—")
+        if not (m and b and m.loss is not None and b.loss is not None):
+            loss_delta = "—"
+        elif m.loss_step != b.loss_step:
+            loss_delta = f"(step {m.loss_step}≠{b.loss_step})"
+        else:
+            loss_delta = f"{m.loss - b.loss:+.1e}"
+        table.append([
+            row.case,
+            _num(m.tokens_per_s if m else None, ",.0f"), _num(b.tokens_per_s if b else None, ",.0f"),
+            _pct(m.tokens_per_s if m else None, b.tokens_per_s if b else None, row.status.get("tokens/s")),
+            format_bytes(peak, unit), format_bytes(base_peak, unit),
+            _pct(peak, base_peak, row.status.get("peak memory")),
+            est_meas,
+            _num(m.loss if m else None, ".4f"), loss_delta,
+            row.verdict if not row.error else f"{row.verdict} ({row.error})",
+        ])
+    headers = ["case", "tok/s", "base tok/s", "Δ", "peak", "base peak", "Δ", "est/meas", "loss", "Δ loss", "verdict"]
+    return tabulate(table, headers=headers, disable_numparse=True, stralign="right")
+
+
+# -- pytest-benchmark machine_info ---------------------------------------------------------------------------------
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver version from nvidia-smi (None without one)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.strip().splitlines()[0] if out.strip() else None
+
+
+def update_machine_info(machine_info: dict) -> None:
+    """GPU name, compute capability, torch, CUDA and driver versions (pytest-benchmark's machine id ignores them)."""
+    import torch
+
+    machine_info["torch"] = torch.__version__
+    machine_info["cuda"] = torch.version.cuda
+    machine_info["cpu_model"] = baselines.cpu_model()
+    machine_info["torch_threads"] = torch.get_num_threads()
+    machine_info["device_slug"] = session_slug()
+    machine_info["python_implementation"] = platform.python_implementation()
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability(0)
+        machine_info["gpu"] = {"name": torch.cuda.get_device_name(0), "compute_capability": f"{major}.{minor}",
+                               "count": torch.cuda.device_count(), "driver": driver_version(),
+                               "cudnn": torch.backends.cudnn.version()}
+    else:
+        machine_info["gpu"] = None

@@ -25,7 +25,10 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .work import WorkLedger
 
 SCHEMA_VERSION = 2
 AMP_PRECISIONS = ("fp16", "bf16", "bf16-pure")
@@ -102,6 +105,9 @@ class Tolerances:
     """|loss - baseline| for fp32 when the baseline was recorded on another CPU model (None: ``loss``)."""
     loss_amp_other_cpu: float | None = None
     """|loss - baseline| for fp16/bf16 when the baseline was recorded on another CPU model (None: ``loss_amp``)."""
+    work: float = 0.0
+    """Relative tolerance of the work ledger's counts: 0, exact (they are the same on every CPU, thread count and
+    instruction set)."""
 
     @classmethod
     def default_for(cls, device_type: str) -> Tolerances:
@@ -122,7 +128,7 @@ class Tolerances:
         return wide if other_cpu and wide is not None else self.loss_amp if amp else self.loss
 
     def validate(self, where: str) -> None:
-        for name in ("memory", "speed", "loss", "loss_amp", "loss_other_cpu", "loss_amp_other_cpu"):
+        for name in ("memory", "speed", "loss", "loss_amp", "loss_other_cpu", "loss_amp_other_cpu", "work"):
             value = getattr(self, name)
             if value is None and name in ("speed", "loss_other_cpu", "loss_amp_other_cpu"):
                 continue
@@ -145,6 +151,7 @@ class Entry:
     precision: str = "fp32"
     cpu_model: str | None = None
     cpu_share: float | None = None
+    work: WorkLedger | None = None
     recorded_at: str | None = None
     commit: str | None = None
 
@@ -157,6 +164,7 @@ class Entry:
             "precision": self.precision,
             "cpu_model": self.cpu_model,
             "cpu_share": self.cpu_share,
+            "work": self.work.to_json() if self.work else None,
             "recorded_at": self.recorded_at,
             "commit": self.commit,
         }
@@ -189,9 +197,21 @@ class Entry:
             precision=get(data, "precision", (str,), "precision", nullable=False),
             cpu_model=get(data, "cpu_model", (str,), "cpu_model"),
             cpu_share=get(data, "cpu_share", num, "cpu_share"),
+            work=_work(data.get("work"), where),
             recorded_at=data.get("recorded_at"),
             commit=data.get("commit"),
         )
+
+
+def _work(data: Any, where: str) -> WorkLedger | None:
+    from .work import WorkLedger
+
+    if data is None:
+        return None
+    try:
+        return WorkLedger.from_json(data)
+    except (KeyError, TypeError, AttributeError) as err:
+        raise BaselineError(f"{where}: work: not a work ledger ({type(err).__name__}: {err})") from None
 
 
 @dataclass
@@ -314,6 +334,10 @@ def update(path: str | Path, slug: str, entries: dict[str, Entry], *, device_nam
 # -- verdicts --------------------------------------------------------------------------------------------------------
 
 OK, FAIL, BETTER, NOT_GATED, NO_BASELINE = "ok", "FAIL", "better", "not gated", "no baseline"
+#: the work ledger's gated counts (gptcore.work.WorkLedger.gated); their Check.delta is absolute
+WORK_METRICS = ("flops", "op calls", "syncs", "allocations", "allocated bytes", "graphs", "graph breaks",
+                "recompiles")
+_PER_PHASE = {"flops": "flops", "op calls": "op_calls"}
 
 
 @dataclass
@@ -362,7 +386,11 @@ class Verdict:
 def _describe(c: Check) -> str:
     if c.delta is None:
         return c.metric
-    return f"{c.metric} {c.delta:+.2e} nats" if c.metric == "loss" else f"{c.metric} {c.delta:+.1%}"
+    if c.metric == "loss":
+        return f"{c.metric} {c.delta:+.2e} nats"
+    if c.metric in WORK_METRICS:
+        return f"{c.metric} {int(c.delta):+,}"
+    return f"{c.metric} {c.delta:+.1%}"
 
 
 def _relative(measured: float | None, baseline: float | None) -> float | None:
@@ -403,6 +431,8 @@ def compare(case: str, measured: Entry, baseline: Entry | None, tol: Tolerances)
                             f"{measured.tokens_per_s:,.0f} vs {baseline.tokens_per_s:,.0f} tok/s, "
                             f"tolerance -{tol.speed:.0%}"))
 
+    checks += _work_checks(measured.work, baseline.work, tol.work)
+
     # loss: two-sided, absolute, only at the same step; wider against a baseline from another CPU model
     other_cpu = bool(measured.cpu_model and baseline.cpu_model and measured.cpu_model != baseline.cpu_model)
     loss_tol = tol.loss_tolerance(measured.precision, other_cpu)
@@ -418,3 +448,25 @@ def compare(case: str, measured: Entry, baseline: Entry | None, tol: Tolerances)
                             f"{measured.loss:.7f} vs {baseline.loss:.7f} at step {measured.loss_step}, "
                             f"tolerance ±{loss_tol:g} nats{where}"))
     return Verdict(case, checks)
+
+
+def _work_checks(now: WorkLedger | None, before: WorkLedger | None, tol: float) -> list[Check]:
+    """The work ledger, count by count: more than the baseline (beyond ``tol``, relative) fails with the per-phase
+    delta, less passes with a refresh note; one "work" check when every count is the same."""
+    if now is None or before is None:
+        return [Check("work", None, None, None, NOT_GATED, "no work ledger to compare")]
+    figures_now, figures_before = now.gated(), before.gated()
+    checks = []
+    for metric in WORK_METRICS:
+        a, b = figures_now.get(metric), figures_before.get(metric)
+        if a is None or b is None or a == b:
+            continue
+        status = FAIL if a > b * (1 + tol) else BETTER if a < b * (1 - tol) else OK
+        note = f"{a:,} vs {b:,}"
+        if metric in _PER_PHASE:
+            field = _PER_PHASE[metric]
+            phases = [f"{p} {getattr(now, field)[p] - getattr(before, field)[p]:+,}" for p in getattr(now, field)
+                      if getattr(now, field)[p] != getattr(before, field).get(p)]
+            note += f" ({', '.join(phases)})"
+        checks.append(Check(metric, a, b, a - b, status, note + ", gated exactly"))
+    return checks or [Check("work", None, None, 0, OK, "every count the same")]

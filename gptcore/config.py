@@ -106,6 +106,9 @@ class Recipe:
     """Non-reentrant activation checkpointing of every transformer block."""
     compile: bool = False
     """torch.compile the model."""
+    compile_scope: Literal["model", "blocks"] = "model"
+    """What compile wraps: the whole model, or each transformer block (regional compilation: the blocks share
+    one compiled graph, so compile time does not grow with depth)."""
     memory_budget: float | None = None
     """torch.compile's activation memory budget in [0, 1] (0 recomputes all it can, 1 saves all); needs compile."""
     optim_in_backward: bool = False
@@ -140,6 +143,10 @@ class Recipe:
         _check(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
         _check(self.num_workers >= 0, "num_workers", "must be >= 0")
         _check(self.lr > 0 and 0 <= self.min_lr <= self.lr, "min_lr", "need 0 <= min_lr <= lr and lr > 0")
+        _check(self.compile_scope in ("model", "blocks"), "compile_scope",
+               f"unknown {self.compile_scope!r}; choose model or blocks")
+        if self.compile_scope != "model":
+            _check(self.compile, "compile_scope", "regional compilation needs compile=True")
         if self.memory_budget is not None:
             _check(self.compile, "memory_budget", "an activation memory budget needs compile=True")
             _check(0.0 <= self.memory_budget <= 1.0, "memory_budget", f"must be in [0, 1], got {self.memory_budget}")
@@ -272,6 +279,7 @@ RECIPES: dict[str, Recipe] = {
     "grad-accum-2": Recipe(grad_accum_steps=2),
     "checkpoint": Recipe(checkpoint=True),
     "compile": Recipe(compile=True),
+    "compile-blocks": Recipe(compile=True, compile_scope="blocks"),
     "optim-in-bwd": Recipe(**_IN_BACKWARD),
     "optim-in-bwd-checkpoint": Recipe(checkpoint=True, **_IN_BACKWARD),
     "bf16-pure-optim-in-bwd-checkpoint": Recipe(precision="bf16-pure", checkpoint=True, **_IN_BACKWARD),
@@ -299,7 +307,8 @@ RECIPE_NOTES: dict[str, str] = {
     "grad-accum": "4 micro-batches of batch / 4, same effective batch",
     "grad-accum-2": "2 micro-batches of batch / 2, same effective batch",
     "checkpoint": "non-reentrant activation checkpointing of every block",
-    "compile": "torch.compile",
+    "compile": "torch.compile of the whole model",
+    "compile-blocks": "torch.compile of each block (regional: one graph shared by the blocks)",
     "optim-in-bwd": "optimizer step inside backward (each parameter's post-accumulate-grad hook), no clipping",
     "optim-in-bwd-checkpoint": "optimizer in backward + checkpointing",
     "bf16-pure-optim-in-bwd-checkpoint": "bf16 weights + optimizer in backward + checkpointing (the leanest)",
@@ -356,6 +365,9 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("memory-recipe", "a 1.6B model under eleven memory-saving recipes", ("deep-1.6b",), MEMORY_RECIPES,
           "cuda"),
     Study("ladder", "GPT-2 124M up the optimization ladder, one switch per rung", ("gpt2",), LADDER, "cuda"),
+    Study("cpu-recipe", "nanoGPT's CPU model under every memory recipe, regional compilation and the ladder's "
+          "naive bottom rung (a host sync every step): the work ledger's CPU watch", ("cpu-small",),
+          MEMORY_RECIPES + ("compile-blocks", "ladder-0"), "cpu"),
 )}
 
 

@@ -27,6 +27,7 @@ from tabulate import tabulate
 from gptcore import baselines
 from gptcore.baselines import BaselineError, BaselineFile, Entry, Tolerances, Verdict
 from gptcore.units import common_unit, format_bytes
+from gptcore.work import WorkLedger
 
 if TYPE_CHECKING:
     from gptcore.measure import Measurement
@@ -115,6 +116,8 @@ class Row:
     error: str | None = None
     status: dict[str, str] = field(default_factory=dict)
     """metric -> status of its check (ok, FAIL, better, not gated, no baseline)."""
+    work: str = "—"
+    """The work ledger against its baseline: '=' when every count is the same, else the counts that moved."""
 
 
 @dataclass
@@ -197,7 +200,8 @@ class Gate:
         measured = Entry(tokens_per_s=m.tokens_per_s, tokens_per_s_iqr=m.tokens_per_s_iqr,
                          peak_allocated_bytes=m.peak_allocated_bytes, peak_reserved_bytes=m.peak_reserved_bytes,
                          loss=m.loss, loss_step=m.loss_step, precision=precision,
-                         cpu_model=self.cpu_model if device_type == "cpu" else None, cpu_share=m.cpu_share)
+                         cpu_model=self.cpu_model if device_type == "cpu" else None, cpu_share=m.cpu_share,
+                         work=WorkLedger.from_json(m.work) if m.work else None)
         file = self.load(slug)
         baseline = file.entries.get(node.name) if file else None
         if m.error:
@@ -217,7 +221,8 @@ class Gate:
                 reason = f"{c.metric} not gated: {c.note}"
                 self.not_gated[reason] = self.not_gated.get(reason, 0) + 1
         self.rows.append(Row(node.name, measured, baseline, summary, estimate,
-                             status={c.metric: c.status for c in verdict.checks}))
+                             status={c.metric: c.status for c in verdict.checks},
+                             work=_work_cell(verdict)))
         return verdict
 
     def write_updates(self) -> list[str]:
@@ -321,6 +326,14 @@ def write_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Conf
 # -- the end table -------------------------------------------------------------------------------------------------
 
 
+def _work_cell(verdict: Verdict) -> str:
+    moved = [c for c in verdict.checks if c.metric in baselines.WORK_METRICS]
+    if moved:
+        return ", ".join(f"{c.metric} {int(c.delta):+,}" for c in moved)
+    work = next((c for c in verdict.checks if c.metric == "work"), None)
+    return "=" if work is not None and work.status == baselines.OK else "—"
+
+
 def _pct(measured: float | None, baseline: float | None, status: str | None = None) -> str:
     if measured is None or baseline is None or not baseline:
         return "—"
@@ -357,10 +370,11 @@ def gate_table(rows: Sequence[Row]) -> str:
             format_bytes(peak, unit), format_bytes(base_peak, unit),
             _pct(peak, base_peak, row.status.get("peak memory")),
             est_meas,
-            _num(m.loss if m else None, ".4f"), loss_delta,
+            _num(m.loss if m else None, ".4f"), loss_delta, row.work,
             row.verdict if not row.error else f"{row.verdict} ({row.error})",
         ])
-    headers = ["case", "tok/s", "base tok/s", "Δ", "peak", "base peak", "Δ", "est/meas", "loss", "Δ loss", "verdict"]
+    headers = ["case", "tok/s", "base tok/s", "Δ", "peak", "base peak", "Δ", "est/meas", "loss", "Δ loss", "work",
+               "verdict"]
     return tabulate(table, headers=headers, disable_numparse=True, stralign="right")
 
 

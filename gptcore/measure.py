@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from .config import GPTConfig, Recipe
+from .work import compile_counts, count_step
 
 
 def process_peak_memory(device: torch.device) -> tuple[int, str]:
@@ -168,6 +169,12 @@ class Measurement:
     loss_step: int = 0
     """Optimizer steps taken when the loss was read (warm-up included)."""
     mfu: float | None = None
+    flops_source: str | None = None
+    """Where MFU's FLOPs come from: 'analytic' (6N + attention) or 'counted' (the work ledger's, where they
+    differ: checkpointing's recomputation, a padded vocabulary)."""
+    work: dict | None = None
+    """The work ledger of one steady-state step (gptcore.work.WorkLedger.to_json), from a pass apart from the
+    timed rounds."""
     threads: int = 0
     cpu_share: float | None = None
     """CPU only: median over rounds of the process's CPU time / (wall time x threads); below ~0.9 the machine was
@@ -193,19 +200,20 @@ class CaseRunner:
         self.timer = StepTimer(self.device)
         self.last_loss: torch.Tensor | None = None
         self._shares: list[float] = []
-        self.m = Measurement(device=str(self.device), tokens_per_step=recipe.batch_size(cfg) * cfg.block_size,
+        self.m = Measurement(device=str(self.device), tokens_per_step=recipe.tokens_per_step(cfg),
                              steps_per_round=steps_per_round, threads=torch.get_num_threads())
 
     def prepare(self) -> None:
         """Build the Trainer and run the warm-up steps; then reset the CUDA peak-memory stats."""
         from .train import Trainer
 
-        t0 = time.perf_counter()
-        self.trainer = Trainer(self.cfg, self.recipe, self.device)
-        self.m.setup_seconds = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        for _ in range(self.warmup):
-            self.last_loss = self.trainer.step()
+        with compile_counts() as self.compiled:  # compilation happens while building and warming up
+            t0 = time.perf_counter()
+            self.trainer = Trainer(self.cfg, self.recipe, self.device)
+            self.m.setup_seconds = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            for _ in range(self.warmup):
+                self.last_loss = self.trainer.step()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -245,9 +253,7 @@ class CaseRunner:
             if self.device.type == "cuda":
                 m.peak_allocated_bytes = torch.cuda.max_memory_allocated(self.device)
                 m.peak_reserved_bytes = torch.cuda.max_memory_reserved(self.device)
-                if m.tokens_per_s is not None:
-                    m.mfu = mfu(trainer.model.flops_per_token(), m.tokens_per_s,
-                                torch.cuda.get_device_name(self.device), self.recipe.precision)
+            self._count_work()
         self.trainer = self.last_loss = trainer = None
         gc.collect()
         if self.device.type == "cuda":
@@ -255,6 +261,28 @@ class CaseRunner:
         elif m.error is None and not self.recipe.compile:  # the tracker cannot see inside compiled kernels
             m.peak_allocated_bytes = cpu_peak_bytes(self.cfg, self.recipe)
         return m
+
+
+    def _count_work(self) -> None:
+        """The work ledger of one more step (after the loss and the peaks are read), and MFU from its FLOPs where
+        they differ from the analytic formula."""
+        trainer, m = self.trainer, self.m
+        try:
+            with compile_counts() as again:
+                ledger = count_step(trainer)
+        except torch.OutOfMemoryError as err:
+            self.out_of_memory(err)
+            return
+        if self.recipe.compile:
+            ledger.compile = self.compiled
+            ledger.compile.recompiles += again.graphs + again.recompiles  # a steady step must compile nothing
+        m.work = ledger.to_json()
+        analytic = trainer.model.flops_per_token()
+        counted = sum(ledger.flops.values()) // m.tokens_per_step
+        m.flops_source = "analytic" if counted == analytic else "counted"
+        if self.device.type == "cuda" and m.tokens_per_s is not None:
+            m.mfu = mfu(analytic if counted == analytic else counted, m.tokens_per_s,
+                        torch.cuda.get_device_name(self.device), self.recipe.precision)
 
 
 def cpu_peak_bytes(cfg: GPTConfig, recipe: Recipe, steps: int = 2) -> int:

@@ -113,7 +113,12 @@ class Trainer:
             # config: without a reset a second Trainer would silently reuse the first one's graph, memory
             # budget and all. Compile time is spent in warm-up, outside any timing.
             torch._dynamo.reset()
-        self.forward = torch.compile(self.model) if recipe.compile else self.model
+        self.forward = self.model
+        if recipe.compile and recipe.compile_scope == "blocks":
+            for block in self.model.transformer.h:
+                block.compile()  # in place; Dynamo inlines nn.Module calls, so the blocks share one graph
+        elif recipe.compile:
+            self.forward = torch.compile(self.model)
         self.autocast_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(recipe.precision)
         self.scaler = torch.amp.GradScaler(self.device.type) if recipe.precision == "fp16" else None
         groups = param_groups(self.model, recipe.weight_decay)

@@ -212,6 +212,39 @@ def test_require_gpu_without_cuda_fails_at_once(run) -> None:
     _assert_usage_error(run(None, "--require-gpu"), "--require-gpu: CUDA is not available")
 
 
+PLANTED_MATMUL = """
+import torch
+import gptcore.model as model
+
+_init = model.GPT.__init__
+
+
+def _planted(self, *args, **kwargs):
+    _init(self, *args, **kwargs)
+    mlp = self.transformer.h[0].mlp
+
+    def forward(x):
+        h = mlp.gelu(mlp.c_fc(x))
+        h = h @ torch.eye(h.size(-1), dtype=h.dtype)  # an extra matmul; exact, the numbers do not change
+        return mlp.dropout(mlp.c_proj(h))
+    mlp.forward = forward
+
+
+model.GPT.__init__ = _planted
+"""
+
+
+def test_an_extra_matmul_planted_in_a_copy_fails_the_cpu_tier_on_flops(run, recorded: dict, pytester,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the plant is a plugin of the child run only (-p), patching the model in that process: gptcore is untouched
+    pytester.makepyfile(plant_matmul=PLANTED_MATMUL)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), os.environ.get("PYTHONPATH", "")]))
+    result = run(recorded, "-p", "plant_matmul")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*{CASE_GLOB}: *flops +*(forward +*, backward +*)*"])
+    assert "loss" not in result.stdout.str().split("FAIL:", 1)[1].splitlines()[0]  # the numbers did not move
+
+
 # -- unit tests of gptcore.baselines --------------------------------------------------------------------------------
 
 BASE = Entry(tokens_per_s=1000.0, tokens_per_s_iqr=10.0, peak_allocated_bytes=1_000_000, peak_reserved_bytes=None,
@@ -261,7 +294,8 @@ def test_loss_is_gated_both_ways_by_precision_and_only_at_the_same_step() -> Non
 def test_a_baseline_from_another_cpu_model_gets_the_wider_loss_tolerance() -> None:
     other = measured(cpu_model="CPU B", loss=2.5 + 5e-5)  # fp32 moved 2.9e-5 between two CPU models
     verdict = compare("c", other, BASE, CPU)
-    assert status(verdict, "loss") == "ok" and "baseline from another CPU (CPU A)" in verdict.checks[2].note
+    loss = next(c for c in verdict.checks if c.metric == "loss")
+    assert loss.status == "ok" and "baseline from another CPU (CPU A)" in loss.note
     assert status(compare("c", measured(cpu_model="CPU B", loss=2.5 + 2e-4), BASE, CPU), "loss") == "FAIL"
     bf16 = dataclasses.replace(BASE, precision="bf16")
     assert status(compare("c", measured(cpu_model="CPU B", loss=2.51, precision="bf16"), bf16, CPU), "loss") == "ok"

@@ -53,7 +53,7 @@ def resolve(cfg: GPTConfig, recipe: Recipe, *, batch: int | None = None, seq: in
         budget = f" and activation memory budget {recipe.memory_budget}" if recipe.memory_budget is not None else ""
         notes.append(f"compile: the eager equivalent; inductor's fusion{budget} usually lower the real peak "
                      "(the tracker cannot see inside compiled kernels)")
-        recipe = dataclasses.replace(recipe, compile=False, memory_budget=None)
+        recipe = dataclasses.replace(recipe, compile=False, compile_scope="model", memory_budget=None)
     if device == "cpu" and (recipe.precision == "tf32" or recipe.attention == "flash"):
         from ..train import unsupported_reason
 

@@ -42,6 +42,8 @@ class LiveBytes(TorchDispatchMode):
         """Set by ``phases`` from the lm_head's forward until the model's forward returns."""
         self._copying_weight = False
         self._event = 0
+        self.allocated_bytes = 0
+        """Bytes of every storage counted so far, freed or not (allocation traffic, beside the peak)."""
         self._storages: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._records: list[StorageRecord] = []
         self._refs: list[weakref.ref] = []
@@ -60,10 +62,16 @@ class LiveBytes(TorchDispatchMode):
             self._records.append(record)
             self._refs.append(weakref.ref(storage, lambda _, r=record: self._free(r)))
             self.live += nbytes
+            self.allocated_bytes += nbytes
             if self.live > self.peak:
                 self.peak, self.peak_event, self.peak_where = self.live, self._event, (self.phase, self.step)
         elif category is not None:
             record.category = category
+
+    @property
+    def allocations(self) -> int:
+        """Storages counted so far, freed or not."""
+        return len(self._records)
 
     def _category_of_new(self) -> str:
         """What an untagged new storage is, from the op that made it and where the step is."""

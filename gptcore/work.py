@@ -1,0 +1,168 @@
+"""The work ledger of one training step: what it computes and what it asks of the machine, counted, not timed.
+
+One steady-state optimizer step (after warm-up) runs under two dispatch modes, in a pass of its own that the timed
+rounds never see:
+
+* FLOPs per phase (forward, backward, optimizer), with FlopCounterMode's formulas
+  (``torch.utils.flop_counter.flop_registry``);
+* aten operator calls per phase (a proxy for kernel launches) and the most called operators;
+* host-device syncs: host reads of a tensor's value (``aten._local_scalar_dense``, which ``.item()`` and
+  ``bool(tensor)`` dispatch) and copies from a GPU to the host, counted through the dispatcher so that they show
+  on CPU too. The optimizers' own step counters, which PyTorch keeps on the host and reads there, are not syncs;
+* allocation traffic: storages allocated during the step and their bytes (``memory.tracker.LiveBytes``);
+* under compile, from the warm-up in which compilation happens: Dynamo's graphs, graph breaks and recompilations,
+  and inductor's generated kernels.
+
+Every figure is a count, the same on every CPU, thread count and instruction set, so the gate compares them
+exactly (see ``gptcore.baselines``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
+
+from .memory.tracker import LiveBytes, phases
+
+PHASES: tuple[str, ...] = ("forward", "backward", "optimizer")
+TOP_OPS = 8
+
+
+@dataclass
+class CompileCounts:
+    """What torch.compile did while a Trainer warmed up (and how often it compiled again afterwards)."""
+
+    graphs: int
+    graph_breaks: int
+    recompiles: int
+    kernels: int
+
+
+@dataclass
+class WorkLedger:
+    """The counted work of one optimizer step."""
+
+    flops: dict[str, int]
+    """FLOPs per phase."""
+    op_calls: dict[str, int]
+    """aten operators dispatched per phase."""
+    syncs: int
+    """Host reads of device values (see the module docstring)."""
+    allocations: int
+    """Storages allocated during the step."""
+    allocated_bytes: int
+    """Their bytes (CUDA: rounded to the caching allocator's 512-byte blocks)."""
+    top_ops: list[tuple[str, int]] = field(default_factory=list)
+    """The most called operators and their counts (reported, not gated)."""
+    compile: CompileCounts | None = None
+    """Compiled recipes only."""
+
+    def gated(self) -> dict[str, int]:
+        """The figures the gate compares exactly: totals, and the compile counts of compiled recipes."""
+        figures = {"flops": sum(self.flops.values()), "op calls": sum(self.op_calls.values()), "syncs": self.syncs,
+                   "allocations": self.allocations, "allocated bytes": self.allocated_bytes}
+        if self.compile is not None:
+            figures.update({"graphs": self.compile.graphs, "graph breaks": self.compile.graph_breaks,
+                            "recompiles": self.compile.recompiles})
+        return figures
+
+    def to_json(self) -> dict:
+        data = dataclasses.asdict(self)
+        data["top_ops"] = [list(pair) for pair in self.top_ops]
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> WorkLedger:
+        compile_counts = data.get("compile")
+        return cls(flops=dict(data["flops"]), op_calls=dict(data["op_calls"]), syncs=data["syncs"],
+                   allocations=data["allocations"], allocated_bytes=data["allocated_bytes"],
+                   top_ops=[tuple(pair) for pair in data.get("top_ops", [])],
+                   compile=CompileCounts(**compile_counts) if compile_counts else None)
+
+
+class _Counts(TorchDispatchMode):
+    """Counts FLOPs, operator calls and syncs per phase (the phase is read from the tracker's hooks)."""
+
+    def __init__(self, tracker: LiveBytes, host_counters: set[int]) -> None:
+        super().__init__()
+        self.tracker, self.host_counters = tracker, host_counters
+        self.flops: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()
+        self.ops: Counter[str] = Counter()
+        self.syncs = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func.namespace == "profiler":  # record_function markers: bookkeeping, no work
+            return out
+        phase = self.tracker.phase if self.tracker.phase in PHASES else "optimizer"  # after the step: its tail
+        self.calls[phase] += 1
+        self.ops[str(func.overloadpacket)] += 1
+        formula = flop_registry.get(func.overloadpacket)
+        if formula is not None:
+            self.flops[phase] += int(formula(*args, **kwargs, out_val=out))
+        if self._is_sync(func, args, kwargs):
+            self.syncs += 1
+        return out
+
+    def _is_sync(self, func, args, kwargs) -> bool:
+        if func is torch.ops.aten._local_scalar_dense.default:
+            return id(args[0]) not in self.host_counters
+        if func in (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default):
+            source = args[1] if func is torch.ops.aten.copy_.default else args[0]
+            target = args[0].device if func is torch.ops.aten.copy_.default else kwargs.get("device")
+            return (isinstance(source, torch.Tensor) and source.device.type == "cuda"
+                    and target is not None and torch.device(target).type == "cpu")
+        return False
+
+
+def _host_step_counters(optimizers: list[torch.optim.Optimizer]) -> set[int]:
+    """ids of the optimizers' step-count tensors that live on the host (read there by design, not a sync)."""
+    return {id(state["step"]) for opt in optimizers for state in opt.state.values()
+            if isinstance(state.get("step"), torch.Tensor) and state["step"].device.type == "cpu"}
+
+
+def count_step(trainer, batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> WorkLedger:
+    """The work ledger of one ``trainer.step(batch)`` (a gptcore Trainer, warmed up so that optimizer state and
+    compiled graphs exist). The step is taken: the trainer is one step further afterwards."""
+    if batch is None:  # made outside the counted step, as a DataLoader would
+        micro = [trainer._next_batch() for _ in range(trainer.accum)]
+        batch = (torch.cat([x for x, _ in micro]), torch.cat([y for _, y in micro]))
+    tracker = LiveBytes(round_to=512 if trainer.device.type == "cuda" else 1)
+    counts = _Counts(tracker, _host_step_counters(trainer.optimizers))
+    with phases(tracker, trainer.model, trainer.optimizers):
+        before, before_bytes = tracker.allocations, tracker.allocated_bytes
+        with tracker, counts:
+            trainer.step(batch)
+    return WorkLedger(flops={p: counts.flops[p] for p in PHASES}, op_calls={p: counts.calls[p] for p in PHASES},
+                      syncs=counts.syncs, allocations=tracker.allocations - before,
+                      allocated_bytes=tracker.allocated_bytes - before_bytes,
+                      top_ops=counts.ops.most_common(TOP_OPS))
+
+
+@contextmanager
+def compile_counts() -> Iterator[CompileCounts]:
+    """Dynamo's and inductor's counters over the block: graphs compiled, graph breaks, recompilations (frames
+    compiled again after the first compile of a code object) and generated kernels."""
+    from torch._dynamo.utils import counters
+    from torch._inductor import metrics
+
+    def snapshot() -> tuple[int, int, int, int]:
+        return (counters["stats"]["unique_graphs"], sum(counters["graph_break"].values()),
+                sum(counters["recompiles"].values()), metrics.generated_kernel_count)
+
+    result = CompileCounts(0, 0, 0, 0)
+    start = snapshot()
+    try:
+        yield result
+    finally:
+        end = snapshot()
+        result.graphs, result.graph_breaks, result.recompiles, result.kernels = (b - a for a, b in zip(start, end))

@@ -1,0 +1,163 @@
+"""The work ledger counts what a step does, the same on any thread count, and the gate fails a regression of each
+kind planted in a copy of the step: an extra matmul (FLOPs), a host read of the loss (syncs), a graph break
+(compile) and an extra copy of an activation (allocation traffic).
+
+Every plant is made here, on the test's own Trainer (monkeypatched for the test only), never in gptcore."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from gptcore.baselines import Entry, Tolerances, compare
+from gptcore.config import RECIPES, Recipe
+from gptcore.measure import run_case
+from gptcore.model import GPT
+from gptcore.train import Trainer
+from gptcore.work import count_step
+
+from .helpers import TINY
+
+pytestmark = pytest.mark.cpu
+
+CPU = Tolerances.default_for("cpu")
+
+
+def ledger_of(recipe: Recipe) -> dict:
+    """The Measurement's work ledger of a short case on TINY, as the benchmarks record it."""
+    m = run_case(TINY, recipe, "cpu", warmup=2, rounds=1, steps_per_round=1)
+    assert m.error is None and m.work is not None
+    return m.work
+
+
+def entry(work: dict, peak: int | None = None) -> Entry:
+    from gptcore.work import WorkLedger
+
+    return Entry(tokens_per_s=None, tokens_per_s_iqr=None, peak_allocated_bytes=peak, peak_reserved_bytes=None,
+                 loss=None, loss_step=0, work=WorkLedger.from_json(work))
+
+
+def failed_metrics(now: dict, before: dict) -> set[str]:
+    return {c.metric for c in compare("case", entry(now), entry(before), CPU).failed}
+
+
+def plant(monkeypatch: pytest.MonkeyPatch, change) -> None:
+    """Apply ``change(model)`` to every GPT built from here on in this test (the Trainer builds its own)."""
+    init = GPT.__init__
+
+    def planted(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        change(self)
+
+    monkeypatch.setattr(GPT, "__init__", planted)
+
+
+@pytest.mark.parametrize("recipe", ["fp32", "bf16", "checkpoint", "optim-in-bwd", "grad-accum"])
+def test_the_ledger_is_the_same_at_one_and_two_threads(recipe):
+    threads = torch.get_num_threads()
+    ledgers = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            t = Trainer(TINY, RECIPES[recipe], "cpu")
+            t.step()
+            ledgers.append(count_step(t).to_json())
+    finally:
+        torch.set_num_threads(threads)
+    assert ledgers[0] == ledgers[1]
+
+
+def test_an_extra_matmul_in_one_mlp_fails_on_flops(monkeypatch):
+    before = ledger_of(RECIPES["fp32"])
+
+    def extra_matmul(model: GPT) -> None:
+        mlp = model.transformer.h[0].mlp
+        width = 4 * TINY.n_embd
+
+        def forward(x):
+            h = mlp.gelu(mlp.c_fc(x))
+            h = h @ torch.eye(width, dtype=h.dtype)  # exact: the numbers do not change
+            return mlp.dropout(mlp.c_proj(h))
+        mlp.forward = forward
+
+    plant(monkeypatch, extra_matmul)
+    now = ledger_of(RECIPES["fp32"])
+    assert "flops" in failed_metrics(now, before)
+    extra = 2 * TINY.batch_size * TINY.block_size * (4 * TINY.n_embd) ** 2  # B*T x 4C x 4C, multiply-adds x 2
+    assert now["flops"]["forward"] - before["flops"]["forward"] == extra
+    assert now["flops"]["backward"] - before["flops"]["backward"] == extra  # the input's gradient (eye needs none)
+
+
+def test_a_host_read_of_the_loss_in_the_step_fails_on_syncs(monkeypatch):
+    before = ledger_of(RECIPES["fp32"])
+    assert before["syncs"] == 0
+    step = Trainer.step
+
+    def step_with_item(self, batch=None):
+        loss = step(self, batch)
+        loss.item()  # the planted sync
+        return loss
+
+    monkeypatch.setattr(Trainer, "step", step_with_item)
+    now = ledger_of(RECIPES["fp32"])
+    assert now["syncs"] == 1 and failed_metrics(now, before) == {"syncs", "op calls"}  # the read is an op too
+
+
+def test_the_naive_ladder_rung_makes_exactly_one_sync_and_the_next_none():
+    assert ledger_of(RECIPES["ladder-0"])["syncs"] == 1
+    assert ledger_of(dataclasses.replace(RECIPES["ladder-0"], sync_every_step=False))["syncs"] == 0
+    assert ledger_of(RECIPES["fp16"])["syncs"] == 1  # GradScaler reads its inf flag with a foreach optimizer
+
+
+@pytest.mark.slow
+def test_a_graph_break_in_a_block_fails_the_compiled_case_on_graph_breaks(monkeypatch):
+    before = ledger_of(RECIPES["compile-blocks"])
+    assert before["compile"]["graph_breaks"] == 0 and before["compile"]["graphs"] >= 1
+    assert before["compile"]["recompiles"] == 0
+
+    def graph_break(model: GPT) -> None:
+        block = model.transformer.h[0]
+        forward = block.forward
+
+        def broken(x):
+            torch._dynamo.graph_break()  # what a print or a data-dependent branch does to the graph
+            return forward(x)
+        block.forward = broken
+
+    plant(monkeypatch, graph_break)
+    now = ledger_of(RECIPES["compile-blocks"])
+    assert now["compile"]["graph_breaks"] >= 1
+    assert "graph breaks" in failed_metrics(now, before)
+
+
+def test_an_extra_clone_of_an_activation_fails_on_allocation_traffic_and_a_kept_one_on_memory(monkeypatch):
+    before = run_case(TINY, RECIPES["fp32"], "cpu", warmup=2, rounds=1, steps_per_round=1)
+
+    def clone(model: GPT) -> None:
+        mlp = model.transformer.h[0].mlp
+        forward = mlp.forward
+
+        def cloned(x):
+            out = forward(x)
+            mlp.kept = out.clone()  # copied, and kept alive until the next forward
+            return out
+        mlp.forward = cloned
+
+    plant(monkeypatch, clone)
+    now = run_case(TINY, RECIPES["fp32"], "cpu", warmup=2, rounds=1, steps_per_round=1)
+    assert {"allocations", "allocated bytes"} <= failed_metrics(now.work, before.work)
+    activation = TINY.batch_size * TINY.block_size * TINY.n_embd * 4
+    assert now.work["allocated_bytes"] - before.work["allocated_bytes"] == activation
+    assert now.peak_allocated_bytes > before.peak_allocated_bytes  # kept: the tracked peak grows too
+    verdict = compare("case", entry(now.work, now.peak_allocated_bytes), entry(before.work, before.peak_allocated_bytes),
+                      dataclasses.replace(CPU, memory=0.0))
+    assert "peak memory" in {c.metric for c in verdict.failed}
+
+
+def test_less_work_passes_with_a_refresh_note():
+    before = ledger_of(RECIPES["checkpoint"])  # recomputes every block in backward
+    now = ledger_of(RECIPES["fp32"])
+    verdict = compare("case", entry(now), entry(before), CPU)
+    assert not verdict.failed and "refresh the baseline" in verdict.summary() and "flops" in verdict.summary()

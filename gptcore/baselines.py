@@ -10,7 +10,11 @@ Gate rules (defaults per device type, stored in each file's ``tolerances`` and o
 * the loss of the last timed step must stay within ``loss`` nats (fp32/tf32) or ``loss_amp`` nats (fp16/bf16),
   either way, and only when it was read at the same optimizer step; against a CPU baseline recorded on another
   CPU model, within ``loss_other_cpu`` / ``loss_amp_other_cpu`` (see ``Tolerances.default_for``);
+* every count of the work ledger (gptcore.work) fails above its baseline: they are exact;
 * leaner or faster than the baseline beyond tolerance passes with a "refresh the baseline" note.
+
+(About 470 lines, over the house's ~450: the file schema, its validation and the verdicts stay together, since a
+verdict is defined on two entries of this schema and the tolerances are part of the file.)
 """
 
 from __future__ import annotations

@@ -118,6 +118,8 @@ class Row:
     """metric -> status of its check (ok, FAIL, better, not gated, no baseline)."""
     work: str = "—"
     """The work ledger against its baseline: '=' when every count is the same, else the counts that moved."""
+    mfu: str = "—"
+    """MFU and where its FLOPs come from ('analytic' 6N + attention, or 'counted' by the work ledger)."""
 
 
 @dataclass
@@ -222,7 +224,7 @@ class Gate:
                 self.not_gated[reason] = self.not_gated.get(reason, 0) + 1
         self.rows.append(Row(node.name, measured, baseline, summary, estimate,
                              status={c.metric: c.status for c in verdict.checks},
-                             work=_work_cell(verdict)))
+                             work=_work_cell(verdict), mfu=_mfu_cell(m)))
         return verdict
 
     def write_updates(self) -> list[str]:
@@ -326,6 +328,10 @@ def write_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Conf
 # -- the end table -------------------------------------------------------------------------------------------------
 
 
+def _mfu_cell(m: Measurement) -> str:
+    return "—" if m.mfu is None else f"{m.mfu:.1%} ({m.flops_source})"
+
+
 def _work_cell(verdict: Verdict) -> str:
     moved = [c for c in verdict.checks if c.metric in baselines.WORK_METRICS]
     if moved:
@@ -347,8 +353,8 @@ def _num(value: float | None, fmt: str) -> str:
 
 def gate_table(rows: Sequence[Row]) -> str:
     """One line per case: tokens/s and peak memory measured / baseline / delta (in parentheses when not gated),
-    the estimate over the measured peak, the loss and its drift, and the verdict. Both memory columns share one
-    unit."""
+    the estimate over the measured peak, MFU and the source of its FLOPs, the loss and its drift, what moved in the
+    work ledger, and the verdict. Both memory columns share one unit."""
     peaks = [(r.measured.peak_allocated_bytes if r.measured else None,
               r.baseline.peak_allocated_bytes if r.baseline else None) for r in rows]
     unit = common_unit(b for pair in peaks for b in pair)
@@ -369,12 +375,12 @@ def gate_table(rows: Sequence[Row]) -> str:
             _pct(m.tokens_per_s if m else None, b.tokens_per_s if b else None, row.status.get("tokens/s")),
             format_bytes(peak, unit), format_bytes(base_peak, unit),
             _pct(peak, base_peak, row.status.get("peak memory")),
-            est_meas,
+            est_meas, row.mfu,
             _num(m.loss if m else None, ".4f"), loss_delta, row.work,
             row.verdict if not row.error else f"{row.verdict} ({row.error})",
         ])
-    headers = ["case", "tok/s", "base tok/s", "Δ", "peak", "base peak", "Δ", "est/meas", "loss", "Δ loss", "work",
-               "verdict"]
+    headers = ["case", "tok/s", "base tok/s", "Δ", "peak", "base peak", "Δ", "est/meas", "MFU", "loss", "Δ loss",
+               "work", "verdict"]
     return tabulate(table, headers=headers, disable_numparse=True, stralign="right")
 
 

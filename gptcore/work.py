@@ -15,6 +15,10 @@ rounds never see:
 
 Every figure is a count, the same on every CPU, thread count and instruction set, so the gate compares them
 exactly (see ``gptcore.baselines``).
+
+Compiled recipes: under a Python dispatch mode Dynamo runs the step's frames eagerly, so their FLOPs, operator
+calls and allocations are those of the eager step (measured: identical to the eager recipe's). What compilation
+does is watched by the compile counts, taken while the real compiled step warms up.
 """
 
 from __future__ import annotations

@@ -325,6 +325,14 @@ def test_end_table_puts_both_peak_columns_in_one_unit() -> None:
     assert "0.50 GiB" in lines[3] and "—" in lines[3]
 
 
+def test_end_table_says_where_mfu_flops_come_from_and_what_work_moved() -> None:
+    from gptcore.gate import Row, gate_table
+
+    row = Row("a", BASE, BASE, "FAIL: syncs +1", mfu="41.3% (counted)", work="syncs +1")
+    line = gate_table([row]).splitlines()[2]
+    assert "41.3% (counted)" in line and "syncs +1" in line
+
+
 def test_slug_of_a_cuda_device_name() -> None:
     assert baselines.slugify("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
     assert baselines.slugify("NVIDIA A100-SXM4-40GB") == "nvidia-a100-sxm4-40gb"

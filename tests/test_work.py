@@ -161,3 +161,17 @@ def test_less_work_passes_with_a_refresh_note():
     now = ledger_of(RECIPES["fp32"])
     verdict = compare("case", entry(now), entry(before), CPU)
     assert not verdict.failed and "refresh the baseline" in verdict.summary() and "flops" in verdict.summary()
+
+
+def test_mfu_takes_the_counted_flops_only_where_they_differ_from_the_formula():
+    # manual attention: every FLOP has a FlopCounterMode formula, and the count equals 6N + 12 L C T per token
+    plain = run_case(TINY, RECIPES["ladder-0"], "cpu", warmup=1, rounds=1, steps_per_round=1)
+    assert plain.flops_source == "analytic"
+    assert sum(plain.work["flops"].values()) == GPT(TINY, RECIPES["ladder-0"]).flops_per_token() * plain.tokens_per_step
+    # checkpointing recomputes the blocks' forward in backward (up to the last tensor backward needs): counted
+    ckpt = run_case(TINY, dataclasses.replace(RECIPES["ladder-0"], checkpoint=True), "cpu", warmup=1, rounds=1,
+                    steps_per_round=1)
+    assert ckpt.flops_source == "counted"
+    assert ckpt.work["flops"]["forward"] == plain.work["flops"]["forward"]
+    assert plain.work["flops"]["backward"] < ckpt.work["flops"]["backward"] < (
+        plain.work["flops"]["backward"] + plain.work["flops"]["forward"])

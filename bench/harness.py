@@ -30,14 +30,16 @@ class Counts:
     steps_per_round: int
 
 
-def run_if(*, cuda: bool = False, bf16: bool = False, min_capability: tuple[int, int] | None = None
-           ) -> list[pytest.MarkDecorator]:
+def run_if(*, cuda: bool = False, bf16: bool = False, min_capability: tuple[int, int] | None = None,
+           min_gpus: int = 0) -> list[pytest.MarkDecorator]:
     """One skipif mark carrying every unmet hardware need (Lightning's RunIf), for
     ``pytest.param(..., marks=run_if(...))``; an empty list when all needs are met."""
     reasons = []
     has_cuda = torch.cuda.is_available()
-    if (cuda or bf16 or min_capability) and not has_cuda:
+    if (cuda or bf16 or min_capability or min_gpus) and not has_cuda:
         reasons.append("needs CUDA (torch.cuda.is_available() is False)")
+    elif min_gpus and torch.cuda.device_count() < min_gpus:
+        reasons.append(f"needs {min_gpus} GPUs, {torch.cuda.device_count()} visible")
     if has_cuda and bf16 and not torch.cuda.is_bf16_supported():
         reasons.append(f"needs bf16 ({torch.cuda.get_device_name()} has none)")
     if has_cuda and min_capability and torch.cuda.get_device_capability() < min_capability:

@@ -1,4 +1,4 @@
-"""The command line: ``python -m gptcore {list, train, estimate, report}``.
+"""The command line: ``python -m gptcore {list, train, estimate, report, compare, bisect}``.
 
 Every command's arguments are parsed here, with no torch imported until a command runs (``--help`` and ``list``
 stay fast). Bad input is one line on stderr and exit code 2; an out-of-memory run is one line and exit code 1.
@@ -77,7 +77,53 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("run", metavar="RUN.json", help="a file written by pytest bench --benchmark-json=RUN.json")
     report.add_argument("--plot", metavar="DIR", default=None,
                         help="also write PNG charts into DIR (needs matplotlib: pip install 'gptcore-bench[plot]')")
+    report.add_argument("--html", metavar="OUT.html", default=None,
+                        help="also write one self-contained HTML page: each case vs its baseline, the memory "
+                             "breakdown, the ladder, the history (needs matplotlib)")
+    report.add_argument("--baselines", metavar="DIR", default="baselines",
+                        help="baseline files for --html (default baselines)")
+    report.add_argument("--history", metavar="DIR", default=None,
+                        help="pytest-benchmark saved runs for --html, e.g. .benchmarks/cpu")
+
+    compare = sub.add_parser("compare", help="is HEAD slower than BASE on this machine? interleaved fresh-process "
+                             "rounds of both revisions, per case")
+    compare.add_argument("base", metavar="BASE", help="git revision A (resolved in the repository of the cwd)")
+    compare.add_argument("head", metavar="HEAD", nargs="?", default=None,
+                         help="git revision B (default: the working tree as it is, uncommitted changes included)")
+    _add_hunt_arguments(compare)
+    compare.add_argument("--json", metavar="FILE", default=None, help="write every figure to FILE")
+
+    bisect = sub.add_parser("bisect", help="git bisect run for the first commit worse than GOOD on one metric")
+    bisect.add_argument("good", metavar="GOOD", help="a revision with the good figure")
+    bisect.add_argument("bad", metavar="BAD", help="a later revision with the bad figure")
+    _add_hunt_arguments(bisect)
+    bisect.add_argument("--metric", choices=("tokens_per_s", "peak_memory", "loss"), default="tokens_per_s",
+                        help="tokens_per_s: compare's verdict slower is bad; peak_memory, loss: beyond the gate's "
+                             "tolerance of GOOD's figure is bad (exact, deterministic)")
     return parser
+
+
+def _fraction(text: str) -> float:
+    """A number in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
+    return value
+
+
+def _add_hunt_arguments(parser: argparse.ArgumentParser) -> None:
+    """-k, --rounds, --threshold, --warmup and --steps: what compare and bisect share."""
+    parser.add_argument("-k", dest="expr", required=True, metavar="EXPR",
+                        help="cases by id, as pytest -k: cpu-small-ckpt, 'cpu-small and not bf16'")
+    parser.add_argument("--rounds", type=_positive, default=10, help="fresh-process rounds per revision (default 10)")
+    parser.add_argument("--threshold", type=_fraction, default=0.05,
+                        help="smallest tokens/s change called slower/faster (default 0.05; it must also be "
+                             "significant)")
+    parser.add_argument("--warmup", type=_positive, default=3, help="warm-up steps per round (default 3)")
+    parser.add_argument("--steps", type=_positive, default=10, help="timed steps per round (default 10)")
 
 
 # -- --set FIELD=VALUE ---------------------------------------------------------------------------------------------
@@ -156,8 +202,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg = dataclasses.replace(cfg, batch_size=args.batch)
     device = resolve_device(args.device)
     trainer = Trainer(cfg, recipe, device)
+    device, world, main = trainer.device, trainer.rank.world_size, trainer.rank.is_main  # under torchrun: rank 0 prints
     start, first = time.perf_counter(), None
-    bar = tqdm(total=args.steps, unit="step", file=sys.stderr, dynamic_ncols=True)
+    bar = tqdm(total=args.steps, unit="step", file=sys.stderr, dynamic_ncols=True, disable=not main)
 
     def on_log(step: int, loss: float) -> None:
         nonlocal first
@@ -181,6 +228,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     timing = f"{1000 * seconds / args.steps:.1f} ms/step, {args.steps * trainer.tokens_per_step / seconds:,.0f} tok/s"
     if recipe.compile:
         timing += ", compile included"
+    if not main:
+        return 0
+    if recipe.parallel != "none":
+        device = f"{world} ranks x {device} ({recipe.parallel}, world size {world}; peak of rank 0)"
     print(f"{label} on {device}: {args.steps} steps in {seconds:.1f} s ({timing}), loss {first:.4f} at step 1 -> "
           f"{losses[-1]:.4f} at step {args.steps}, peak {kind} {format_bytes(peak)}")
     return 0
@@ -222,21 +273,116 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from .report import load_run, plot, render
 
-    if args.plot is not None:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise UsageError("--plot needs matplotlib, which is not installed: pip install 'gptcore-bench[plot]'") \
-                from None
+    for flag, value in (("--plot", args.plot), ("--html", args.html)):
+        if value is not None:
+            try:
+                import matplotlib  # noqa: F401
+            except ImportError:
+                raise UsageError(f"{flag} needs matplotlib, which is not installed: pip install "
+                                 "'gptcore-bench[plot]'") from None
     records = load_run(args.run)
     print(render(records))
     if args.plot is not None:
         for path in plot(records, args.plot):
             print(f"wrote {path}")
+    if args.html is not None:
+        from .report_html import write_html
+
+        print(f"wrote {write_html(args.run, args.html, baselines_dir=args.baselines, history=args.history)}")
     return 0
 
 
-COMMANDS = {"list": cmd_list, "train": cmd_train, "estimate": cmd_estimate, "report": cmd_report}
+def _options(args: argparse.Namespace):  # noqa: ANN202 (gptcore.compare.Options, imported here)
+    from .compare import Options, local_device
+
+    return Options(warmup=args.warmup, steps=args.steps, device=local_device())
+
+
+def _interval(speed) -> str:  # noqa: ANN001 (gptcore.compare.Speed)
+    if speed.low is None:
+        return "95% CI n/a: too few rounds"
+    return f"95% CI {speed.low:.3f}-{speed.high:.3f}"
+
+
+def _exact_text(check) -> str:  # noqa: ANN001 (gptcore.compare.Exact)
+    if check.a is None or check.b is None:
+        return f"{check.metric} n/a"
+    if check.metric == "loss":
+        return f"loss {check.a:.7f} -> {check.b:.7f} {check.status}"
+    change = f" ({check.delta:+.2%}, {check.b - check.a:+,} B)" if check.delta else ""
+    return f"peak memory {format_bytes(check.a)} -> {format_bytes(check.b)}{change} {check.status}"
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Interleaved rounds of BASE and HEAD per case; exit 1 when a case is slower or its memory/loss fails."""
+    import json
+
+    from .compare import compare, to_json
+
+    def progress(result, done: int, total: int) -> None:  # noqa: ANN001 (gptcore.compare.CaseResult)
+        a, b = result.tokens("a"), result.tokens("b")
+        ratio = sorted(b)[len(b) // 2] / sorted(a)[len(a) // 2]
+        print(f"{result.case}: round {done}/{total}: A {a[-1]:,.0f} B {b[-1]:,.0f} tok/s, running B/A {ratio:.3f}",
+              file=sys.stderr, flush=True)
+
+    start = time.perf_counter()
+    try:
+        a, b, results = compare(args.base, args.head, args.expr, rounds=args.rounds, threshold=args.threshold,
+                                options=_options(args), progress=progress)
+    except KeyboardInterrupt:
+        print("gptcore: interrupted (temporary worktrees removed)", file=sys.stderr)
+        return 130
+    seconds = time.perf_counter() - start
+    print(f"A = {a.label} ({a.sha[:10]}), B = {b.label}" + (f" ({b.sha[:10]})" if b.sha else "") +
+          f"; {args.rounds} rounds of {args.steps} steps after {args.warmup} warm-up, {seconds:.0f} s")
+    for r in results:
+        if r.error:
+            print(f"{r.case}: error: {r.error}")
+            continue
+        s = r.speed
+        print(f"{r.case}: A {s.median_a:,.0f} tok/s, B {s.median_b:,.0f} tok/s, B/A {s.ratio:.3f} ({_interval(s)}, "
+              f"p {s.p:.2g}) {s.verdict}; {_exact_text(r.memory)}; {_exact_text(r.loss)}")
+        shares = [[x["cpu_share"] for x in rounds if x.get("cpu_share")] for rounds in (r.rounds_a, r.rounds_b)]
+        if all(shares) and min(sorted(x)[len(x) // 2] for x in shares) < 0.9:
+            print(f"  note: busy machine: median CPU share A {sorted(shares[0])[len(shares[0]) // 2]:.2f}, "
+                  f"B {sorted(shares[1])[len(shares[1]) // 2]:.2f} (below ~0.9 other processes took the cores; "
+                  f"tokens/s says little)")
+    if args.json:
+        data = to_json(a, b, results, rounds=args.rounds, threshold=args.threshold, warmup=args.warmup,
+                       steps=args.steps, seconds=seconds)
+        with open(args.json, "w") as f:
+            json.dump(data, f, indent=1)
+    return 1 if any(r.failed for r in results) else 0
+
+
+def cmd_bisect(args: argparse.Namespace) -> int:
+    """The first commit between GOOD and BAD that is worse than GOOD on --metric."""
+    from .bisection import bisect
+
+    try:
+        result = bisect(args.good, args.bad, args.expr, metric=args.metric, rounds=args.rounds,
+                        threshold=args.threshold, options=_options(args),
+                        progress=lambda line: print(f"gptcore bisect: {line}", file=sys.stderr, flush=True))
+    except KeyboardInterrupt:
+        print("gptcore: interrupted (temporary worktrees removed)", file=sys.stderr)
+        return 130
+    if result.first_bad is None:
+        print(result.subject)
+        return 1
+    print(f"first bad commit: {result.first_bad} {result.subject}")
+    for case, figures in result.figures.items():
+        if args.metric == "tokens_per_s":
+            print(f"  {case}: {figures['median_b']:,.0f} tok/s vs GOOD's {figures['median_a']:,.0f} "
+                  f"(B/A {figures['ratio']:.3f}, {figures['verdict']})")
+        else:
+            from .compare import Exact
+
+            print(f"  {case}: {_exact_text(Exact(**figures))} (GOOD -> first bad)")
+    return 0
+
+
+COMMANDS = {"list": cmd_list, "train": cmd_train, "estimate": cmd_estimate, "report": cmd_report,
+            "compare": cmd_compare, "bisect": cmd_bisect}
 
 
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:  # noqa: ANN001 (warnings' API)

@@ -18,6 +18,8 @@ Precision = Literal["fp32", "tf32", "fp16", "bf16", "bf16-pure"]
 Attention = Literal["manual", "sdpa", "flash", "math"]
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "bf16-pure")
 ATTENTIONS: tuple[str, ...] = ("manual", "sdpa", "flash", "math")
+Parallel = Literal["none", "ddp", "fsdp2"]
+PARALLELS: tuple[str, ...] = ("none", "ddp", "fsdp2")
 #: The corpora gptcore.data can load (gptcore.data.CORPORA is this tuple).
 DATASETS: tuple[str, ...] = ("shakespeare", "markov", "random")
 
@@ -127,6 +129,17 @@ class Recipe:
     """Read the loss on the host after every step (the naive loop the ladder starts from). Off: no sync in the loop."""
     seed: int = 1337
     """Seed for weights, dropout and batches."""
+    parallel: Parallel = "none"
+    """Data parallelism under torchrun: none, DDP (replicated weights, all-reduced gradients) or FSDP2
+    (fully_shard per block, then the root). The world size comes from the launcher; the batch stays global."""
+    reshard_after_forward: bool = True
+    """FSDP2: free each block's gathered parameters after its forward (gather again in backward)."""
+    fsdp_param_dtype: Literal["bf16"] | None = None
+    """FSDP2's MixedPrecisionPolicy: compute in this dtype (gradients reduced in fp32); None keeps fp32."""
+    gradient_as_bucket_view: bool = False
+    """DDP: gradients are views into the all-reduce buckets (no second copy of the gradients)."""
+    bucket_cap_mb: float = 25.0
+    """DDP: all-reduce bucket size in MiB."""
 
     def __post_init__(self) -> None:
         _check(self.precision in PRECISIONS, "precision",
@@ -158,16 +171,49 @@ class Recipe:
                    "optim_in_backward would step on every micro-batch; gradient accumulation needs the step after")
             _check(self.precision != "fp16", "precision",
                    "fp16 needs GradScaler's global inf check before any step; optim_in_backward steps early")
+        self._check_parallel()
         if self.attention == "flash":
             _check(self.precision in ("fp16", "bf16", "bf16-pure"), "attention",
                    "FlashAttention runs only on fp16/bf16 inputs; use precision fp16, bf16 or bf16-pure")
 
-    def micro_batch(self, model: GPTConfig) -> int:
-        """Sequences per forward/backward: the model's batch / batch_divisor / grad_accum_steps."""
+    def _check_parallel(self) -> None:
+        _check(self.parallel in PARALLELS, "parallel",
+               f"unknown {self.parallel!r}; choose from {', '.join(PARALLELS)}")
+        fsdp, ddp = self.parallel == "fsdp2", self.parallel == "ddp"
+        _check(self.reshard_after_forward in (True, False), "reshard_after_forward", "must be true or false")
+        _check(self.reshard_after_forward or fsdp, "reshard_after_forward", "is an FSDP2 switch: needs parallel=fsdp2")
+        _check(self.fsdp_param_dtype in (None, "bf16"), "fsdp_param_dtype",
+               f"unknown {self.fsdp_param_dtype!r}; choose None or bf16")
+        if self.fsdp_param_dtype is not None:
+            _check(fsdp, "fsdp_param_dtype", "is FSDP2's mixed precision: needs parallel=fsdp2")
+            _check(self.precision == "fp32", "precision",
+                   "fsdp_param_dtype already sets the compute dtype; use precision fp32 with it")
+        _check(not self.gradient_as_bucket_view or ddp, "gradient_as_bucket_view",
+               "is a DDP switch: needs parallel=ddp")
+        _check(self.bucket_cap_mb > 0, "bucket_cap_mb", f"must be > 0, got {self.bucket_cap_mb}")
+        _check(self.bucket_cap_mb == 25.0 or ddp, "bucket_cap_mb", "is a DDP switch: needs parallel=ddp")
+        if self.parallel != "none":
+            _check(not self.optim_in_backward, "optim_in_backward",
+                   "steps each parameter in its post-accumulate-grad hook, before DDP's all-reduce or FSDP2's "
+                   "reduce-scatter has averaged the gradient over ranks: each rank would step on its own gradient")
+            _check(not self.compile, "compile",
+                   "torch.compile with DDP/FSDP2 is not proven equivalent here (on CPU, compile with gloo "
+                   "collectives is untested); run the parallel recipe eager")
+        if fsdp:
+            _check(self.precision != "fp16", "precision",
+                   "fp16 needs a GradScaler that understands sharded gradients; use bf16 or fsdp_param_dtype=bf16")
+
+    def micro_batch(self, model: GPTConfig, world_size: int = 1) -> int:
+        """Sequences per forward/backward on one rank: the model's batch / batch_divisor / world_size /
+        grad_accum_steps (the batch stays global: the same recipe is the same optimization at any world size)."""
         batch = self.batch_size(model)
+        if world_size > 1 and batch % (world_size * self.grad_accum_steps):
+            raise ValueError(f"parallel: the batch of {batch} does not split into {world_size} ranks x "
+                             f"{self.grad_accum_steps} micro-batches; change the batch, batch_divisor or "
+                             f"grad_accum_steps, or the number of processes")
         if batch % self.grad_accum_steps:
             raise ValueError(f"grad_accum_steps: {self.grad_accum_steps} does not divide the batch of {batch}")
-        return batch // self.grad_accum_steps
+        return batch // self.grad_accum_steps // world_size
 
     def batch_size(self, model: GPTConfig) -> int:
         """Sequences per optimizer step."""
@@ -293,6 +339,11 @@ RECIPES: dict[str, Recipe] = {
     "ckpt-sgd-cosine": Recipe(optimizer="sgd", lr=1e-2, min_lr=1e-3, **_CPU_COMMAND),
     "ckpt-bf16": Recipe(precision="bf16", **_CPU_COMMAND),
     **_LADDER,
+    "ddp": Recipe(parallel="ddp"),
+    "ddp-bucket-view": Recipe(parallel="ddp", gradient_as_bucket_view=True),
+    "fsdp2": Recipe(parallel="fsdp2"),
+    "fsdp2-no-reshard": Recipe(parallel="fsdp2", reshard_after_forward=False),
+    "fsdp2-bf16": Recipe(parallel="fsdp2", fsdp_param_dtype="bf16"),
 }
 
 RECIPE_NOTES: dict[str, str] = {
@@ -322,6 +373,11 @@ RECIPE_NOTES: dict[str, str] = {
     "ckpt-sgd-cosine": "ckpt-fp32 with SGD momentum 0.9, lr 1e-2 -> 1e-3",
     "ckpt-bf16": "ckpt-fp32 with bf16 autocast",
     **_LADDER_NOTES,
+    "ddp": "fp32 data parallel (torchrun): DDP, gradients all-reduced in 25 MiB buckets; the batch split over ranks",
+    "ddp-bucket-view": "ddp with gradient_as_bucket_view: the gradients are views into the buckets (no extra copy)",
+    "fsdp2": "fp32 FSDP2 (torchrun): fully_shard per block then the root; parameters, grads, AdamW state 1/N",
+    "fsdp2-no-reshard": "fsdp2 keeping the gathered parameters after forward (no second all-gather in backward)",
+    "fsdp2-bf16": "fsdp2 with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), fp32 sharded master",
 }
 
 #: Names of earlier releases, still accepted for one release with a deprecation line: old name -> new name.

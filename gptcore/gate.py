@@ -66,17 +66,24 @@ def configure(config: pytest.Config) -> Gate:
         raise pytest.UsageError(f"--require-gpu: CUDA is not available (torch {torch.__version__}, built for CUDA "
                                 f"{torch.version.cuda}); this job must run on a GPU runner")
     notes: list[str] = []
+    history = None
     if config.pluginmanager.hasplugin("benchmark") and not _xdist_worker():
-        _split_storage_per_device(config)
+        history = _split_storage_per_device(config)
         notes += _disable_compare_without_history(config)
-    return Gate.from_config(config, notes)
+    gate = Gate.from_config(config, notes)
+    gate.history_note = history
+    return gate
 
 
-def _split_storage_per_device(config: pytest.Config) -> None:
-    """pytest-benchmark keys its storage by OS/Python only: by default put each device's history apart."""
+def _split_storage_per_device(config: pytest.Config) -> str | None:
+    """pytest-benchmark keys its storage by OS/Python only: by default put each device's history apart. Returns
+    the note that says where it went (None when the storage was left as given)."""
     passed = any(arg.startswith("--benchmark-storage") for arg in config.invocation_params.args)
     if not passed and config.option.benchmark_storage == PLUGIN_DEFAULT_STORAGE:
         config.option.benchmark_storage = f"{PLUGIN_DEFAULT_STORAGE}/{session_slug()}"
+        path = config.option.benchmark_storage.removeprefix("file://./")
+        return f"pytest-benchmark history for this device: {path} (pytest-benchmark list/compare need --storage {path})"
+    return None
 
 
 def _disable_compare_without_history(config: pytest.Config) -> list[str]:
@@ -142,6 +149,8 @@ class Gate:
     regressions: list[str] = field(default_factory=list)
     """One line per case that pytest-benchmark's --benchmark-compare-fail failed."""
     cpu_model: str = field(default_factory=baselines.cpu_model)
+    history_note: str | None = None
+    """Where pytest-benchmark's history of this device is, when the gate split its storage (shown when cases ran)."""
 
     @classmethod
     def from_config(cls, config: pytest.Config, notes: list[str]) -> Gate:
@@ -192,6 +201,8 @@ class Gate:
                 n.split("::")[0] for n in self.missing))  # many: whole files (only the cases that run are written)
             notes.append(f"{len(self.missing)} case(s) have no baseline; record them with: "
                          f"{self.record_command(*targets)}")
+        if self.history_note and self.rows:
+            notes.append(self.history_note)
         return notes + self.regressions
 
     def check(self, node: pytest.Item, m: Measurement, *, precision: str,

@@ -11,6 +11,9 @@ base default:
 
 0 means the shape change and the optimization combine additively; by construction dev is 0 on the base row and
 in the default column.
+
+``--html`` (gptcore.report_html) builds one self-contained page from the same records: each case against its
+baseline, the estimate's memory breakdown, the ladder as a waterfall, and the history of saved runs.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tabulate import tabulate
@@ -31,8 +34,15 @@ METRICS: dict[str, tuple[str, str]] = {
     "memory": ("peak allocated memory, MiB", "peak_allocated_bytes"),
     "reserved": ("peak reserved memory, MiB", "peak_reserved_bytes"),
     "speed": ("tokens/s (median over rounds)", "tokens_per_s"),
-    "loss": ("loss at the last timed step", "loss"),
+    "loss": ("loss at the last timed step, nats", "loss"),
 }
+#: metric key -> its axis label (with the unit) in plots
+AXIS_LABELS: dict[str, str] = {"memory": "peak allocated memory (MiB)", "reserved": "peak reserved memory (MiB)",
+                               "speed": "tokens/s (median over rounds)", "loss": "loss (nats)"}
+
+
+BUSY_SHARE = 0.9
+"""Below this share of the CPU the process got while timed, a CPU tokens/s figure is flagged as busy."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +54,19 @@ class Record:
     model: str
     recipe: str
     values: dict[str, float | None]
+    info: dict = field(default_factory=dict, compare=False)
+    """The benchmark's whole extra_info (tokens_per_s_iqr, cpu_share, device, work, ...)."""
+
+    @property
+    def speed_iqr(self) -> float | None:
+        """The IQR of tokens/s over the timed rounds."""
+        return _number(self.info.get("tokens_per_s_iqr"))
+
+    @property
+    def busy(self) -> bool:
+        """tokens/s recorded on a CPU while other processes took it (cpu_share below BUSY_SHARE)."""
+        share = _number(self.info.get("cpu_share"))
+        return str(self.info.get("device", "cpu")).startswith("cpu") and share is not None and share < BUSY_SHARE
 
 
 def load_run(path: str | Path) -> list[Record]:
@@ -69,7 +92,8 @@ def load_run(path: str | Path) -> list[Record]:
         for key in ("memory", "reserved"):  # bytes -> the MiB of METRICS' titles
             if values[key] is not None:
                 values[key] = in_unit(values[key], "MiB")
-        records.append(Record(bench.get("group") or "", bench.get("name", ""), info["model"], info["recipe"], values))
+        records.append(Record(bench.get("group") or "", bench.get("name", ""), info["model"], info["recipe"], values,
+                              info))
     if not records:
         raise ValueError(f"{path}: no gptcore benchmark cases (benchmarks with extra_info model/recipe)")
     return records
@@ -127,12 +151,14 @@ def additivity(table: Pivot, base: str, default: str) -> Pivot:
     return out
 
 
-def _fmt(table: Pivot, shapes: list[str], recipes: list[str], fmt: str) -> str:
+def _fmt(table: Pivot, shapes: list[str], recipes: list[str], fmt: str, unit: str) -> str:
     rows = [[s] + [("—" if table[s][r] is None else format(table[s][r], fmt)) for r in recipes] for s in shapes]
-    return tabulate(rows, headers=["shape \\ recipe"] + recipes, disable_numparse=True, stralign="right")
+    return tabulate(rows, headers=[f"shape \\ recipe ({unit})"] + recipes, disable_numparse=True,
+                    stralign="right")
 
 
 _VALUE_FMT = {"memory": ",.2f", "reserved": ",.2f", "speed": ",.0f", "loss": ".4f"}
+_UNIT = {"memory": "MiB", "reserved": "MiB", "speed": "tok/s", "loss": "nats"}
 
 
 def render(records: Sequence[Record]) -> str:
@@ -145,15 +171,19 @@ def render(records: Sequence[Record]) -> str:
             shapes, recipes, table = pivot(recs, metric)
             if all(v is None for row in table.values() for v in row.values()):
                 continue
-            out += [f"\n{title}", _fmt(table, shapes, recipes, _VALUE_FMT[metric])]
+            out += [f"\n{title}", _fmt(table, shapes, recipes, _VALUE_FMT[metric], _UNIT[metric])]
             default = recipes[0]  # a study lists its default recipe first
             if len(recipes) > 1:
                 out += [f"\n{title}: % change vs {default} of the same shape",
-                        _fmt(pct_change(table, default), shapes, recipes, "+.1f")]
+                        _fmt(pct_change(table, default), shapes, recipes, "+.1f", "%")]
                 if len(shapes) > 1:
                     base = base_shape(shapes)
                     out += [f"\n{title}: deviation from additivity, % of {base}/{default}",
-                            _fmt(additivity(table, base, default), shapes, recipes, "+.1f")]
+                            _fmt(additivity(table, base, default), shapes, recipes, "+.1f", "%")]
+        busy = [r.name for r in recs if r.busy]
+        if busy:
+            out.append(f"\nbusy: tokens/s of {', '.join(busy)} recorded with cpu_share < {BUSY_SHARE} (the machine "
+                       "was shared); compare them with care")
         out.append("")
     return "\n".join(out)
 
@@ -177,12 +207,17 @@ def plot(records: Sequence[Record], outdir: str | Path) -> list[Path]:
                 continue
             fig, ax = plt.subplots(figsize=(max(6.0, 2.0 + 0.5 * len(recipes) * len(shapes)), 4.5))
             width = 0.8 / len(shapes)
+            iqr = {(r.model, r.recipe): r.speed_iqr for r in recs} if metric == "speed" else {}
             for i, s in enumerate(shapes):
                 xs = [j + i * width for j in range(len(recipes))]
-                ax.bar(xs, [table[s][r] if table[s][r] is not None else math.nan for r in recipes], width, label=s)
+                err = [iqr.get((s, r)) or 0.0 for r in recipes] if iqr else None
+                ax.bar(xs, [table[s][r] if table[s][r] is not None else math.nan for r in recipes], width, label=s,
+                       yerr=[[e / 2 for e in err]] * 2 if err else None, capsize=2)
             ax.set_xticks([j + 0.4 - width / 2 for j in range(len(recipes))], recipes, rotation=30, ha="right")
-            ax.set_title(f"{group}: {title}", fontsize=10)
-            ax.legend(fontsize="small")
+            ax.set_xlabel("recipe")
+            ax.set_ylabel(AXIS_LABELS[metric])
+            ax.set_title(f"{group}: {title}" + ("\nerror bars: IQR over rounds" if iqr else ""), fontsize=10)
+            ax.legend(fontsize="small", title="shape")
             fig.tight_layout()
             written.append(outdir / f"{stem}-{metric}.png")
             fig.savefig(written[-1], dpi=120)
@@ -199,9 +234,11 @@ def plot(records: Sequence[Record], outdir: str | Path) -> list[Path]:
                             ax.text(j, i, f"{v:+.1f}", ha="center", va="center", fontsize=8)
                 ax.set_xticks(range(len(recipes)), recipes, rotation=30, ha="right")
                 ax.set_yticks(range(len(shapes)), shapes)
+                ax.set_xlabel("recipe")
+                ax.set_ylabel("shape")
                 ax.set_title(f"{group}: {title}\ndeviation from additivity, % of {base_shape(shapes)}/{default}",
                              fontsize=10)
-                fig.colorbar(image, ax=ax)
+                fig.colorbar(image, ax=ax, label=f"deviation, % of {base_shape(shapes)}/{default}")
                 fig.tight_layout()
                 written.append(outdir / f"{stem}-{metric}-additivity.png")
                 fig.savefig(written[-1], dpi=120)

@@ -16,6 +16,7 @@ import torch
 import torch._functorch.config as functorch_config
 import torch.nn as nn
 
+from . import distributed
 from .config import GPTConfig, Recipe
 from .data import Corpus, TokenBatches, check_vocab, load_corpus, make_loader
 from .model import GPT, attention_unsupported
@@ -45,6 +46,9 @@ def unsupported_reason(recipe: Recipe, device: torch.device | str) -> str | None
     reason = attention_unsupported(recipe.attention, device)
     if reason:
         return reason
+    if recipe.parallel != "none" and not distributed.launched():
+        return (f"parallel={recipe.parallel} runs under torchrun (RANK and WORLD_SIZE are unset), e.g. "
+                f"torchrun --nproc-per-node=2 -m gptcore train --model cpu-small --recipe {recipe.parallel}")
     if device.type == "cpu":
         if recipe.precision == "tf32":
             return "tf32 is a CUDA tensor-core mode; on CPU it would silently run as fp32"
@@ -100,7 +104,10 @@ class Trainer:
         """``dtype`` is the master-weight dtype (float64 for exact CPU equivalence tests); bf16-pure overrides it."""
         self.cfg, self.recipe, self.device = cfg, recipe, torch.device(device)
         check_runnable(recipe, self.device)
-        self.micro_batch = recipe.micro_batch(cfg)
+        self.rank = distributed.Rank()
+        if recipe.parallel != "none":  # joins torchrun's process group; on a GPU the device is cuda:LOCAL_RANK
+            self.rank, self.device = distributed.init(self.device)
+        self.micro_batch = recipe.micro_batch(cfg, self.rank.world_size)  # per rank: the batch stays global
         self.accum = recipe.grad_accum_steps
         torch.manual_seed(recipe.seed)
         if recipe.precision == "bf16-pure":
@@ -114,6 +121,8 @@ class Trainer:
             # budget and all. Compile time is spent in warm-up, outside any timing.
             torch._dynamo.reset()
         self.forward = self.model
+        if recipe.parallel != "none":  # DDP: the wrapper; FSDP2: the model, sharded in place (before the optimizer)
+            self.forward = distributed.wrap(self.model, recipe, self.device)
         if recipe.compile and recipe.compile_scope == "blocks":
             for block in self.model.transformer.h:
                 block.compile()  # in place; Dynamo inlines nn.Module calls, so the blocks share one graph
@@ -151,9 +160,10 @@ class Trainer:
             self._next_batch() for _ in range(self.accum))
         total = torch.zeros((), device=self.device, dtype=self.loss_dtype)
         with self.numerics():
-            for x, y in micro:
+            for i, (x, y) in enumerate(micro):
                 x, y = x.to(self.device, non_blocking=self._pin), y.to(self.device, non_blocking=self._pin)
-                with self.autocast():
+                # gradients are reduced over ranks on the last micro-batch only (DDP reads its flag in forward)
+                with self.gradient_sync(last=i == self.accum - 1), self.autocast():
                     loss = self.forward(x, y)[1]  # drop the logits now: backward does not need them
                 loss = loss / self.accum
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
@@ -185,6 +195,16 @@ class Trainer:
             opt.zero_grad(set_to_none=True)  # the gradient is freed as soon as it is used
         return hook
 
+    def gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
+        """Under DDP/FSDP2, reduce gradients over ranks only when ``last``; nothing otherwise."""
+        if self.recipe.parallel == "none":
+            return contextlib.nullcontext()
+        return distributed.gradient_sync(self.forward, self.recipe, last)
+
+    def mean_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """The step's loss averaged over ranks (the single-process loss of the global batch); a collective."""
+        return distributed.mean_over_ranks(loss) if self.recipe.parallel != "none" else loss
+
     def numerics(self) -> contextlib.AbstractContextManager:
         """Float32 matmul precision (TF32 or IEEE) and the compiler's activation memory budget for this step."""
         stack = contextlib.ExitStack()
@@ -203,13 +223,16 @@ class Trainer:
     # -- data and evaluation -------------------------------------------------------------------------------------
 
     def batches(self, split: str = "train", seed_offset: int = 0) -> TokenBatches:
-        return TokenBatches(self.corpus, split, self.micro_batch, self.cfg.block_size, self.recipe.seed + seed_offset)
+        """The single-process micro-batches (all ranks' rows); ``_next_batch`` takes this rank's shard."""
+        return TokenBatches(self.corpus, split, self.micro_batch * self.rank.world_size, self.cfg.block_size,
+                            self.recipe.seed + seed_offset)
 
     def _next_batch(self) -> Batch:
         if self._batches is None:
             loader = make_loader(self.batches("train"), num_workers=self.recipe.num_workers, pin_memory=self._pin)
             self._batches = iter(loader)
-        return next(self._batches)
+        batch = next(self._batches)
+        return distributed.shard(batch, self.rank) if self.rank.world_size > 1 else batch
 
     @torch.no_grad()
     def evaluate(self, split: str = "val", n_batches: int = 10) -> float:
@@ -236,7 +259,7 @@ class Trainer:
         for i in range(1, steps + 1):
             loss = self.step()
             if i == 1 or (log_every and i % log_every == 0) or i == steps:
-                losses.append(loss.item())
+                losses.append(self.mean_loss(loss).item())
                 if on_log:
                     on_log(i, losses[-1])
         return losses

@@ -1,12 +1,25 @@
 """gptcore.report and `python -m gptcore report`: tables from a real CPU --benchmark-json run
 (tests/data/cpu-run.json: `pytest bench -m cpu -k "cpu-small or cpu-layers2" --bench-warmup 1 --bench-rounds 3
---bench-steps 2 --benchmark-json ...`), the derived tables' definitions, and bad input."""
+--bench-steps 2 --benchmark-json ...`), the derived tables' definitions, bad input, the axis labels of every plot,
+and the HTML page (gptcore.report_html), opened in a real headless browser.
+
+HTML test data: tests/data/cpu-report-run.json and the two saved runs under tests/data/history/cpu/ are real (`pytest
+bench -m cpu -k "cpu-small-ckpt or cpu-layers2-ckpt-fp32 or cpu-small-fp32 or cpu-small-ladder-0 or
+cpu-small-checkpoint" --bench-warmup 1 --bench-rounds 3 --bench-steps 2 --benchmark-json ... --benchmark-autosave
+--benchmark-storage file://...`, twice, on a busy shared machine: every cpu_share is below 0.5);
+tests/data/gpu-ladder-synthetic.json is synthetic (the GPU tier has never run; its "note" says so)."""
 
 from __future__ import annotations
 
+import html.parser
 import json
+import re
+import shutil
+import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,7 +28,12 @@ from gptcore.cli import main
 
 pytestmark = pytest.mark.cpu
 
-RUN = Path(__file__).resolve().parent / "data" / "cpu-run.json"
+DATA = Path(__file__).resolve().parent / "data"
+RUN = DATA / "cpu-run.json"
+CPU_RUN, LADDER_RUN = DATA / "cpu-report-run.json", DATA / "gpu-ladder-synthetic.json"
+HISTORY = DATA / "history" / "cpu"
+BASELINES = DATA.parent.parent / "baselines"
+INSTALL_BROWSER = "apt-get update && apt-get install -y --no-install-recommends chromium"
 RECIPES = ["fp32", "small-batch", "grad-accum", "sgd-cosine", "bf16"]
 
 
@@ -57,11 +75,13 @@ def test_cli_report_prints_the_three_tables_per_metric(capsys: pytest.CaptureFix
     assert main(["report", str(RUN)]) == 0
     out = capsys.readouterr().out
     assert "=== seed001-cpu-matrix ===" in out
-    for title in ("peak allocated memory, MiB", "tokens/s (median over rounds)", "loss at the last timed step"):
+    for title in ("peak allocated memory, MiB", "tokens/s (median over rounds)", "loss at the last timed step, nats"):
         assert f"\n{title}\n" in out
         assert f"{title}: % change vs fp32 of the same shape" in out
         assert f"{title}: deviation from additivity, % of cpu-small/fp32" in out
     assert "peak reserved" not in out  # no figure on CPU, no table
+    for corner in ("shape \\ recipe (MiB)", "shape \\ recipe (tok/s)", "shape \\ recipe (nats)", "shape \\ recipe (%)"):
+        assert corner in out  # each table names its axes and its unit
 
 
 @pytest.mark.parametrize(("content", "message"), [
@@ -80,12 +100,13 @@ def test_bad_or_missing_file_is_one_line_and_exit_2(tmp_path: Path, capsys: pyte
     assert err.count("\n") == 1 and err.startswith("gptcore: error: ") and message in err and str(path) in err
 
 
+@pytest.mark.parametrize("flag", ["--plot", "--html"])
 def test_plot_without_matplotlib_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture) -> None:
+                                                  capsys: pytest.CaptureFixture, flag: str) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
-    assert main(["report", str(RUN), "--plot", str(tmp_path / "plots")]) == 2
+    assert main(["report", str(RUN), flag, str(tmp_path / "plots")]) == 2
     captured = capsys.readouterr()
-    assert "--plot needs matplotlib" in captured.err and "gptcore-bench[plot]" in captured.err
+    assert f"{flag} needs matplotlib" in captured.err and "gptcore-bench[plot]" in captured.err
     assert captured.out == "" and not (tmp_path / "plots").exists()
 
 
@@ -95,3 +116,241 @@ def test_plot_writes_a_png_per_metric_and_additivity(tmp_path: Path) -> None:
     assert {p.name for p in written} == {f"seed001-cpu-matrix-{m}{s}.png" for m in ("memory", "speed", "loss")
                                          for s in ("", "-additivity")}
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in written)
+
+
+def test_plot_labels_every_axis_and_draws_iqr_error_bars_on_tokens_per_s(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("matplotlib")
+    figures = saved_figures(monkeypatch)
+    report.plot(report.load_run(RUN), tmp_path)
+    assert len(figures) == 6
+    for fig in figures:
+        assert_axes_labelled(fig)
+    speed = [f for f in figures if "tokens/s" in f.axes[0].get_ylabel()]
+    assert len(speed) == 1 and has_error_bars(speed[0].axes[0])
+
+
+def saved_figures(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Every matplotlib figure saved from now on (savefig is wrapped; the figure is kept)."""
+    from matplotlib.figure import Figure
+
+    figures, original = [], Figure.savefig
+
+    def keep(fig: Figure, *args: object, **kwargs: object) -> None:
+        figures.append(fig)
+        original(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    return figures
+
+
+def assert_axes_labelled(fig: object) -> None:
+    """Both axes of every plot are labelled (a colorbar, its one axis)."""
+    for ax in fig.axes:
+        if ax.get_label() == "<colorbar>":
+            assert ax.get_ylabel() or ax.get_xlabel()
+        else:
+            assert ax.get_xlabel() and ax.get_ylabel(), (ax.get_title(), ax.get_xlabel(), ax.get_ylabel())
+
+
+def has_error_bars(ax: object) -> bool:
+    from matplotlib.container import BarContainer, ErrorbarContainer
+
+    return any(isinstance(c, ErrorbarContainer) or (isinstance(c, BarContainer) and c.errorbar is not None)
+               for c in ax.containers)
+
+
+
+# -- the HTML page -------------------------------------------------------------------------------------------------
+
+
+def case_names(run: Path) -> list[str]:
+    return [b["name"] for b in json.loads(run.read_text())["benchmarks"]]
+
+
+class Elements(html.parser.HTMLParser):
+    """Every element's tag and attributes, and the text of table cells by row, from an HTML document."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.elements: list[tuple[str, dict[str, str | None]]] = []
+        self.rows: dict[str, list[str]] = {}
+        self._row: str | None = None
+        self._cell: list[str] | None = None
+        self.feed(text)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.elements.append((tag, dict(attrs)))
+        if tag == "tr" and dict(attrs).get("data-case"):
+            self._row = dict(attrs)["data-case"]
+            self.rows[self._row] = []
+        elif tag == "td" and self._row:
+            self._cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "td" and self._row and self._cell is not None:
+            self.rows[self._row].append("".join(self._cell).strip())
+            self._cell = None
+        elif tag == "tr":
+            self._row = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+    def find(self, tag: str, **attrs: str) -> list[dict[str, str | None]]:
+        return [a for t, a in self.elements if t == tag and all(a.get(k.replace("_", "-")) == v
+                                                                for k, v in attrs.items())]
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The pages of the real CPU run (with its history) and of the synthetic ladder run, built once."""
+    pytest.importorskip("matplotlib")
+    from gptcore.report_html import write_html
+
+    out = tmp_path_factory.mktemp("html")
+    return {"cpu": write_html(CPU_RUN, out / "cpu.html", baselines_dir=BASELINES, history=HISTORY),
+            "ladder": write_html(LADDER_RUN, out / "ladder.html", baselines_dir=BASELINES)}
+
+
+def test_html_is_self_contained(pages: dict[str, Path]) -> None:
+    for page in pages.values():
+        text = page.read_text()
+        assert not re.search(r"""(src|href)=["']?(https?:|//|file:)""", text)  # nothing fetched
+        assert "<link" not in text and "<script src" not in text
+        doc = Elements(text)
+        assert doc.find("img") and all(img["src"].startswith("data:image/png;base64,") for img in doc.find("img"))
+
+
+def test_html_shows_each_case_against_its_baseline(pages: dict[str, Path]) -> None:
+    from gptcore import baselines
+
+    base = baselines.load(BASELINES / "cpu.json")
+    doc = Elements(pages["cpu"].read_text())
+    assert list(doc.rows) == case_names(CPU_RUN)
+    runs = {b["name"]: b["extra_info"] for b in json.loads(CPU_RUN.read_text())["benchmarks"]}
+    for name, cells in doc.rows.items():
+        entry = base.entries[name]  # every case of the run has a baseline in baselines/cpu.json
+        assert cells[1] == f"{runs[name]['tokens_per_s']:,.0f}" and cells[3] == f"{entry.tokens_per_s:,.0f}"
+        assert cells[5] == "not gated (CPU: reported only)"  # tokens/s is not gated on CPU
+        assert cells[9] == "ok" and cells[8] == "+0.0%"  # memory is exact on CPU
+        assert cells[10].startswith("busy (cpu_share")  # recorded on a busy machine: all below 0.5
+    plots = [img["data-plot"] for img in doc.find("img")]
+    assert plots == ["compare", "breakdown", "history"] * 2  # two studies; one ladder rung only: no waterfall
+    assert "tokens/s <b>not gated</b> (reported only, as on CPU)" in pages["cpu"].read_text()
+
+
+def test_busy_flag_only_below_the_cpu_share_threshold(tmp_path: Path) -> None:
+    data = json.loads(CPU_RUN.read_text())
+    for bench, share in zip(data["benchmarks"], (0.95, 0.89)):
+        bench["extra_info"]["cpu_share"] = share
+    (tmp_path / "run.json").write_text(json.dumps(data))
+    records = report.load_run(tmp_path / "run.json")
+    assert [r.busy for r in records[:2]] == [False, True]
+    assert f"busy: tokens/s of {records[1].name}," in report.render(records)  # the text report flags it too
+
+
+def test_memory_breakdown_is_the_estimate_the_gate_recorded() -> None:
+    from gptcore.report_html import breakdown
+
+    for r in report.load_run(CPU_RUN) + report.load_run(LADDER_RUN):
+        cats, phase = breakdown(r)
+        assert sum(cats.values()) == r.info["estimate_bytes"] and phase in ("forward", "backward", "optimizer")
+
+
+def test_ladder_waterfall_in_rung_order(pages: dict[str, Path]) -> None:
+    from gptcore.report_html import ladders
+
+    rungs = ladders(report.load_run(LADDER_RUN))
+    assert list(rungs) == ["gpt2"] and [n for n, _ in rungs["gpt2"]] == list(range(9))
+    assert ladders(report.load_run(CPU_RUN)) == {}  # ladder-0 alone is no ladder
+    doc = Elements(pages["ladder"].read_text())
+    assert [img["data-plot"] for img in doc.find("img")] == ["compare", "breakdown", "ladder"]
+    assert "no such file" in pages["ladder"].read_text()  # no baseline for the GPU yet, and the page says so
+
+
+def test_history_reads_pytest_benchmark_saved_runs_oldest_first() -> None:
+    from gptcore.report_html import load_history
+
+    runs = load_history(HISTORY)
+    assert [r.number for r in runs] == ["0001", "0002"]
+    assert all(set(case_names(CPU_RUN)) <= set(r.cases) for r in runs)
+    assert all(r.commit.startswith("8956c46") for r in runs)
+    tokens, iqr, peak, busy = runs[1].cases["test_cpu_shape[cpu-small-ckpt-fp32]"]
+    assert tokens > 0 and iqr > 0 and peak == 20627064 and busy  # the baseline's exact peak
+
+
+def test_html_plots_label_every_axis_with_error_bars_on_tokens_per_s(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("matplotlib")
+    from gptcore.report_html import build_html
+
+    figures = saved_figures(monkeypatch)
+    build_html(CPU_RUN, baselines_dir=BASELINES, history=HISTORY)
+    build_html(LADDER_RUN, baselines_dir=BASELINES)
+    assert len(figures) == 9
+    for fig in figures:
+        assert_axes_labelled(fig)
+        speed = [ax for ax in fig.axes if "tokens/s" in ax.get_xlabel() + ax.get_ylabel()]
+        assert all(has_error_bars(ax) for ax in speed)
+    assert sum(1 for fig in figures for ax in fig.axes if "tokens/s" in ax.get_xlabel() + ax.get_ylabel()) == 6
+
+
+def test_cli_html_and_its_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "sub" / "report.html"
+    assert main(["report", str(LADDER_RUN), "--html", str(out), "--baselines", str(BASELINES)]) == 0
+    assert f"wrote {out}" in capsys.readouterr().out and out.read_text().startswith("<!DOCTYPE html>")
+    assert main(["report", str(CPU_RUN), "--html", str(out), "--history", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nowhere: no such directory" in err
+
+
+def browser() -> str:
+    """Debian's chromium; a clear failure naming the install command when it is missing (never a skip)."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not found:
+        pytest.fail(f"chromium not found: the report's browser test needs it; install it (as root) with: "
+                    f"{INSTALL_BROWSER} (.ci/run does)", pytrace=False)
+    return found
+
+
+@pytest.mark.parametrize(("page", "run"), [("cpu", CPU_RUN), ("ladder", LADDER_RUN)])
+def test_a_real_browser_loads_the_page_runs_its_script_and_finds_every_case(
+        pages: dict[str, Path], tmp_path: Path, page: str, run: Path) -> None:
+    command = [browser(), "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+               f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000", "--dump-dom",
+               pages[page].as_uri()]
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = Elements(done.stdout)
+    assert doc.find("body", data_ready="yes"), f"the page's script did not run ({time.perf_counter() - start:.1f} s)"
+    index = [a["data-index-case"] for a in doc.find("li") if a.get("data-index-case")]
+    assert index == case_names(run)  # built by the page's script from the case rows
+    images = doc.find("img")
+    assert images and all(int(img.get("data-natural-width") or 0) > 0 for img in images)  # every plot decoded
+
+
+# -- the gate's note on pytest-benchmark's storage -----------------------------------------------------------------
+
+
+def test_gate_says_where_pytest_benchmark_history_is_when_it_split_the_storage(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gptcore import gate
+
+    monkeypatch.setattr(gate, "session_slug", lambda: "cpu")
+    config = SimpleNamespace(invocation_params=SimpleNamespace(args=()),
+                             option=SimpleNamespace(benchmark_storage=gate.PLUGIN_DEFAULT_STORAGE))
+    note = gate._split_storage_per_device(config)
+    assert config.option.benchmark_storage == "file://./.benchmarks/cpu"
+    assert note == ("pytest-benchmark history for this device: .benchmarks/cpu (pytest-benchmark list/compare need "
+                    "--storage .benchmarks/cpu)")
+    given = SimpleNamespace(invocation_params=SimpleNamespace(args=("--benchmark-storage=x",)),
+                            option=SimpleNamespace(benchmark_storage="file://x"))
+    assert gate._split_storage_per_device(given) is None  # the user's storage: left alone, no note
+    g = gate.Gate(directory=Path("baselines"), update=False, strict=False, overrides={},
+                  counts_override=(None, None, None), history_note=note, cpu_model="test")
+    assert note not in g.summary_notes()  # no case ran (pytest tests): no section for it
+    g.rows.append(gate.Row("test_x[a-b]", None, None, "ok"))
+    assert g.summary_notes()[-1] == note

@@ -49,8 +49,9 @@ class LiveBytes(TorchDispatchMode):
         self._refs: list[weakref.ref] = []
 
     def track(self, t: torch.Tensor, category: str | None = None) -> None:
-        """Count ``t``'s storage if new; with ``category``, (re)tag it for its whole lifetime."""
-        storage = t.untyped_storage()
+        """Count ``t``'s storage if new; with ``category``, (re)tag it for its whole lifetime. A DTensor (FSDP2's
+        sharded parameters, gradients and optimizer state) counts as this rank's local shard."""
+        storage = getattr(t, "_local_tensor", t).untyped_storage()
         record = self._storages.get(storage)
         if record is None:
             nbytes = storage.nbytes()

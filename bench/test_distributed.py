@@ -1,0 +1,107 @@
+"""Data parallelism per rank: DDP and FSDP2 recipes launched by torchrun, one case per (model, recipe, world size).
+
+Each case starts ``python -m torch.distributed.run --standalone --nproc-per-node=N -m gptcore.worker`` as a
+subprocess; every rank warms up, times rounds and writes its Measurement (gptcore/worker.py). The case's figures:
+tokens/s of the whole job (global tokens per step / median step time of the slowest rank), the loss averaged over
+ranks, the peak memory as the max over ranks (each rank's in extra_info), gated like any other case.
+CPU tier: cpu-small x {ddp, fsdp2, fsdp2-no-reshard} on 2 gloo ranks, about 15 s per case on 2 cores (torchrun's
+start and two imports of torch are most of it). GPU tier: gpt2 on 2 GPUs, skipped with the reason below 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from bench.harness import BaselineMissing, Counts, needs_of, run_if
+from gptcore import baselines
+from gptcore.config import MODELS, RECIPES
+from gptcore.measure import Measurement
+from gptcore.memory import resolve
+from gptcore.memory.parallel import estimate_per_rank
+
+ROOT = Path(__file__).resolve().parents[1]
+COUNTS = {"cpu": Counts(warmup=2, rounds=5, steps_per_round=2), "cuda": Counts(warmup=5, rounds=10, steps_per_round=5)}
+LAUNCH_TIMEOUT_S = 300
+WORLD = 2
+
+CASES = [
+    *(pytest.param("cpu-small", name, WORLD, "cpu", id=f"cpu-small-{name}-x{WORLD}", marks=pytest.mark.cpu)
+      for name in ("ddp", "fsdp2", "fsdp2-no-reshard")),
+    *(pytest.param("gpt2", name, WORLD, "cuda", id=f"gpt2-{name}-x{WORLD}",
+                   marks=[pytest.mark.gpu, *run_if(min_gpus=WORLD), *needs_of(RECIPES[name], "cuda")])
+      for name in ("ddp", "ddp-bucket-view", "fsdp2", "fsdp2-no-reshard", "fsdp2-bf16")),
+]
+
+
+def launch(model: str, recipe: str, world: int, device: str, out: Path, counts: tuple[int, int, int]) -> list[dict]:
+    """Run the case on ``world`` ranks under torchrun; each rank's Measurement as a dict (with rank, world_size)."""
+    warmup, rounds, steps = counts
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+           "-m", "gptcore.worker", "--model", model, "--recipe", recipe, "--out", str(out), "--device", device,
+           "--warmup", str(warmup), "--rounds", str(rounds), "--steps", str(steps)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          start_new_session=True) as proc:
+        try:
+            output, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its workers
+            proc.communicate()
+            pytest.fail(f"torchrun did not finish within {LAUNCH_TIMEOUT_S} s", pytrace=False)
+    if proc.returncode != 0:
+        pytest.fail(f"torchrun exited {proc.returncode}:\n{output[-3000:]}", pytrace=False)
+    return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(world)]
+
+
+def combine(ranks: list[dict]) -> Measurement:
+    """One Measurement for the job: rank 0's (the round times are already the slowest rank's and the loss the
+    mean over ranks), with the peak memory the max over ranks."""
+    names = {f.name for f in dataclasses.fields(Measurement)}
+    m = Measurement(**{k: v for k, v in ranks[0].items() if k in names})
+    for key in ("peak_allocated_bytes", "peak_reserved_bytes"):
+        values = [r[key] for r in ranks if r[key] is not None]
+        setattr(m, key, max(values) if values else None)
+    errors = [f"rank {r['rank']}: {r['error']}" for r in ranks if r["error"]]
+    m.error = "; ".join(errors) or None
+    return m
+
+
+@pytest.mark.benchmark(group="distributed")
+@pytest.mark.parametrize(("model", "recipe", "world", "device"), CASES)
+def test_distributed(benchmark, gate, request, tmp_path, model: str, recipe: str, world: int, device: str) -> None:
+    cfg, r = MODELS[model], RECIPES[recipe]
+    counts = gate.counts(*dataclasses.astuple(COUNTS[device]))
+    try:
+        estimate: int | str = estimate_per_rank(resolve(cfg, r, device=device), world).total_bytes
+    except Exception:  # noqa: BLE001 (an estimate column never fails a case)
+        estimate = "err"
+    # pytest-benchmark times the whole launch (torchrun's start included); the gate reads the ranks' own timings
+    ranks = benchmark.pedantic(launch, args=(model, recipe, world, device, tmp_path, counts), rounds=1,
+                               iterations=1, warmup_rounds=0)
+    m = combine(ranks)
+    verdict = gate.check(request.node, m, precision=r.precision, estimate=estimate)
+    benchmark.extra_info.update(model=model, recipe=recipe, world_size=world, precision=r.precision,
+                                batch=r.batch_size(cfg), block_size=cfg.block_size, estimate_bytes=estimate,
+                                peak_bytes_per_rank=[x["peak_allocated_bytes"] for x in ranks],
+                                tokens_per_s_per_rank=[x["tokens_per_s"] for x in ranks],
+                                verdict=verdict.summary() if verdict else None, **m.to_dict())
+    if m.error:
+        pytest.fail(f"{request.node.name}: {m.error}", pytrace=False)
+    if verdict is not None:
+        if verdict.failed:
+            pytest.fail(verdict.failure_message(), pytrace=False)
+        if verdict.missing:
+            message = f"{request.node.name}: no baseline for {baselines.device_slug(device)}; record it with: " \
+                      f"{gate.record_command(request.node.nodeid)}"
+            if gate.strict:
+                pytest.fail(message + " (--baseline-strict)", pytrace=False)
+            warnings.warn(message, BaselineMissing, stacklevel=1)

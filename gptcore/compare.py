@@ -1,0 +1,398 @@
+"""Regression hunting on one machine: ``compare`` two git revisions case by case, interleaved in fresh processes
+(``gptcore.bisection`` builds ``bisect`` on it).
+
+Each round runs one process per revision (A B, then B A, and so on): a small driver script (:data:`WORKER`) with the revision's checkout on
+PYTHONPATH builds the revision's own Trainer, warms up, times K steps and prints one JSON line. Only the stable
+API is used (``gptcore.config.get_model``/``get_recipe`` or ``MODELS``/``RECIPES``, ``gptcore.train.Trainer``,
+``.step()``, ``.tokens_per_step``), so older revisions run too.
+
+Speed is judged on tokens/s per round: the ratio of the medians B/A, and a Hodges-Lehmann interval of the ratio
+with its Mann-Whitney test (exact for small samples, on log tokens/s). A case is slower or faster only when the
+ratio is beyond the threshold AND the interval excludes 1. Peak memory and the loss are compared as the gate does.
+No torch is imported when this module loads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .baselines import Tolerances
+from .config import RECIPES, STUDIES
+from .significance import SLOWER, Exact, Speed, loss_check, memory_check, speed_verdict
+
+METRICS = ("tokens_per_s", "peak_memory", "loss")
+
+
+class CompareError(ValueError):
+    """Bad input (not a git repository, an unknown revision, no case selected): one line, exit code 2."""
+
+
+# -- selecting cases -----------------------------------------------------------------------------------------------
+
+
+def keyword_match(expr: str, name: str) -> bool:
+    """pytest's -k on one name: substrings joined by ``and``, ``or``, ``not`` and parentheses."""
+    tokens = re.findall(r"\(|\)|[^\s()]+", expr)
+    if not tokens:
+        raise CompareError(f"-k {expr!r}: empty expression")
+    pos = 0
+
+    def peek() -> str | None:
+        return tokens[pos] if pos < len(tokens) else None
+
+    def take() -> str:
+        nonlocal pos
+        if pos >= len(tokens):
+            raise CompareError(f"-k {expr!r}: unexpected end of expression")
+        pos += 1
+        return tokens[pos - 1]
+
+    def either() -> bool:
+        value = both()
+        while peek() == "or":
+            take()
+            value = both() or value
+        return value
+
+    def both() -> bool:
+        value = negated()
+        while peek() == "and":
+            take()
+            value = negated() and value
+        return value
+
+    def negated() -> bool:
+        if peek() == "not":
+            take()
+            return not negated()
+        token = take()
+        if token == "(":
+            value = either()
+            if take() != ")":
+                raise CompareError(f"-k {expr!r}: missing ')'")
+            return value
+        if token in (")", "and", "or"):
+            raise CompareError(f"-k {expr!r}: unexpected {token!r}")
+        return token in name
+
+    result = either()
+    if pos != len(tokens):
+        raise CompareError(f"-k {expr!r}: unexpected {tokens[pos]!r}")
+    return result
+
+
+def all_cases(device_type: str) -> list[tuple[str, str]]:
+    """(model, recipe) of every case of the studies that run on ``device_type`` ('cpu' or 'cuda'), no repeats."""
+    cases: dict[str, tuple[str, str]] = {}
+    for study in STUDIES.values():
+        if study.device == device_type:
+            for model in study.models:
+                for recipe in study.recipes:
+                    cases.setdefault(f"{model}-{recipe}", (model, recipe))
+    return list(cases.values())
+
+
+def select_cases(expr: str, device_type: str) -> list[tuple[str, str]]:
+    """The cases whose id ``{model}-{recipe}`` matches ``expr``; CompareError when none does."""
+    chosen = [case for case in all_cases(device_type) if keyword_match(expr, f"{case[0]}-{case[1]}")]
+    if not chosen:
+        raise CompareError(f"-k {expr!r}: no {device_type.upper()} case matches (ids are like "
+                           f"{'-'.join(all_cases(device_type)[0])})")
+    return chosen
+
+
+def local_device() -> str:
+    """'cuda' when torch sees a GPU, else 'cpu' (imports torch)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+# -- git -----------------------------------------------------------------------------------------------------------
+
+
+def git(repo: str | Path, *args: str) -> str:
+    """stdout of ``git -C repo args``; CompareError with git's first line on failure."""
+    out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+    if out.returncode:
+        first = (out.stderr.strip().splitlines() or [f"git {' '.join(args)} failed"])[0]
+        raise CompareError(first)
+    return out.stdout.strip()
+
+
+def repo_root(cwd: str | Path | None = None) -> Path:
+    """The top of the git working tree holding ``cwd``."""
+    try:
+        return Path(git(cwd or os.getcwd(), "rev-parse", "--show-toplevel"))
+    except CompareError:
+        raise CompareError(f"not a git repository: {Path(cwd or os.getcwd()).resolve()}") from None
+
+
+def resolve(repo: Path, rev: str) -> str:
+    """The commit sha ``rev`` names in ``repo``."""
+    try:
+        return git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+    except CompareError:
+        raise CompareError(f"unknown revision {rev!r} in {repo}") from None
+
+
+def subject(repo: Path, sha: str) -> str:
+    return git(repo, "log", "-1", "--format=%s", sha)
+
+
+@contextlib.contextmanager
+def worktree(repo: Path, sha: str, parent: Path) -> Iterator[Path]:
+    """A detached ``git worktree`` of ``sha`` under ``parent``, removed afterwards (errors and Ctrl-C included)."""
+    path = Path(tempfile.mkdtemp(prefix=f"{sha[:8]}-", dir=parent))
+    git(repo, "worktree", "add", "--detach", "--quiet", str(path), sha)
+    try:
+        yield path
+    finally:
+        subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(path)], capture_output=True)
+        shutil.rmtree(path, ignore_errors=True)
+        subprocess.run(["git", "-C", str(repo), "worktree", "prune"], capture_output=True)
+
+
+def snapshot(repo: Path, parent: Path) -> Path:
+    """A copy of the working tree as it is (tracked and untracked files, not ignored ones) under ``parent``, so
+    that edits made while the comparison runs do not reach it."""
+    path = Path(tempfile.mkdtemp(prefix="worktree-", dir=parent))
+    for name in git(repo, "ls-files", "-z", "-co", "--exclude-standard").split("\0"):
+        source = repo / name
+        if name and source.is_file():
+            (path / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, path / name)
+    return path
+
+
+# -- the worker ----------------------------------------------------------------------------------------------------
+
+MARK = "GPTCORE-COMPARE "
+
+#: The driver run in each fresh process, with one revision's checkout first on PYTHONPATH. Stable API only.
+WORKER = r'''
+import json, sys, time
+from pathlib import Path
+
+spec = json.loads(sys.argv[1])
+import gptcore
+
+root, where = Path(spec["root"]).resolve(), Path(gptcore.__file__).resolve()
+if root not in where.parents:
+    sys.exit(f"gptcore was imported from {where}, not from the checkout {root}")
+from gptcore import config
+from gptcore.train import Trainer
+import gc, torch  # after the check: the checkout's gptcore, then torch
+
+get_model = getattr(config, "get_model", None) or config.MODELS.__getitem__
+get_recipe = getattr(config, "get_recipe", None) or config.RECIPES.__getitem__
+cfg, recipe, device = get_model(spec["model"]), get_recipe(spec["recipe"]), torch.device(spec["device"])
+trainer = Trainer(cfg, recipe, device)
+loss = None
+for _ in range(spec["warmup"]):
+    loss = trainer.step()
+share = None
+if device.type == "cuda":
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(spec["steps"]):
+        loss = trainer.step()
+    end.record()
+    end.synchronize()
+    seconds = start.elapsed_time(end) / 1000.0
+else:
+    c0, t0 = time.process_time(), time.perf_counter()
+    for _ in range(spec["steps"]):
+        loss = trainer.step()
+    seconds = time.perf_counter() - t0
+    share = (time.process_time() - c0) / (seconds * torch.get_num_threads())
+tokens_per_step = trainer.tokens_per_step
+tokens_per_step = tokens_per_step() if callable(tokens_per_step) else tokens_per_step
+out = {"gptcore": str(where.parent), "seconds": seconds, "tokens_per_s": spec["steps"] * tokens_per_step / seconds,
+       "loss": float(loss.item() if hasattr(loss, "item") else loss), "loss_step": spec["warmup"] + spec["steps"],
+       "cpu_share": share, "peak_memory": None, "threads": torch.get_num_threads()}
+if device.type == "cuda":
+    out["peak_memory"] = torch.cuda.max_memory_allocated(device)
+elif spec["memory"] and not getattr(recipe, "compile", False):
+    trainer = loss = None
+    gc.collect()
+    try:
+        from gptcore.measure import cpu_peak_bytes
+    except ImportError:
+        cpu_peak_bytes = None
+    if cpu_peak_bytes is not None:
+        out["peak_memory"] = cpu_peak_bytes(cfg, recipe)
+print("''' + MARK + r'''" + json.dumps(out), flush=True)
+'''
+
+
+class WorkerError(RuntimeError):
+    """A worker process failed: the revision could not run the case."""
+
+
+@dataclass
+class Options:
+    """How each round measures: warm-up steps, timed steps, device; ``memory``: measure peak memory (on CPU a
+    tracked pass of its own, so only in the first round: the figure is exact)."""
+
+    warmup: int = 3
+    steps: int = 10
+    device: str = "cpu"
+    timeout: float = 900.0
+
+
+def run_worker(tree: Path, model: str, recipe: str, options: Options, script: Path, memory: bool) -> dict:
+    """One fresh process measuring ``model``/``recipe`` with the code of the checkout ``tree``."""
+    spec = dict(root=str(tree), model=model, recipe=recipe, warmup=options.warmup, steps=options.steps,
+                device=options.device, memory=memory)
+    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+    try:
+        out = subprocess.run([sys.executable, str(script), json.dumps(spec)], cwd=tree, env=env, capture_output=True,
+                             text=True, timeout=options.timeout)
+    except subprocess.TimeoutExpired:
+        raise WorkerError(f"{model}-{recipe}: no answer in {options.timeout:.0f} s") from None
+    lines = [line for line in out.stdout.splitlines() if line.startswith(MARK)]
+    if out.returncode or not lines:
+        last = (out.stderr.strip().splitlines() or [f"exit code {out.returncode}"])[-1]
+        raise WorkerError(f"{model}-{recipe}: {last}")
+    return json.loads(lines[-1][len(MARK):])
+
+
+def write_worker(directory: Path) -> Path:
+    path = directory / "gptcore_compare_worker.py"
+    path.write_text(WORKER)
+    return path
+
+
+# -- compare -------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CaseResult:
+    """Every figure of one case: the per-round records of A and B and the verdicts."""
+
+    case: str
+    model: str
+    recipe: str
+    precision: str
+    rounds_a: list[dict] = field(default_factory=list)
+    rounds_b: list[dict] = field(default_factory=list)
+    speed: Speed | None = None
+    memory: Exact | None = None
+    loss: Exact | None = None
+    error: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.error or (self.speed and self.speed.verdict == SLOWER)
+                    or (self.memory and self.memory.failed) or (self.loss and self.loss.failed))
+
+    def tokens(self, which: str) -> list[float]:
+        return [r["tokens_per_s"] for r in (self.rounds_a if which == "a" else self.rounds_b)]
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data.update(tokens_per_s_a=self.tokens("a"), tokens_per_s_b=self.tokens("b"), failed=self.failed)
+        return data
+
+
+def _first(rounds: list[dict], key: str) -> float | None:
+    return next((r[key] for r in rounds if r.get(key) is not None), None)
+
+
+def judge(result: CaseResult, threshold: float, tol: Tolerances) -> CaseResult:
+    """Fill in the speed, memory and loss verdicts from the rounds."""
+    a, b = result.tokens("a"), result.tokens("b")
+    if a and b:
+        result.speed = speed_verdict(a, b, threshold)
+    result.memory = memory_check(_first(result.rounds_a, "peak_memory"), _first(result.rounds_b, "peak_memory"), tol)
+    same_step = _first(result.rounds_a, "loss_step") == _first(result.rounds_b, "loss_step")
+    result.loss = loss_check(_first(result.rounds_a, "loss"), _first(result.rounds_b, "loss"), result.precision, tol,
+                             same_step)
+    return result
+
+
+Progress = Callable[[CaseResult, int, int], None]
+
+
+def compare_trees(tree_a: Path, tree_b: Path, cases: Sequence[tuple[str, str]], *, rounds: int, threshold: float,
+                  options: Options, workdir: Path, progress: Progress | None = None) -> list[CaseResult]:
+    """Each case: ``rounds`` rounds of A then B, each in a fresh process; the verdicts."""
+    script = write_worker(workdir)
+    tol = Tolerances.default_for(options.device)
+    results = []
+    for model, recipe in cases:
+        result = CaseResult(f"{model}-{recipe}", model, recipe, RECIPES[recipe].precision)
+        try:
+            for i in range(rounds):
+                memory = options.device == "cuda" or i == 0
+                # A B, B A, A B, ...: neither revision always runs second (a drift or another job that started
+                # at a steady beat would otherwise land on one of them: measured, an A/A comparison said
+                # "slower" at 0.13x)
+                order = ((tree_a, result.rounds_a), (tree_b, result.rounds_b))
+                for tree, records in order if i % 2 == 0 else order[::-1]:
+                    records.append(run_worker(tree, model, recipe, options, script, memory))
+                if progress:
+                    progress(result, i + 1, rounds)
+        except WorkerError as err:
+            result.error = str(err)
+        results.append(judge(result, threshold, tol))
+    return results
+
+
+@dataclass
+class Revision:
+    label: str
+    sha: str | None
+    """None: the working tree as it is."""
+
+
+@contextlib.contextmanager
+def checkout(repo: Path, rev: Revision, parent: Path) -> Iterator[Path]:
+    """A worktree of the revision, or a snapshot of the working tree."""
+    if rev.sha is None:
+        yield snapshot(repo, parent)
+    else:
+        with worktree(repo, rev.sha, parent) as path:
+            yield path
+
+
+def revisions(repo: Path, base: str, head: str | None) -> tuple[Revision, Revision]:
+    """BASE and HEAD resolved (HEAD None: the working tree, uncommitted changes included)."""
+    a = Revision(base, resolve(repo, base))
+    b = Revision("working tree", None) if head is None else Revision(head, resolve(repo, head))
+    return a, b
+
+
+def compare(base: str, head: str | None, expr: str, *, rounds: int = 10, threshold: float = 0.05,
+            options: Options | None = None, cwd: str | Path | None = None, progress: Progress | None = None
+            ) -> tuple[Revision, Revision, list[CaseResult]]:
+    """Compare revision ``head`` (None: the working tree) with ``base`` on the cases ``expr`` selects."""
+    if rounds < 1 or not 0 <= threshold < 1:
+        raise CompareError(f"need rounds >= 1 and 0 <= threshold < 1, got {rounds}, {threshold}")
+    repo = repo_root(cwd)
+    a, b = revisions(repo, base, head)
+    options = options or Options(device=local_device())
+    cases = select_cases(expr, options.device)
+    with tempfile.TemporaryDirectory(prefix="gptcore-compare-") as tmp:
+        with checkout(repo, a, Path(tmp)) as tree_a, checkout(repo, b, Path(tmp)) as tree_b:
+            results = compare_trees(tree_a, tree_b, cases, rounds=rounds, threshold=threshold, options=options,
+                                    workdir=Path(tmp), progress=progress)
+    return a, b, results
+
+
+def to_json(a: Revision, b: Revision, results: Sequence[CaseResult], **settings: object) -> dict:
+    return {"a": asdict(a), "b": asdict(b), "settings": settings, "cases": [r.to_json() for r in results],
+            "failed": any(r.failed for r in results)}

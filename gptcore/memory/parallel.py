@@ -1,0 +1,81 @@
+"""Per-rank memory of a data-parallel step, by arithmetic: the single-process analytic estimate at the per-rank
+micro-batch, adjusted for what DDP or FSDP2 adds and shards.
+
+* DDP: every parameter and optimizer state is replicated; the reducer allocates bucket storage the size of the
+  gradients at construction and keeps it. Without ``gradient_as_bucket_view`` the gradients are a second copy
+  (the bucket adds the gradients' bytes at every moment); with it the gradients are views into the buckets, so
+  the bucket replaces them (no extra copy).
+* FSDP2: parameters, gradients and optimizer state are sharded 1/N (up to the padding of dim 0 to a multiple of
+  N). In flight, unsharded: the root's parameters (embeddings, ln_f, lm_head) from the forward to the end of
+  backward; with ``reshard_after_forward`` the blocks' full parameters only while they run (in backward the
+  current block and the one prefetched after it), without it every block's full parameters from its forward to
+  the end of backward; one block's flat all-gather buffer at the end of the forward, and in backward where a
+  resharded block is gathered again. The peak is the larger of the two moments, each so adjusted.
+
+On CPU the tracker cannot see FSDP2 free a gathered parameter (it resizes the storage to 0, no dispatched op), so
+the tracked peak with ``reshard_after_forward`` is the no-reshard figure: an upper bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .analytic import Estimate, Question, estimate, param_shapes
+from .categories import GRADIENTS, OPTIMIZER_STATE, PARAMETERS
+
+
+@dataclass(frozen=True)
+class RankEstimate:
+    """The analytic peak of one rank's training step and how it was adjusted from one process's."""
+
+    total_bytes: int
+    world_size: int
+    single: Estimate
+    """The single-process estimate at the per-rank micro-batch (what one rank computes)."""
+    adjustments: dict[str, int]
+    """What DDP or FSDP2 adds (positive) or shards away (negative), in bytes at the peak."""
+
+
+def estimate_per_rank(question: Question, world_size: int) -> RankEstimate:
+    """Per-rank peak of ``question`` (a parallel recipe, its global batch) on ``world_size`` ranks."""
+    cfg, recipe = question.cfg, question.recipe
+    if world_size < 1:
+        raise ValueError(f"world_size: must be >= 1, got {world_size}")
+    per_rank = recipe.micro_batch(cfg, world_size) * recipe.grad_accum_steps
+    local = dataclasses.replace(question, cfg=dataclasses.replace(cfg, batch_size=per_rank * recipe.batch_divisor),
+                                recipe=dataclasses.replace(recipe, parallel="none", reshard_after_forward=True,
+                                                           fsdp_param_dtype=None, gradient_as_bucket_view=False,
+                                                           bucket_cap_mb=25.0))
+    single = estimate(local)
+    grads = single.states[GRADIENTS]
+    adjust: dict[str, int] = {}
+    if recipe.parallel == "ddp":
+        if recipe.gradient_as_bucket_view:
+            adjust["buckets (the gradients are views into them)"] = grads - single.by_category.get(GRADIENTS, 0)
+        else:
+            adjust["buckets"] = grads
+    elif recipe.parallel == "fsdp2":
+        return _fsdp2(question, world_size, single)
+    total = single.total_bytes + sum(adjust.values())
+    return RankEstimate(total_bytes=total, world_size=world_size, single=single, adjustments=adjust)
+
+
+def _fsdp2(question: Question, world_size: int, single: Estimate) -> RankEstimate:
+    """The larger of two moments: the forward's end and the single-process peak (early in backward)."""
+    cfg, recipe, n = question.cfg, question.recipe, world_size
+    pbytes = single.states[PARAMETERS] // single.num_params
+    block = pbytes * sum(numel for name, numel, _ in param_shapes(cfg, recipe) if name.startswith("transformer.h.0."))
+    root = single.states[PARAMETERS] - cfg.n_layer * block
+    blocks = cfg.n_layer if not recipe.reshard_after_forward else min(2, cfg.n_layer)
+    moments = {}
+    for moment, live in (("forward end", single.at_forward_end), ("peak", single.by_category)):
+        adjust = {f"{c} sharded 1/{n}": -round(live.get(c, 0) * (1 - 1 / n))
+                  for c in (PARAMETERS, OPTIMIZER_STATE, GRADIENTS)}
+        adjust["root parameters unsharded"] = root
+        adjust[f"{blocks} block(s) of parameters unsharded"] = blocks * block
+        if moment == "forward end" or recipe.reshard_after_forward:  # backward gathers again only after a reshard
+            adjust["one block's all-gather buffer"] = block
+        moments[moment] = (sum(live.values()) + sum(adjust.values()), adjust)
+    total, adjust = max(moments.values(), key=lambda m: m[0])
+    return RankEstimate(total_bytes=total, world_size=world_size, single=single, adjustments=adjust)

@@ -1,0 +1,392 @@
+"""One self-contained HTML page that answers "what changed" for a pytest-benchmark JSON (``report --html``).
+
+Per study: each case now against its baseline (tokens/s with IQR error bars, peak memory, each with the gate's
+tolerance band; tokens/s marked "not gated" where the device's tolerance is None, as on CPU), the analytic
+estimate's memory breakdown per case, the ladder as a waterfall of tokens/s, and with ``history`` the saved runs
+of pytest-benchmark (``.benchmarks/<device>/<machine-id>/NNNN_*.json``) over commits. Plots are matplotlib PNGs
+embedded as base64; no network, no external file. A tiny inline script builds the case index and writes each
+image's naturalWidth into the DOM (a headless browser's DOM dump proves the page loaded and ran).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import baselines
+from .baselines import BaselineFile, Tolerances
+from .config import RECIPE_NOTES, get_model, get_recipe
+from .memory import CATEGORIES, estimate, resolve
+from .report import BUSY_SHARE, Record, load_run
+from .units import common_unit, in_unit
+
+LADDER = re.compile(r"^ladder-(\d+)$")
+COLORS = {"now": "#1f77b4", "fail": "#d62728", "better": "#2ca02c", "base": "#9e9e9e", "band": "#2ca02c"}
+
+
+@dataclass
+class SavedRun:
+    """One saved pytest-benchmark run: its number, commit and per-case figures (tokens/s, IQR, peak bytes, busy)."""
+
+    number: str
+    commit: str
+    time: str
+    cases: dict[str, tuple[float | None, float | None, float | None, bool]]
+
+    @property
+    def label(self) -> str:
+        return f"{self.number}\n{self.commit[:7] or '?'}\n{self.time[:10]}"
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def device_slug(data: dict, records: Sequence[Record]) -> str:
+    """The run's device slug: machine_info's device_slug, else the GPU's name, else 'cpu'."""
+    info = data.get("machine_info") or {}
+    if isinstance(info.get("device_slug"), str):
+        return info["device_slug"]
+    gpu = info.get("gpu")
+    if any(str(r.info.get("device", "")).startswith("cuda") for r in records) and isinstance(gpu, dict):
+        return baselines.slugify(str(gpu.get("name", "cuda")))
+    return "cpu"
+
+
+def load_history(storage: str | Path) -> list[SavedRun]:
+    """The saved runs under a pytest-benchmark storage folder (its machine-id folders, or the files themselves),
+    oldest commit first; ValueError when the folder does not exist."""
+    storage = Path(str(storage).removeprefix("file://"))
+    if not storage.is_dir():
+        raise ValueError(f"{storage}: no such directory (pytest-benchmark storage, e.g. .benchmarks/cpu)")
+    runs = []
+    saved = "[0-9][0-9][0-9][0-9]_*.json"
+    for path in sorted(storage.glob(saved)) + sorted(storage.glob(f"*/{saved}")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        commit = data.get("commit_info") or {}
+        cases = {}
+        for bench in data.get("benchmarks") or []:
+            info = bench.get("extra_info") or {}
+            share = _num(info.get("cpu_share"))
+            busy = str(info.get("device", "cpu")).startswith("cpu") and share is not None and share < BUSY_SHARE
+            cases[bench.get("name", "")] = (_num(info.get("tokens_per_s")), _num(info.get("tokens_per_s_iqr")),
+                                            _num(info.get("peak_allocated_bytes")), busy)
+        sha = str(commit.get("id") or "") + ("+dirty" if commit.get("dirty") else "")
+        runs.append(SavedRun(path.name[:4], sha, str(commit.get("time") or data.get("datetime") or ""), cases))
+    return sorted(runs, key=lambda r: (r.time, r.number))
+
+
+# -- plots ---------------------------------------------------------------------------------------------------------
+
+
+def _png(fig: Any) -> str:
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buffer, format="png", dpi=90)
+    plt.close(fig)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _thousands(x: float, _: int) -> str:
+    """An axis formatter: 120,000 rather than 120000."""
+    return f"{x:,.0f}"
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _status(now: float | None, base: float | None, tol: float | None, lower_is_worse: bool) -> tuple[str, str]:
+    """(status, Δ text) of one metric against its baseline and tolerance, as the gate decides it."""
+    if now is None or base is None or not base:
+        return ("no baseline" if base is None else "no figure"), "—"
+    d = now / base - 1
+    if tol is None:
+        return "not gated", f"({d:+.1%})"
+    worse, better = (d < -tol, d > tol) if lower_is_worse else (d > tol, d < -tol)
+    return ("FAIL" if worse else "better" if better else "ok"), f"{d:+.1%}"
+
+
+def compare_figure(group: str, recs: Sequence[Record], base: BaselineFile | None, tol: Tolerances) -> str:
+    """tokens/s (IQR error bars) and peak memory, now against baseline, with the tolerance bands; one row a case."""
+    plt = _pyplot()
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import MaxNLocator
+
+    n = len(recs)
+    fig, (ax_s, ax_m) = plt.subplots(1, 2, figsize=(13, 1.4 + 0.42 * n), sharey=True)
+    entries = [base.entries.get(r.name) if base else None for r in recs]
+    unit = common_unit([r.info.get("peak_allocated_bytes") for r in recs]
+                       + [e.peak_allocated_bytes for e in entries if e])
+    for i, (r, e) in enumerate(zip(recs, entries)):
+        y = n - 1 - i
+        now_s, base_s = r.values["speed"], e.tokens_per_s if e else None
+        status, _ = _status(now_s, base_s, tol.speed, lower_is_worse=True)
+        if base_s is not None:
+            if tol.speed is not None:
+                ax_s.fill_betweenx([y - 0.42, y + 0.42], base_s * (1 - tol.speed), base_s * (1 + tol.speed),
+                                   color=COLORS["band"], alpha=0.18, lw=0)
+            ax_s.barh(y + 0.19, base_s, 0.36, color=COLORS["base"], xerr=(e.tokens_per_s_iqr or 0) / 2, capsize=2)
+        if now_s is not None:
+            ax_s.barh(y - 0.19, now_s, 0.36, color=COLORS["fail" if status == "FAIL" else "now"],
+                      xerr=(r.speed_iqr or 0) / 2, capsize=2, hatch="//" if r.busy else None, edgecolor="black")
+            if r.busy:
+                ax_s.text(now_s, y - 0.19, f"  busy (cpu_share {r.info.get('cpu_share'):.2f})", va="center",
+                          fontsize=7, color=COLORS["fail"])
+        now_m = _num(r.info.get("peak_allocated_bytes"))
+        base_m = e.peak_allocated_bytes if e else None
+        status, _ = _status(now_m, base_m, tol.memory, lower_is_worse=False)
+        if base_m is not None:
+            b = in_unit(base_m, unit)
+            ax_m.fill_betweenx([y - 0.42, y + 0.42], b * (1 - tol.memory), b * (1 + tol.memory), color=COLORS["band"],
+                               alpha=0.18, lw=0)
+            ax_m.barh(y + 0.19, b, 0.36, color=COLORS["base"])
+        if now_m is not None:
+            ax_m.barh(y - 0.19, in_unit(now_m, unit), 0.36, color=COLORS.get(status.lower(), COLORS["now"]))
+        else:
+            ax_m.text(0, y, "  no figure (compiled: not tracked on CPU)", va="center", fontsize=7)
+    ax_s.set_yticks(range(n), [r.name for r in reversed(recs)], fontsize=8)
+    gated = "not gated: reported only" if tol.speed is None else f"gated: fails below −{tol.speed:.0%}"
+    ax_s.set_title(f"{group}: tokens/s, now vs baseline\n({gated})", fontsize=10,
+                   color=COLORS["fail"] if tol.speed is None else "black")
+    ax_s.set_xlabel("tokens/s (median over rounds; error bars: IQR over rounds)")
+    ax_m.set_title(f"{group}: peak memory, now vs baseline\n(gated: fails above +{tol.memory:.0%})", fontsize=10)
+    ax_m.set_xlabel(f"peak allocated memory ({unit})")
+    ax_s.set_ylabel("case")
+    ax_m.set_ylabel("case")
+    ax_s.xaxis.set_major_formatter(_thousands)
+    ax_s.xaxis.set_major_locator(MaxNLocator(5))
+    handles = [Patch(color=COLORS["now"], label="now"), Patch(color=COLORS["base"], label="baseline"),
+               Patch(color=COLORS["band"], alpha=0.3, label="tolerance band"),
+               Patch(color=COLORS["fail"], label="FAIL"), Patch(facecolor="white", hatch="//", label="busy CPU")]
+    ax_m.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return _png(fig)
+
+
+def breakdown(r: Record) -> tuple[dict[str, int], str] | str:
+    """The analytic estimate at the peak for a case: (bytes per category, phase), or why there is none."""
+    try:
+        cfg = get_model(r.model)
+        device = "cuda" if str(r.info.get("device", "cpu")).startswith("cuda") else "cpu"
+        est = estimate(resolve(cfg, get_recipe(r.recipe), batch=cfg.batch_size, seq=cfg.block_size, device=device))
+    except ValueError as err:
+        return str(err)
+    return est.by_category, est.phase
+
+
+def breakdown_figure(group: str, recs: Sequence[Record]) -> str | None:
+    """Stacked bars of the estimate's categories at the peak, one per case, with the measured peak marked."""
+    found = [(r, b) for r in recs for b in [breakdown(r)] if not isinstance(b, str)]
+    if not found:
+        return None
+    plt = _pyplot()
+    unit = common_unit(sum(b[0].values()) for _, b in found)
+    colors = plt.get_cmap("tab20").colors
+    fig, ax = plt.subplots(figsize=(13, 1.6 + 0.38 * len(found)))
+    for i, (r, (cats, _)) in enumerate(found):
+        y, left = len(found) - 1 - i, 0.0
+        for k, category in enumerate(CATEGORIES):
+            width = in_unit(cats.get(category, 0), unit)
+            ax.barh(y, width, 0.7, left=left, color=colors[k % len(colors)], label=category if i == 0 else None)
+            left += width
+        measured = _num(r.info.get("peak_allocated_bytes"))
+        if measured is not None:
+            ax.plot(in_unit(measured, unit), y, "kD", ms=5, label="measured peak" if i == 0 else None)
+    ax.set_yticks(range(len(found)), [f"{r.model} / {r.recipe} ({b[1]})" for r, b in reversed(found)], fontsize=8)
+    ax.set_xlabel(f"live memory at the estimated peak ({unit})")
+    ax.set_ylabel("model / recipe (phase of the peak)")
+    ax.set_title(f"{group}: where the memory goes (analytic estimate, by category)", fontsize=10)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    return _png(fig)
+
+
+def ladders(recs: Sequence[Record]) -> dict[str, list[tuple[int, Record]]]:
+    """Ladder cases by model, in rung order; only models with two rungs or more."""
+    out: dict[str, list[tuple[int, Record]]] = {}
+    for r in recs:
+        match = LADDER.match(r.recipe)
+        if match and r.values["speed"] is not None:
+            out.setdefault(r.model, []).append((int(match.group(1)), r))
+    return {m: sorted(rungs, key=lambda x: x[0]) for m, rungs in out.items() if len(rungs) > 1}
+
+
+def waterfall_figure(model: str, rungs: Sequence[tuple[int, Record]], base: BaselineFile | None) -> str:
+    """tokens/s rung by rung: the first bar whole, each next one the change it brought (IQR error bars)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(rungs) + 2), 4.8))
+    previous = None
+    for x, (rung, r) in enumerate(rungs):
+        value = r.values["speed"]
+        if previous is None:
+            ax.bar(x, value, 0.6, color=COLORS["base"])
+        else:
+            ax.bar(x, abs(value - previous), 0.6, bottom=min(value, previous),
+                   color=COLORS["better"] if value >= previous else COLORS["fail"])
+            ax.plot([x - 1.3, x - 0.3], [previous, previous], color="black", lw=0.6, ls=":")
+            ax.text(x, max(value, previous), f"{value / previous - 1:+.0%}", ha="center", va="bottom", fontsize=8)
+        ax.errorbar(x, value, yerr=(r.speed_iqr or 0) / 2, color="black", capsize=3, lw=1)
+        entry = base.entries.get(r.name) if base else None
+        if entry and entry.tokens_per_s is not None:
+            ax.plot(x, entry.tokens_per_s, "k_", ms=16, mew=2, label="baseline" if "baseline" not in
+                    ax.get_legend_handles_labels()[1] else None)
+        previous = value
+    labels = [RECIPE_NOTES.get(r.recipe, r.recipe).replace("ladder rung ", "").replace(": ", "\n") for _, r in rungs]
+    ax.set_xticks(range(len(rungs)), labels, fontsize=8)
+    ax.set_xlabel("ladder rung (the switch it adds)")
+    ax.set_ylabel("tokens/s (median over rounds)")
+    ax.yaxis.set_major_formatter(_thousands)
+    ax.set_title(f"ladder, {model}: tokens/s rung by rung (green: faster, red: slower; error bars: IQR)",
+                 fontsize=10)
+    if ax.get_legend_handles_labels()[1]:
+        ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def history_figure(group: str, recs: Sequence[Record], runs: Sequence[SavedRun]) -> str | None:
+    """tokens/s (IQR error bars) and peak memory per case over the saved runs, oldest commit first."""
+    names = [r.name for r in recs if any(r.name in run.cases for run in runs)]
+    if not names:
+        return None
+    plt = _pyplot()
+    unit = common_unit(run.cases[n][2] for run in runs for n in names if n in run.cases)
+    fig, (ax_s, ax_m) = plt.subplots(1, 2, figsize=(14, 5.2))
+    xs = range(len(runs))
+    for name in names:
+        points = [run.cases.get(name, (None, None, None, False)) for run in runs]
+        speed = [p[0] if p[0] is not None else math.nan for p in points]
+        line = ax_s.errorbar(xs, speed, yerr=[(p[1] or 0) / 2 for p in points], marker="o", ms=4, capsize=2,
+                             label=name)
+        busy = [(x, p[0]) for x, p in zip(xs, points) if p[3] and p[0] is not None]
+        if busy:
+            ax_s.plot(*zip(*busy), "x", color=COLORS["fail"], ms=9, mew=2)
+        ax_m.plot(xs, [in_unit(p[2], unit) if p[2] is not None else math.nan for p in points], marker="o", ms=4,
+                  color=line[0].get_color(), label=name)
+    for ax in (ax_s, ax_m):
+        ax.set_xticks(list(xs), [run.label for run in runs], fontsize=7)
+        ax.set_xlabel("saved run (number, commit, date)")
+    ax_s.set_ylabel("tokens/s (median; error bars: IQR)")
+    ax_s.yaxis.set_major_formatter(_thousands)
+    ax_m.set_ylabel(f"peak allocated memory ({unit})")
+    ax_s.set_title(f"{group}: tokens/s over commits (red x: busy CPU)", fontsize=10)
+    ax_m.set_title(f"{group}: peak memory over commits", fontsize=10)
+    ax_m.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    return _png(fig)
+
+
+# -- the page ------------------------------------------------------------------------------------------------------
+
+STYLE = """body{font:14px system-ui,sans-serif;margin:1.5em;max-width:1400px}
+table{border-collapse:collapse;font-size:12px}
+td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}td:first-child{text-align:left}
+.FAIL{background:#f8d0d0}.better{background:#d4f0d4}.busy{color:#b00;font-weight:bold}.not-gated{color:#777}
+img{max-width:100%;border:1px solid #eee}figcaption{font-size:12px;color:#555}#case-index ul{columns:3}"""
+
+SCRIPT = """window.addEventListener('load', function () {
+  var nav = document.getElementById('case-index'), list = document.createElement('ul');
+  document.querySelectorAll('tr[data-case]').forEach(function (row) {
+    var item = document.createElement('li'), link = document.createElement('a');
+    link.href = '#' + row.id; link.textContent = row.dataset.case;
+    item.dataset.indexCase = row.dataset.case; item.appendChild(link); list.appendChild(item);
+  });
+  nav.appendChild(list); nav.dataset.cases = String(list.children.length);
+  document.querySelectorAll('img[data-plot]').forEach(function (img) {
+    img.dataset.naturalWidth = String(img.naturalWidth);
+  });
+  document.body.dataset.ready = 'yes';
+});"""
+
+
+def _figure(png: str, plot: str, caption: str) -> str:
+    return (f'<figure><img data-plot="{html.escape(plot)}" alt="{html.escape(caption)}" '
+            f'src="data:image/png;base64,{png}"><figcaption>{html.escape(caption)}</figcaption></figure>')
+
+
+def _case_rows(recs: Sequence[Record], base: BaselineFile | None, tol: Tolerances) -> str:
+    rows = []
+    for r in recs:
+        e = base.entries.get(r.name) if base else None
+        s_status, s_delta = _status(r.values["speed"], e.tokens_per_s if e else None, tol.speed, True)
+        m_now = _num(r.info.get("peak_allocated_bytes"))
+        m_status, m_delta = _status(m_now, e.peak_allocated_bytes if e else None, tol.memory, False)
+        busy = (f'<span class="busy">busy (cpu_share {r.info["cpu_share"]:.2f})</span>' if r.busy else "")
+        cells = [html.escape(r.name), f"{r.values['speed']:,.0f}" if r.values["speed"] is not None else "—",
+                 f"{r.speed_iqr:,.0f}" if r.speed_iqr is not None else "—",
+                 f"{e.tokens_per_s:,.0f}" if e and e.tokens_per_s is not None else "—", s_delta,
+                 s_status + (" (CPU: reported only)" if s_status == "not gated" else ""),
+                 f"{in_unit(m_now, 'MiB'):,.2f}" if m_now is not None else "—",
+                 f"{in_unit(e.peak_allocated_bytes, 'MiB'):,.2f}" if e and e.peak_allocated_bytes else "—",
+                 m_delta, m_status, busy, html.escape(str(r.info.get("verdict") or "—"))]
+        classes = ["", "", "", "", "", s_status.replace(" ", "-"), "", "", "", m_status, "", ""]
+        slug = re.sub(r"[^A-Za-z0-9_-]+", "-", r.name)
+        rows.append(f'<tr id="case-{slug}" data-case="{html.escape(r.name)}">'
+                    + "".join(f'<td class="{c}">{v}</td>' for c, v in zip(classes, cells)) + "</tr>")
+    head = ["case", "tok/s", "IQR", "base tok/s", "Δ", "tok/s gate", "peak MiB", "base MiB", "Δ", "memory gate",
+            "CPU", "verdict at run time"]
+    return "<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + "".join(rows) + "</table>"
+
+
+def build_html(run: str | Path, *, baselines_dir: str | Path = "baselines", history: str | Path | None = None) -> str:
+    """The page for a --benchmark-json file; ValueError (one line) for an unusable run, baseline file or history."""
+    records = load_run(run)
+    data = json.loads(Path(run).read_text())
+    slug = device_slug(data, records)
+    base_path = Path(baselines_dir) / f"{slug}.json"
+    base = baselines.load(base_path, expect_slug=slug)
+    device_type = "cpu" if slug == "cpu" else "cuda"
+    tol = base.tolerances if base else Tolerances.default_for(device_type)
+    runs = load_history(history) if history is not None else []
+    commit = data.get("commit_info") or {}
+    body = [f"<h1>gptcore benchmark report: {html.escape(Path(run).name)}</h1>",
+            f"<p>device <b>{html.escape(slug)}</b>, commit {html.escape(str(commit.get('id', '?'))[:12])}"
+            f"{' (dirty)' if commit.get('dirty') else ''}, run at {html.escape(str(data.get('datetime', '?')))}; "
+            f"baselines: {html.escape(str(base_path))}" + ("" if base else " (<b>no such file</b>: no baseline)")
+            + f"; tolerances: memory +{tol.memory:.0%}, tokens/s "
+            + ("<b>not gated</b> (reported only, as on CPU)" if tol.speed is None else f"−{tol.speed:.0%}") + "</p>",
+            f"<p>A CPU tokens/s figure is flagged <span class=busy>busy</span> when the process had less than "
+            f"{BUSY_SHARE:.0%} of the CPU while timed (a shared machine): compare it with care.</p>",
+            '<nav id="case-index"><h2>cases</h2></nav>']
+    if history is not None:
+        body.append(f"<p>history: {len(runs)} saved run(s) in {html.escape(str(history))}</p>")
+    for group in dict.fromkeys(r.group for r in records):
+        recs = [r for r in records if r.group == group]
+        body += [f"<section><h2>{html.escape(group or 'benchmarks')}</h2>", _case_rows(recs, base, tol),
+                 _figure(compare_figure(group, recs, base, tol), "compare",
+                         f"{group}: each case now (blue; red: FAIL) vs its baseline (grey), with the tolerance band")]
+        png = breakdown_figure(group, recs)
+        if png:
+            body.append(_figure(png, "breakdown", f"{group}: the analytic estimate's memory at the peak, by category"))
+        for model, rungs in ladders(recs).items():
+            body.append(_figure(waterfall_figure(model, rungs, base), "ladder", f"{group}: ladder waterfall, {model}"))
+        png = history_figure(group, recs, runs) if runs else None
+        if png:
+            body.append(_figure(png, "history", f"{group}: tokens/s and peak memory over the saved runs"))
+        body.append("</section>")
+    return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>gptcore report</title>"
+            f"<style>{STYLE}</style></head><body>{''.join(body)}<script>{SCRIPT}</script></body></html>")
+
+
+def write_html(run: str | Path, out: str | Path, **options: Any) -> Path:
+    """Write ``build_html``'s page to ``out``; the path written."""
+    out = Path(out)
+    page = build_html(run, **options)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page, encoding="utf-8")
+    return out

@@ -1,0 +1,59 @@
+"""One benchmark case on every rank of a torchrun job: ``python -m torch.distributed.run --nproc-per-node=2 -m
+gptcore.worker --model cpu-small --recipe ddp --out DIR``.
+
+Each rank builds the case's Trainer (which joins the process group), warms up, times rounds, and writes its
+Measurement to ``DIR/rank-<r>.json``. Every rank's round times are the slowest rank's (a step ends when the last
+rank ends it), so tokens/s is the whole job's: global tokens per step / median step time. The loss is averaged over
+ranks (the single-process loss of the global batch); peak memory is the rank's own (on CPU the tracked tensor peak
+of a separate pass, as for any case).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from .config import get_model, get_recipe
+from .distributed import max_over_ranks, this_rank
+from .measure import CaseRunner
+from .train import resolve_device
+
+
+def run(model: str, recipe_name: str, out: Path, *, device: str | None, warmup: int, rounds: int,
+        steps_per_round: int) -> dict:
+    """Measure the case on this rank and write ``out/rank-<r>.json``; returns what was written."""
+    cfg, recipe = get_model(model), get_recipe(recipe_name)
+    runner = CaseRunner(cfg, recipe, resolve_device(device), warmup=warmup, steps_per_round=steps_per_round)
+    runner.prepare()
+    for _ in range(rounds):
+        runner.round()
+    runner.m.round_seconds = max_over_ranks(runner.m.round_seconds)
+    runner.last_loss = runner.trainer.mean_loss(runner.last_loss)
+    rank = runner.trainer.rank
+    result = runner.finish().to_dict() | {"rank": rank.rank, "world_size": rank.world_size}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"rank-{rank.rank}.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gptcore.worker", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--recipe", required=True)
+    parser.add_argument("--out", required=True, type=Path, help="directory for rank-<r>.json")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=2, help="optimizer steps per timed round")
+    args = parser.parse_args(argv)
+    if this_rank().world_size < 2:
+        parser.error("run under torchrun with --nproc-per-node >= 2")
+    run(args.model, args.recipe, args.out, device=args.device, warmup=args.warmup, rounds=args.rounds,
+        steps_per_round=args.steps)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

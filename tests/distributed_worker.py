@@ -1,0 +1,100 @@
+"""The rank side of tests/test_distributed.py, run under torchrun (one launch runs every proof: each torchrun start
+costs seconds on 2 cores). ``python -m torch.distributed.run --nproc-per-node=2 tests/distributed_worker.py
+{proofs,raise} OUT``: writes OUT/<name>.pt (rank 0, or per rank) for the test process to compare."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gptcore.config import CHAR_VOCAB, GPTConfig, Recipe  # noqa: E402
+from gptcore.memory.tracker import track_training  # noqa: E402
+from gptcore.train import Trainer  # noqa: E402
+
+#: tests.helpers.TINY: 2 layers x 2 heads x 32 wide, T=16, global batch 8 (4 per rank on 2 ranks).
+TINY = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=CHAR_VOCAB, batch_size=8)
+STEPS = 4
+#: grad_clip 0.05 is below the gradient norm of every step here, so clipping acts on each step (and on DTensors).
+BASE = Recipe(grad_clip=0.05, warmup_steps=1, decay_steps=4)
+MEMORY_CASES = {"ddp": dict(parallel="ddp"),
+                "ddp-bucket-view": dict(parallel="ddp", gradient_as_bucket_view=True),
+                "fsdp2": dict(parallel="fsdp2"),
+                "fsdp2-no-reshard": dict(parallel="fsdp2", reshard_after_forward=False)}
+
+
+def full_params(t: Trainer) -> list[torch.Tensor]:
+    """Every parameter, unsharded (a collective under FSDP2), in a fixed order."""
+    out = []
+    for p in t.model.parameters():
+        p = p.full_tensor() if hasattr(p, "full_tensor") else p
+        out.append(p.detach().to(torch.float64).clone())
+    return out
+
+
+def train(recipe: Recipe, dtype: torch.dtype = torch.float32) -> dict:
+    """STEPS steps from the Trainer's own data path: the global loss of each step and the final parameters."""
+    t = Trainer(TINY, recipe, "cpu", dtype=dtype)
+    losses = [t.mean_loss(t.step()).item() for _ in range(STEPS)]
+    return {"losses": losses, "params": full_params(t), "micro_batch": t.micro_batch}
+
+
+def local_bytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (a DTensor's: its local shard's)."""
+    storages = {getattr(t, "_local_tensor", t).untyped_storage() for t in tensors}
+    return sum(s.nbytes() for s in {s.data_ptr(): s for s in storages}.values())
+
+
+def states(recipe: Recipe) -> dict:
+    """This rank's bytes of parameters, gradients and optimizer state after a tracked step, and the tracked peak."""
+    t = Trainer(TINY, recipe, "cpu")
+    report = track_training(t, steps=2)
+    params = list(t.model.parameters())
+    seen = {}  # the gradients of one more step, read just before the optimizer step (zero_grad frees them after)
+    t.optimizers[0].register_step_pre_hook(lambda *_: seen.update(g=local_bytes([p.grad for p in params])))
+    t.step()
+    opt = local_bytes([v for s in t.optimizers[0].state.values() for v in s.values() if v.dim() > 0])
+    return {"parameters": local_bytes(params), "gradients": seen["g"], "optimizer state": opt,
+            "peak": report.peak_bytes, "by_category": report.by_category}
+
+
+def proofs(out: Path) -> None:
+    results = {}
+    f64 = dataclasses.replace(BASE, grad_clip=None)  # DDP vs one process in float64 (clipping: see the fp32 proofs)
+    results["ddp-f64"] = train(dataclasses.replace(f64, parallel="ddp"), torch.float64)
+    rank = dist.get_rank()
+    if rank == 0:  # one process with the whole batch: no collective, so only rank 0 runs it
+        results["single-f64"] = train(f64, torch.float64)
+        results["single-f64"]["world"] = 1
+    for name, change in {"": {}, "-ckpt": dict(checkpoint=True), "-accum": dict(grad_accum_steps=2)}.items():
+        results[f"ddp{name}"] = train(dataclasses.replace(BASE, parallel="ddp", **change))
+        results[f"fsdp2{name}"] = train(dataclasses.replace(BASE, parallel="fsdp2", **change))
+        results[f"fsdp2-no-reshard{name}"] = train(
+            dataclasses.replace(BASE, parallel="fsdp2", reshard_after_forward=False, **change))
+    memory = {name: states(dataclasses.replace(BASE, **MEMORY_CASES[name])) for name in MEMORY_CASES}
+    memory["none"] = states(BASE) if rank == 0 else None
+    if rank == 0:
+        torch.save(results, out / "results.pt")
+    torch.save(memory, out / f"memory-{rank}.pt")
+
+
+def planted_failure() -> None:
+    """Rank 1 raises after joining; rank 0 goes on into a step and waits in the gradient all-reduce."""
+    t = Trainer(TINY, Recipe(parallel="ddp"), "cpu")
+    if dist.get_rank() == 1:
+        raise RuntimeError("planted failure on rank 1")
+    for _ in range(100):
+        t.step()
+
+
+if __name__ == "__main__":
+    mode, target = sys.argv[1], Path(sys.argv[2])
+    if mode == "proofs":
+        proofs(target)
+    else:
+        planted_failure()

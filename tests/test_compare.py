@@ -1,0 +1,220 @@
+"""compare and bisect: the statistics decide slower/faster/same as documented; compare runs end to end on a
+throwaway repository and writes valid JSON; bad input is one line and exit code 2; bisect names a planted commit."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gptcore.baselines import Tolerances
+from gptcore.cli import main
+from gptcore.compare import CompareError, Options, keyword_match, run_worker, select_cases, write_worker
+from gptcore.significance import (FASTER, SAME, SLOWER, hodges_lehmann_ratio, loss_check, mann_whitney, memory_check,
+                                  speed_verdict, u_distribution)
+
+pytestmark = pytest.mark.cpu
+
+ROOT = Path(__file__).resolve().parents[1]
+CASE = "cpu-small-ckpt-fp32"
+QUICK = ["--warmup", "1", "--steps", "1"]
+
+
+def noisy(center: float, spread: float, n: int = 10, seed: int = 0) -> list[float]:
+    rng = random.Random(seed)
+    return [center * (1 + spread * rng.uniform(-1, 1)) for _ in range(n)]
+
+
+# -- statistics ----------------------------------------------------------------------------------------------------
+
+
+def test_u_distribution_counts_every_ordering():
+    counts = u_distribution(3, 4)
+    assert sum(counts) == 35 and counts == counts[::-1]  # C(7, 3) orderings, symmetric
+    assert counts[0] == counts[-1] == 1
+
+
+def test_mann_whitney_exact_p_of_a_complete_separation():
+    _, p = mann_whitney(list(range(10)), list(range(10, 20)))
+    assert p == pytest.approx(2 / 184756)  # the two extreme orderings of C(20, 10)
+
+
+def test_identical_samples_are_the_same():
+    s = speed_verdict([1000.0] * 10, [1000.0] * 10)
+    assert (s.verdict, s.ratio, s.p) == (SAME, 1.0, 1.0)
+    a = noisy(1000, 0.02)
+    s = speed_verdict(a, list(a))
+    assert s.verdict == SAME and s.low <= 1 <= s.high
+
+
+def test_a_ten_percent_shift_with_low_noise_is_slower_and_the_interval_excludes_1():
+    s = speed_verdict(noisy(1000, 0.01, seed=1), noisy(900, 0.01, seed=2))
+    assert s.verdict == SLOWER
+    assert s.high < 1 and s.low < 0.9 < s.high and s.p < 0.05
+    assert speed_verdict(noisy(900, 0.01, seed=2), noisy(1000, 0.01, seed=1)).verdict == FASTER
+
+
+def test_a_ten_percent_shift_in_huge_noise_is_not_significant():
+    s = speed_verdict(noisy(1000, 0.6, seed=3), noisy(900, 0.6, seed=4))
+    assert s.verdict == SAME and s.low < 1 < s.high and s.p > 0.05
+
+
+def test_the_threshold_is_respected_even_when_significant():
+    a, b = noisy(1000, 0.001, seed=5), noisy(970, 0.001, seed=6)  # 3% slower, clearly significant
+    s = speed_verdict(a, b, threshold=0.05)
+    assert s.high < 1 and s.verdict == SAME
+    assert speed_verdict(a, b, threshold=0.02).verdict == SLOWER
+
+
+def test_too_few_rounds_give_no_interval_and_no_verdict():
+    estimate, low, high = hodges_lehmann_ratio([100, 101, 102], [80, 81, 82])
+    assert estimate == pytest.approx(0.8, rel=0.01) and low is high is None
+    assert speed_verdict([100, 101, 102], [80, 81, 82]).verdict == SAME
+
+
+def test_memory_and_loss_are_judged_as_the_gate_judges_them():
+    tol = Tolerances.default_for("cpu")
+    assert memory_check(1000, 1000, tol).status == "ok"
+    assert memory_check(1000, 1010, tol).status == "changed"  # reported, within +2%
+    assert memory_check(1000, 1030, tol).failed
+    assert memory_check(1000, 900, tol).status == "better"
+    assert not loss_check(3.0, 3.0 + 5e-7, "fp32", tol).failed
+    assert loss_check(3.0, 3.0 + 5e-6, "fp32", tol).failed
+    assert not loss_check(3.0, 3.0 + 4e-4, "bf16", tol).failed
+
+
+def test_k_selects_cases_like_pytest():
+    assert keyword_match("cpu-small and not (bf16 or sgd)", "cpu-small-ckpt-fp32")
+    assert not keyword_match("cpu-small and not (bf16 or sgd)", "cpu-small-ckpt-bf16")
+    assert [f"{m}-{r}" for m, r in select_cases("cpu-small-ckpt", "cpu")] == [
+        "cpu-small-ckpt-fp32", "cpu-small-ckpt-half-batch", "cpu-small-ckpt-grad-accum-2",
+        "cpu-small-ckpt-sgd-cosine", "cpu-small-ckpt-bf16"]
+    assert all(m.startswith("char") for m, _ in select_cases("char", "cuda"))
+    for bad in ("char", "cpu-small and", "(cpu-small"):
+        with pytest.raises(CompareError):
+            select_cases(bad, "cpu")
+
+
+def test_rounds_alternate_which_revision_runs_first(monkeypatch, tmp_path):
+    import gptcore.compare as compare
+
+    calls = []
+
+    def fake_worker(tree, model, recipe, options, script, memory):  # noqa: ANN001, ANN202
+        calls.append((tree.name, memory))
+        return {"tokens_per_s": 1000.0 if tree.name == "a" else 800.0, "loss": 4.0, "loss_step": 2,
+                "peak_memory": 100 if memory else None, "cpu_share": 1.0}
+
+    monkeypatch.setattr(compare, "run_worker", fake_worker)
+    [result] = compare.compare_trees(tmp_path / "a", tmp_path / "b", [("cpu-small", "ckpt-fp32")], rounds=4,
+                                     threshold=0.05, options=Options(), workdir=tmp_path)
+    assert [name for name, _ in calls] == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    assert [memory for _, memory in calls] == [True, True] + [False] * 6  # CPU: the exact peak once
+    assert result.speed.verdict == SLOWER and result.speed.ratio == 0.8 and result.failed
+    assert (result.memory.status, result.loss.status) == ("ok", "ok")
+
+
+# -- throwaway repositories ----------------------------------------------------------------------------------------
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t", *args],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def commit(repo: Path, message: str) -> str:
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", message)
+    return git(repo, "rev-parse", "HEAD")
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A git repository holding gptcore as committed in this checkout (not others' edits in progress)."""
+    if shutil.which("git") is None or subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"],
+                                                     capture_output=True).returncode:
+        pytest.skip("needs git and a git checkout of gptcore-bench")
+    path = tmp_path / "repo"
+    path.mkdir()
+    git(path, "init", "-q")
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "HEAD", "gptcore"], capture_output=True,
+                             check=True).stdout
+    subprocess.run(["tar", "-x"], input=archive, cwd=path, check=True)
+    commit(path, "initial")
+    return path
+
+
+def one_error_line(capsys: pytest.CaptureFixture) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("gptcore: error:") and "Traceback" not in err, err
+    return err
+
+
+def test_bad_input_is_one_line_and_exit_code_2(repo, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(repo)
+    assert main(["compare", "no-such-rev", "-k", CASE]) == 2
+    assert "unknown revision 'no-such-rev'" in one_error_line(capsys)
+    assert main(["compare", "HEAD", "-k", "no-such-case"]) == 2
+    assert "no CPU case matches" in one_error_line(capsys)
+    assert main(["bisect", "HEAD", "HEAD", "-k", CASE, "--metric", "loss"]) == 2
+    assert "must be an ancestor" in one_error_line(capsys)
+    assert main(["compare", "HEAD", "-k", CASE, "--threshold", "2"]) == 2
+    assert "--threshold" in one_error_line(capsys)
+    elsewhere = tmp_path / "not-a-repo"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["compare", "HEAD", "-k", CASE]) == 2
+    assert "not a git repository" in one_error_line(capsys)
+    assert git(repo, "worktree", "list").count("\n") == 0  # nothing left behind
+
+
+def test_the_worker_refuses_a_checkout_whose_gptcore_it_did_not_import(tmp_path):
+    with pytest.raises(RuntimeError, match="not from the checkout"):
+        run_worker(tmp_path, "cpu-small", "ckpt-fp32", Options(warmup=1, steps=1), write_worker(tmp_path), False)
+
+
+@pytest.mark.slow  # 6 worker processes: ~20 s on 2 idle cores, minutes on a busy one
+def test_compare_head_with_the_working_tree(repo, tmp_path, monkeypatch, capsys):
+    (repo / "gptcore" / "units.py").write_text((repo / "gptcore" / "units.py").read_text() + "\n# uncommitted\n")
+    monkeypatch.chdir(repo)
+    out_json = tmp_path / "run.json"
+    assert main(["compare", "HEAD", "-k", CASE, "--rounds", "3", *QUICK, "--json", str(out_json)]) == 0
+    captured = capsys.readouterr()
+    line = next(line for line in captured.out.splitlines() if line.startswith(f"{CASE}: "))
+    assert "tok/s" in line and "B/A" in line and " same;" in line and "peak memory" in line and "loss" in line
+    assert "round 3/3" in captured.err and "running B/A" in captured.err
+    data = json.loads(out_json.read_text())
+    case = data["cases"][0]
+    assert data["b"]["sha"] is None and data["failed"] is False
+    assert len(case["tokens_per_s_a"]) == len(case["tokens_per_s_b"]) == 3
+    assert case["memory"]["status"] == case["loss"]["status"] == "ok"  # same code: exact figures agree
+    assert case["speed"]["verdict"] == SAME and case["speed"]["low"] is None  # 3 rounds: no 95% interval
+    for record in case["rounds_a"] + case["rounds_b"]:  # each revision ran its own checkout's gptcore
+        assert not record["gptcore"].startswith(str(ROOT)) and "gptcore-compare-" in record["gptcore"]
+    assert git(repo, "worktree", "list").count("\n") == 0  # the temporary worktree is gone
+
+
+@pytest.mark.slow  # 5 worker processes and git bisect: ~20 s on 2 idle cores
+def test_bisect_names_the_commit_that_planted_a_regression(repo, monkeypatch, capsys):
+    good = git(repo, "rev-parse", "HEAD")
+    (repo / "NOTES").write_text("harmless\n")
+    commit(repo, "harmless 1")
+    config = repo / "gptcore" / "config.py"
+    text = config.read_text()
+    planted = "_CPU = GPTConfig(n_layer=4, n_head=4, n_embd=160,"
+    assert text.count("_CPU = GPTConfig(n_layer=4, n_head=4, n_embd=128,") == 1
+    config.write_text(text.replace("_CPU = GPTConfig(n_layer=4, n_head=4, n_embd=128,", planted))
+    bad_commit = commit(repo, "widen cpu-small")
+    (repo / "NOTES").write_text("harmless again\n")
+    commit(repo, "harmless 2")
+    monkeypatch.chdir(repo)
+    assert main(["bisect", good, "HEAD", "-k", CASE, "--metric", "peak_memory", *QUICK]) == 0
+    out = capsys.readouterr().out
+    assert f"first bad commit: {bad_commit} widen cpu-small" in out
+    assert f"{CASE}: peak memory" in out and "FAIL" in out
+    assert git(repo, "worktree", "list").count("\n") == 0
+    assert git(repo, "rev-parse", "HEAD") != bad_commit  # the user's checkout was not moved

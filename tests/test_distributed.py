@@ -1,0 +1,155 @@
+"""DDP and FSDP2 compute what one process computes: proofs over 2 gloo ranks started by torchrun.
+
+One torchrun launch (tests/distributed_worker.py, ~12 s on 2 cores) runs every training proof and the per-rank
+memory measurements; the test functions compare what it saved. A second launch plants a failure on one rank, a
+third runs the command line. Each launch has a timeout: a hang fails the test instead of stalling CI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from gptcore.config import MODELS, RECIPES, Recipe
+from gptcore.memory import resolve
+from gptcore.memory.parallel import estimate_per_rank
+from gptcore.train import Trainer, UnsupportedRecipe
+
+from . import distributed_worker as worker
+
+pytestmark = pytest.mark.cpu
+ROOT = Path(__file__).resolve().parents[1]
+WORLD = 2
+LAUNCH_TIMEOUT_S = 240
+
+# DDP over 2 ranks vs one process, float64: the all-reduce sums the two ranks' partial gradients and divides by 2,
+# a different summation order than one process's mean over the whole batch; the difference is rounding of a few
+# ulps (measured: losses 2e-16, parameters 2e-15 relative after 4 AdamW steps). 1e-12 is 1000x that and 10^9 below
+# a real bug (a missing average over ranks would be off by a factor of 2).
+F64 = dict(rtol=1e-12, atol=1e-14)
+# FSDP2 vs DDP, float32: reduce-scatter vs all-reduce and a global norm over DTensor shards change the order of
+# float32 sums; measured: parameters within 6e-8 absolute (1 ulp of values ~0.5), losses within 1.1e-7 relative
+# after 4 steps. 1e-5 relative / 1e-6 absolute bounds that with margin.
+F32 = dict(rtol=1e-5, atol=1e-6)
+
+
+def torchrun(*args: str, timeout: float = LAUNCH_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """``python -m torch.distributed.run --nproc-per-node=2 ARGS`` from the repository root, with a timeout."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}", *args]
+    with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its workers: a hang must not outlive the test
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+@pytest.fixture(scope="module")
+def proofs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, list[dict]]:
+    """The training results (rank 0) and each rank's memory figures from one torchrun launch."""
+    out = tmp_path_factory.mktemp("distributed")
+    done = torchrun(str(ROOT / "tests" / "distributed_worker.py"), "proofs", str(out))
+    assert done.returncode == 0, done.stderr[-4000:]
+    return torch.load(out / "results.pt"), [torch.load(out / f"memory-{r}.pt") for r in range(WORLD)]
+
+
+def test_ddp_over_two_ranks_equals_one_process_with_the_whole_batch(proofs):
+    results, _ = proofs
+    ddp, single = results["ddp-f64"], results["single-f64"]
+    assert (ddp["micro_batch"], single["micro_batch"]) == (4, 8)  # b per rank = 2b in one process
+    assert_close(torch.tensor(ddp["losses"]), torch.tensor(single["losses"]), **F64)
+    assert_close(ddp["params"], single["params"], **F64)
+    assert ddp["params"][0].abs().sum() > 0 and ddp["losses"][0] != ddp["losses"][-1]  # it trained
+
+
+@pytest.mark.parametrize("variant", ["", "-ckpt", "-accum"])
+@pytest.mark.parametrize("fsdp", ["fsdp2", "fsdp2-no-reshard"])
+def test_fsdp2_equals_ddp_within_float32_rounding(proofs, fsdp: str, variant: str):
+    results, _ = proofs
+    a, b = results[fsdp + variant], results["ddp" + variant]
+    assert_close(torch.tensor(a["losses"]), torch.tensor(b["losses"]), **F32)
+    assert_close(a["params"], b["params"], **F32)
+    if variant == "-accum":  # set_requires_gradient_sync / no_sync: 2 micro-batches of 2 per rank
+        assert a["micro_batch"] == 2
+        assert not torch.allclose(torch.tensor(a["losses"]), torch.tensor(results[fsdp]["losses"]))
+
+
+def test_fsdp2_shards_parameters_gradients_and_optimizer_state(proofs):
+    """Each rank holds 1/N of the unsharded bytes, up to FSDP2's padding of dim 0 to a multiple of N."""
+    _, memory = proofs
+    full = memory[0]["none"]
+    for r in range(WORLD):
+        for what in ("parameters", "gradients", "optimizer state"):
+            shard = memory[r]["fsdp2"][what]
+            assert full[what] / WORLD * 0.99 <= shard <= full[what] / WORLD * 1.01, (r, what, shard, full[what])
+            assert memory[r]["ddp"][what] == full[what]  # DDP replicates
+    # the tracker sees the same shards on every rank
+    assert memory[0]["fsdp2"]["by_category"]["parameters"] == memory[0]["fsdp2"]["parameters"]
+
+
+@pytest.mark.parametrize("name", list(worker.MEMORY_CASES))
+def test_per_rank_estimate_matches_the_tracked_peak(proofs, name: str):
+    """DDP: exact up to 8 bytes (as the single-process estimate). FSDP2: within FSDP2's padding (0.1%); the tracker
+    cannot see FSDP2 free a gathered block (storage resized to 0), so with 2 blocks reshard or not reads the same."""
+    _, memory = proofs
+    recipe = dataclasses.replace(worker.BASE, **worker.MEMORY_CASES[name])
+    est = estimate_per_rank(resolve(worker.TINY, recipe, device="cpu"), WORLD)
+    for r in range(WORLD):
+        measured = memory[r][name]["peak"]
+        assert abs(est.total_bytes - measured) <= 0.001 * measured, (r, est.total_bytes, measured, est.adjustments)
+
+
+@pytest.mark.slow
+def test_a_rank_that_raises_ends_the_job_with_its_error(tmp_path):
+    start = time.perf_counter()
+    done = torchrun(str(ROOT / "tests" / "distributed_worker.py"), "raise", str(tmp_path), timeout=120)
+    assert done.returncode != 0
+    assert "planted failure on rank 1" in done.stdout + done.stderr
+    assert time.perf_counter() - start < 120  # rank 0 waited in an all-reduce and was stopped, not left hanging
+
+
+@pytest.mark.slow
+def test_torchrun_train_prints_once_with_the_world_size():
+    done = torchrun("-m", "gptcore", "train", "--model", "cpu-small", "--recipe", "ddp", "--steps", "3")
+    assert done.returncode == 0, done.stderr[-4000:]
+    summary = [line for line in done.stdout.splitlines() if line.startswith("cpu-small / ddp")]
+    assert len(summary) == 1 and "world size 2" in summary[0], done.stdout
+
+
+def test_parallel_recipes_validate_and_refuse_what_does_not_work():
+    with pytest.raises(ValueError, match="^parallel: unknown"):
+        Recipe(parallel="tp")
+    with pytest.raises(ValueError, match="^reshard_after_forward:"):
+        Recipe(parallel="ddp", reshard_after_forward=False)
+    with pytest.raises(ValueError, match="^gradient_as_bucket_view:"):
+        Recipe(parallel="fsdp2", gradient_as_bucket_view=True)
+    with pytest.raises(ValueError, match="^optim_in_backward:"):
+        Recipe(parallel="ddp", optim_in_backward=True, grad_clip=None)
+    with pytest.raises(ValueError, match="^compile:"):
+        Recipe(parallel="fsdp2", compile=True)
+    with pytest.raises(ValueError, match="^fsdp_param_dtype:"):
+        Recipe(fsdp_param_dtype="bf16")
+    with pytest.raises(ValueError, match="^precision:"):
+        Recipe(parallel="fsdp2", precision="fp16")
+    assert RECIPES["ddp"].micro_batch(MODELS["cpu-small"], world_size=2) == 6  # the batch of 12 stays global
+    with pytest.raises(ValueError, match="^parallel: the batch of 12 does not split into 5 ranks"):
+        RECIPES["ddp"].micro_batch(MODELS["cpu-small"], world_size=5)
+
+
+def test_a_parallel_recipe_outside_torchrun_is_refused_with_the_command(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(UnsupportedRecipe, match="runs under torchrun"):
+        Trainer(MODELS["cpu-small"], RECIPES["fsdp2"], "cpu")

@@ -104,15 +104,22 @@ def measure(benchmark, gate, request: pytest.FixtureRequest, study: Study, model
     benchmark.extra_info.update(model=model, recipe=recipe_name, precision=recipe.precision,
                                 batch=recipe.batch_size(cfg), block_size=cfg.block_size, estimate_bytes=estimate,
                                 verdict=verdict.summary() if verdict else None, **m.to_dict())
+    conclude(gate, request, m, verdict, device)
+    return m
+
+
+def conclude(gate, request: pytest.FixtureRequest, m: Measurement, verdict, device: str) -> None:
+    """Fail the case on an error or a failed check, with one line; warn (fail under --baseline-strict) when it
+    has no baseline."""
     if m.error:
         pytest.fail(f"{request.node.name}: {m.error}", pytrace=False)
-    if verdict is not None:
-        if verdict.failed:
-            pytest.fail(verdict.failure_message(), pytrace=False)
-        if verdict.missing:
-            message = f"{request.node.name}: no baseline for {baselines.device_slug(device)}; record it with: " \
-                      f"{gate.record_command(request.node.nodeid)}"
-            if gate.strict:
-                pytest.fail(message + " (--baseline-strict)", pytrace=False)
-            warnings.warn(message, BaselineMissing, stacklevel=1)
-    return m
+    if verdict is None:
+        return
+    if verdict.failed:
+        pytest.fail(verdict.failure_message(), pytrace=False)
+    if verdict.missing:
+        message = f"{request.node.name}: no baseline for {baselines.device_slug(device)}; record it with: " \
+                  f"{gate.record_command(request.node.nodeid)}"
+        if gate.strict:
+            pytest.fail(message + " (--baseline-strict)", pytrace=False)
+        warnings.warn(message, BaselineMissing, stacklevel=1)

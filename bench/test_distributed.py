@@ -16,13 +16,11 @@ import os
 import signal
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 
-from bench.harness import BaselineMissing, Counts, needs_of, run_if
-from gptcore import baselines
+from bench.harness import Counts, conclude, needs_of, run_if
 from gptcore.config import MODELS, RECIPES
 from gptcore.measure import Measurement
 from gptcore.memory import resolve
@@ -94,14 +92,4 @@ def test_distributed(benchmark, gate, request, tmp_path, model: str, recipe: str
                                 peak_bytes_per_rank=[x["peak_allocated_bytes"] for x in ranks],
                                 tokens_per_s_per_rank=[x["tokens_per_s"] for x in ranks],
                                 verdict=verdict.summary() if verdict else None, **m.to_dict())
-    if m.error:
-        pytest.fail(f"{request.node.name}: {m.error}", pytrace=False)
-    if verdict is not None:
-        if verdict.failed:
-            pytest.fail(verdict.failure_message(), pytrace=False)
-        if verdict.missing:
-            message = f"{request.node.name}: no baseline for {baselines.device_slug(device)}; record it with: " \
-                      f"{gate.record_command(request.node.nodeid)}"
-            if gate.strict:
-                pytest.fail(message + " (--baseline-strict)", pytrace=False)
-            warnings.warn(message, BaselineMissing, stacklevel=1)
+    conclude(gate, request, m, verdict, device)

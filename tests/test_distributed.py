@@ -102,14 +102,17 @@ def test_fsdp2_shards_parameters_gradients_and_optimizer_state(proofs):
 
 @pytest.mark.parametrize("name", list(worker.MEMORY_CASES))
 def test_per_rank_estimate_matches_the_tracked_peak(proofs, name: str):
-    """DDP: exact up to 8 bytes (as the single-process estimate). FSDP2: within FSDP2's padding (0.1%); the tracker
+    """DDP: within 0.1% (the single-process estimate is exact up to 8 bytes). FSDP2: within 2%. Its gloo
+    all-gathers release their buffers from the collective's own thread, so the lifetimes the tracker sees, and the
+    tracked peak, vary from run to run: measured 669,064 and 679,056 B on the same rank (1.5%); the tracker also
     cannot see FSDP2 free a gathered block (storage resized to 0), so with 2 blocks reshard or not reads the same."""
     _, memory = proofs
     recipe = dataclasses.replace(worker.BASE, **worker.MEMORY_CASES[name])
     est = estimate_per_rank(resolve(worker.TINY, recipe, device="cpu"), WORLD)
+    bound = 0.02 if recipe.parallel == "fsdp2" else 0.001
     for r in range(WORLD):
         measured = memory[r][name]["peak"]
-        assert abs(est.total_bytes - measured) <= 0.001 * measured, (r, est.total_bytes, measured, est.adjustments)
+        assert abs(est.total_bytes - measured) <= bound * measured, (r, est.total_bytes, measured, est.adjustments)
 
 
 @pytest.mark.slow

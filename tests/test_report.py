@@ -309,7 +309,7 @@ def test_cli_html_and_its_bad_input(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 def browser() -> str:
     """Debian's chromium; a clear failure naming the install command when it is missing (never a skip)."""
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    found = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     if not found:
         pytest.fail(f"chromium not found: the report's browser test needs it; install it (as root) with: "
                     f"{INSTALL_BROWSER} (.ci/run does)", pytrace=False)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import statistics
 import sys
 import time
 import types
@@ -318,6 +319,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     import json
 
     from .compare import compare, to_json
+    from .report import BUSY_SHARE
 
     def progress(result, done: int, total: int) -> None:  # noqa: ANN001 (gptcore.compare.CaseResult)
         a, b = result.tokens("a"), result.tokens("b")
@@ -343,10 +345,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"{r.case}: A {s.median_a:,.0f} tok/s, B {s.median_b:,.0f} tok/s, B/A {s.ratio:.3f} ({_interval(s)}, "
               f"p {s.p:.2g}) {s.verdict}; {_exact_text(r.memory)}; {_exact_text(r.loss)}")
         shares = [[x["cpu_share"] for x in rounds if x.get("cpu_share")] for rounds in (r.rounds_a, r.rounds_b)]
-        if all(shares) and min(sorted(x)[len(x) // 2] for x in shares) < 0.9:
-            print(f"  note: busy machine: median CPU share A {sorted(shares[0])[len(shares[0]) // 2]:.2f}, "
-                  f"B {sorted(shares[1])[len(shares[1]) // 2]:.2f} (below ~0.9 other processes took the cores; "
-                  f"tokens/s says little)")
+        if all(shares):
+            share_a, share_b = (statistics.median_high(x) for x in shares)
+            if min(share_a, share_b) < BUSY_SHARE:
+                print(f"  note: busy machine: median CPU share A {share_a:.2f}, B {share_b:.2f} (below "
+                      f"~{BUSY_SHARE} other processes took the cores; tokens/s says little)")
     if args.json:
         data = to_json(a, b, results, rounds=args.rounds, threshold=args.threshold, warmup=args.warmup,
                        steps=args.steps, seconds=seconds)

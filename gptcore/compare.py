@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -41,54 +40,14 @@ class CompareError(ValueError):
 
 
 def keyword_match(expr: str, name: str) -> bool:
-    """pytest's -k on one name: substrings joined by ``and``, ``or``, ``not`` and parentheses."""
-    tokens = re.findall(r"\(|\)|[^\s()]+", expr)
-    if not tokens:
-        raise CompareError(f"-k {expr!r}: empty expression")
-    pos = 0
+    """pytest's -k on one case id, with pytest's own expression parser (substrings joined by ``and``, ``or``,
+    ``not`` and parentheses)."""
+    from _pytest.mark.expression import Expression
 
-    def peek() -> str | None:
-        return tokens[pos] if pos < len(tokens) else None
-
-    def take() -> str:
-        nonlocal pos
-        if pos >= len(tokens):
-            raise CompareError(f"-k {expr!r}: unexpected end of expression")
-        pos += 1
-        return tokens[pos - 1]
-
-    def either() -> bool:
-        value = both()
-        while peek() == "or":
-            take()
-            value = both() or value
-        return value
-
-    def both() -> bool:
-        value = negated()
-        while peek() == "and":
-            take()
-            value = negated() and value
-        return value
-
-    def negated() -> bool:
-        if peek() == "not":
-            take()
-            return not negated()
-        token = take()
-        if token == "(":
-            value = either()
-            if take() != ")":
-                raise CompareError(f"-k {expr!r}: missing ')'")
-            return value
-        if token in (")", "and", "or"):
-            raise CompareError(f"-k {expr!r}: unexpected {token!r}")
-        return token in name
-
-    result = either()
-    if pos != len(tokens):
-        raise CompareError(f"-k {expr!r}: unexpected {tokens[pos]!r}")
-    return result
+    try:
+        return Expression.compile(expr).evaluate(lambda word, **_: word in name)
+    except SyntaxError as err:  # pytest reports a malformed expression as a SyntaxError
+        raise CompareError(f"-k {expr!r}: {err.msg}") from None
 
 
 def all_cases(device_type: str) -> list[tuple[str, str]]:

@@ -60,13 +60,19 @@ class Record:
     @property
     def speed_iqr(self) -> float | None:
         """The IQR of tokens/s over the timed rounds."""
-        return _number(self.info.get("tokens_per_s_iqr"))
+        return number(self.info.get("tokens_per_s_iqr"))
 
     @property
     def busy(self) -> bool:
-        """tokens/s recorded on a CPU while other processes took it (cpu_share below BUSY_SHARE)."""
-        share = _number(self.info.get("cpu_share"))
-        return str(self.info.get("device", "cpu")).startswith("cpu") and share is not None and share < BUSY_SHARE
+        """tokens/s recorded on a CPU while other processes took it (see ``recorded_busy``)."""
+        return recorded_busy(self.info)
+
+
+def recorded_busy(info: dict) -> bool:
+    """Whether a case's extra_info says its tokens/s was recorded on a CPU while other processes took it
+    (cpu_share below BUSY_SHARE)."""
+    share = number(info.get("cpu_share"))
+    return str(info.get("device", "cpu")).startswith("cpu") and share is not None and share < BUSY_SHARE
 
 
 def load_run(path: str | Path) -> list[Record]:
@@ -88,7 +94,7 @@ def load_run(path: str | Path) -> list[Record]:
         info = bench.get("extra_info") if isinstance(bench, dict) else None
         if not isinstance(info, dict) or "model" not in info or "recipe" not in info:
             continue
-        values = {key: _number(info.get(field)) for key, (_, field) in METRICS.items()}
+        values = {key: number(info.get(field)) for key, (_, field) in METRICS.items()}
         for key in ("memory", "reserved"):  # bytes -> the MiB of METRICS' titles
             if values[key] is not None:
                 values[key] = in_unit(values[key], "MiB")
@@ -99,7 +105,8 @@ def load_run(path: str | Path) -> list[Record]:
     return records
 
 
-def _number(value: object) -> float | None:
+def number(value: object) -> float | None:
+    """A JSON value as a float, None unless it is a number (booleans are not)."""
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 

@@ -25,7 +25,7 @@ from . import baselines
 from .baselines import BaselineFile, Tolerances
 from .config import RECIPE_NOTES, get_model, get_recipe
 from .memory import CATEGORIES, estimate, resolve
-from .report import BUSY_SHARE, Record, load_run
+from .report import BUSY_SHARE, Record, load_run, number, recorded_busy
 from .units import common_unit, in_unit
 
 LADDER = re.compile(r"^ladder-(\d+)$")
@@ -44,10 +44,6 @@ class SavedRun:
     @property
     def label(self) -> str:
         return f"{self.number}\n{self.commit[:7] or '?'}\n{self.time[:10]}"
-
-
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def device_slug(data: dict, records: Sequence[Record]) -> str:
@@ -78,10 +74,8 @@ def load_history(storage: str | Path) -> list[SavedRun]:
         cases = {}
         for bench in data.get("benchmarks") or []:
             info = bench.get("extra_info") or {}
-            share = _num(info.get("cpu_share"))
-            busy = str(info.get("device", "cpu")).startswith("cpu") and share is not None and share < BUSY_SHARE
-            cases[bench.get("name", "")] = (_num(info.get("tokens_per_s")), _num(info.get("tokens_per_s_iqr")),
-                                            _num(info.get("peak_allocated_bytes")), busy)
+            cases[bench.get("name", "")] = (number(info.get("tokens_per_s")), number(info.get("tokens_per_s_iqr")),
+                                            number(info.get("peak_allocated_bytes")), recorded_busy(info))
         sha = str(commit.get("id") or "") + ("+dirty" if commit.get("dirty") else "")
         runs.append(SavedRun(path.name[:4], sha, str(commit.get("time") or data.get("datetime") or ""), cases))
     return sorted(runs, key=lambda r: (r.time, r.number))
@@ -151,7 +145,7 @@ def compare_figure(group: str, recs: Sequence[Record], base: BaselineFile | None
             if r.busy:
                 ax_s.text(now_s, y - 0.19, f"  busy (cpu_share {r.info.get('cpu_share'):.2f})", va="center",
                           fontsize=7, color=COLORS["fail"])
-        now_m = _num(r.info.get("peak_allocated_bytes"))
+        now_m = number(r.info.get("peak_allocated_bytes"))
         base_m = e.peak_allocated_bytes if e else None
         status, _ = _status(now_m, base_m, tol.memory, lower_is_worse=False)
         if base_m is not None:
@@ -207,7 +201,7 @@ def breakdown_figure(group: str, recs: Sequence[Record]) -> str | None:
             width = in_unit(cats.get(category, 0), unit)
             ax.barh(y, width, 0.7, left=left, color=colors[k % len(colors)], label=category if i == 0 else None)
             left += width
-        measured = _num(r.info.get("peak_allocated_bytes"))
+        measured = number(r.info.get("peak_allocated_bytes"))
         if measured is not None:
             ax.plot(in_unit(measured, unit), y, "kD", ms=5, label="measured peak" if i == 0 else None)
     ax.set_yticks(range(len(found)), [f"{r.model} / {r.recipe} ({b[1]})" for r, b in reversed(found)], fontsize=8)
@@ -324,7 +318,7 @@ def _case_rows(recs: Sequence[Record], base: BaselineFile | None, tol: Tolerance
     for r in recs:
         e = base.entries.get(r.name) if base else None
         s_status, s_delta = _status(r.values["speed"], e.tokens_per_s if e else None, tol.speed, True)
-        m_now = _num(r.info.get("peak_allocated_bytes"))
+        m_now = number(r.info.get("peak_allocated_bytes"))
         m_status, m_delta = _status(m_now, e.peak_allocated_bytes if e else None, tol.memory, False)
         busy = (f'<span class="busy">busy (cpu_share {r.info["cpu_share"]:.2f})</span>' if r.busy else "")
         cells = [html.escape(r.name), f"{r.values['speed']:,.0f}" if r.values["speed"] is not None else "—",

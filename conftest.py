@@ -25,6 +25,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="where <device-slug>.json baselines live (default: baselines/ of the repo)")
     group.addoption("--update-baselines", action="store_true",
                     help="record the cases that ran into the baseline files (atomically; other entries kept)")
+    group.addoption("--update-loss-references", action="store_true",
+                    help="add this CPU model's loss of each case that ran to its recorded entry, and change nothing "
+                         "else (for a CI machine with another CPU model: the same-CPU loss tolerances then apply)")
     group.addoption("--baseline-strict", action="store_true",
                     help="a case with no baseline entry fails (default: it passes, says 'no baseline' and warns)")
     group.addoption("--mem-tol", type=float, metavar="FRAC", help="override the peak-memory tolerance (0.02 = +2%%)")

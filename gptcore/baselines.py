@@ -8,8 +8,11 @@ Gate rules (defaults per device type, stored in each file's ``tolerances`` and o
 * tokens/s fails below -``speed`` (5%) on a GPU; on CPU it is reported, not gated, unless a run asks for it
   with --speed-tol;
 * the loss of the last timed step must stay within ``loss`` nats (fp32/tf32) or ``loss_amp`` nats (fp16/bf16),
-  either way, and only when it was read at the same optimizer step; against a CPU baseline recorded on another
-  CPU model, within ``loss_other_cpu`` / ``loss_amp_other_cpu`` (see ``Tolerances.default_for``);
+  either way, and only when it was read at the same optimizer step. A CPU entry keeps a loss reference per CPU
+  model (``loss.by_cpu``; the model that recorded the entry is always one): on a CPU model that has a reference
+  the loss is held to that reference with the same-CPU tolerances; on any other model, to the recorded loss
+  within ``loss_other_cpu`` / ``loss_amp_other_cpu`` (see ``Tolerances.default_for``). ``--update-loss-references``
+  adds this CPU model's references and changes nothing else;
 * every count of the work ledger (gptcore.work) fails above its baseline: they are exact;
 * leaner or faster than the baseline beyond tolerance passes with a "refresh the baseline" note.
 
@@ -158,13 +161,23 @@ class Entry:
     work: WorkLedger | None = None
     recorded_at: str | None = None
     commit: str | None = None
+    loss_by_cpu: dict[str, float] = field(default_factory=dict)
+    """The loss at ``loss_step`` on other CPU models (the recording model's is ``loss``)."""
+
+    def loss_reference(self, cpu_model: str | None) -> tuple[float | None, str | None]:
+        """The loss to hold a run on ``cpu_model`` to, and the CPU model it was measured on: that model's own
+        reference when there is one, else the recorded loss (and the model that recorded it)."""
+        if cpu_model is not None and cpu_model in self.loss_by_cpu:
+            return self.loss_by_cpu[cpu_model], cpu_model
+        return self.loss, self.cpu_model
 
     def to_json(self) -> dict:
         return {
             "tokens_per_s": {"median": self.tokens_per_s, "iqr": self.tokens_per_s_iqr},
             "peak_allocated_bytes": self.peak_allocated_bytes,
             "peak_reserved_bytes": self.peak_reserved_bytes,
-            "loss": {"value": self.loss, "step": self.loss_step},
+            "loss": {"value": self.loss, "step": self.loss_step}
+            | ({"by_cpu": dict(sorted(self.loss_by_cpu.items()))} if self.loss_by_cpu else {}),
             "precision": self.precision,
             "cpu_model": self.cpu_model,
             "cpu_share": self.cpu_share,
@@ -191,6 +204,10 @@ class Entry:
         num = (int, float)
         speed = get(data, "tokens_per_s", (dict,), "tokens_per_s", nullable=False)
         loss = get(data, "loss", (dict,), "loss", nullable=False)
+        by_cpu = loss.get("by_cpu", {})
+        if not isinstance(by_cpu, dict) or not all(
+                isinstance(k, str) and isinstance(v, num) and not isinstance(v, bool) for k, v in by_cpu.items()):
+            raise BaselineError(f"{where}: loss.by_cpu: expected an object of CPU model -> number, got {by_cpu!r}")
         return cls(
             tokens_per_s=get(speed, "median", num, "tokens_per_s.median"),
             tokens_per_s_iqr=get(speed, "iqr", num, "tokens_per_s.iqr"),
@@ -204,6 +221,7 @@ class Entry:
             work=_work(data.get("work"), where),
             recorded_at=data.get("recorded_at"),
             commit=data.get("commit"),
+            loss_by_cpu=dict(by_cpu),
         )
 
 
@@ -328,11 +346,41 @@ def update(path: str | Path, slug: str, entries: dict[str, Entry], *, device_nam
         current = BaselineFile(path=Path(path), slug=slug, device_name=device_name, device_type=device_type,
                                tolerances=Tolerances.default_for(device_type))
     for name, entry in entries.items():
-        current.entries[name] = dataclasses.replace(entry, recorded_at=now, commit=commit)
+        old = current.entries.get(name)
+        kept: dict[str, float] = {}
+        if old is not None and entry.cpu_model and old.loss_step == entry.loss_step:
+            same, model = old.loss_reference(entry.cpu_model)
+            if model == entry.cpu_model and same == entry.loss:
+                # bit-identical on this CPU model: the arithmetic did not change, the other models' references hold
+                kept = {m: v for m, v in old.loss_by_cpu.items() if m != entry.cpu_model}
+                if old.cpu_model and old.cpu_model != entry.cpu_model and old.loss is not None:
+                    kept[old.cpu_model] = old.loss
+        current.entries[name] = dataclasses.replace(entry, recorded_at=now, commit=commit, loss_by_cpu=kept)
     current.device_name, current.torch, current.cuda, current.driver = device_name, torch_version, cuda, driver
     current.recorded_at, current.commit = now, commit
     write_atomic(path, current.to_json())
     return current
+
+
+def add_loss_references(path: str | Path, slug: str, entries: dict[str, Entry]) -> tuple[int, list[str]]:
+    """Add each measured entry's loss as its CPU model's reference to the recorded entry of the same name, and
+    rewrite the file atomically; nothing else changes. Returns the number added and the names skipped (no
+    recorded entry, no CPU model, or a loss read at another step)."""
+    current = load(path, expect_slug=slug)
+    if current is None:
+        return 0, list(entries)
+    added, skipped = 0, []
+    for name, entry in entries.items():
+        old = current.entries.get(name)
+        if old is None or entry.cpu_model is None or entry.loss is None or old.loss_step != entry.loss_step:
+            skipped.append(name)
+            continue
+        if entry.cpu_model != old.cpu_model:
+            old.loss_by_cpu[entry.cpu_model] = entry.loss
+            added += 1
+    if added:
+        write_atomic(path, current.to_json())
+    return added, skipped
 
 
 # -- verdicts --------------------------------------------------------------------------------------------------------
@@ -437,19 +485,22 @@ def compare(case: str, measured: Entry, baseline: Entry | None, tol: Tolerances)
 
     checks += _work_checks(measured.work, baseline.work, tol.work)
 
-    # loss: two-sided, absolute, only at the same step; wider against a baseline from another CPU model
-    other_cpu = bool(measured.cpu_model and baseline.cpu_model and measured.cpu_model != baseline.cpu_model)
+    # loss: two-sided, absolute, only at the same step; held to this CPU model's reference where there is one,
+    # else to the recorded loss, wider when that was recorded on another CPU model
+    reference, ref_cpu = baseline.loss_reference(measured.cpu_model)
+    other_cpu = bool(measured.cpu_model and ref_cpu and measured.cpu_model != ref_cpu)
     loss_tol = tol.loss_tolerance(measured.precision, other_cpu)
-    if measured.loss is None or baseline.loss is None:
-        checks.append(Check("loss", measured.loss, baseline.loss, None, NOT_GATED, "no figure to compare"))
+    if measured.loss is None or reference is None:
+        checks.append(Check("loss", measured.loss, reference, None, NOT_GATED, "no figure to compare"))
     elif measured.loss_step != baseline.loss_step:
-        checks.append(Check("loss", measured.loss, baseline.loss, measured.loss - baseline.loss, NOT_GATED,
+        checks.append(Check("loss", measured.loss, reference, measured.loss - reference, NOT_GATED,
                             f"read at step {measured.loss_step}, baseline at step {baseline.loss_step}"))
     else:
-        d = measured.loss - baseline.loss
-        where = f", baseline from another CPU ({baseline.cpu_model})" if other_cpu else ""
-        checks.append(Check("loss", measured.loss, baseline.loss, d, FAIL if abs(d) > loss_tol else OK,
-                            f"{measured.loss:.7f} vs {baseline.loss:.7f} at step {measured.loss_step}, "
+        d = measured.loss - reference
+        where = (f", no reference for this CPU model: held to {ref_cpu}'s" if other_cpu
+                 else f", reference of {ref_cpu}" if ref_cpu else "")
+        checks.append(Check("loss", measured.loss, reference, d, FAIL if abs(d) > loss_tol else OK,
+                            f"{measured.loss:.7f} vs {reference:.7f} at step {measured.loss_step}, "
                             f"tolerance ±{loss_tol:g} nats{where}"))
     return Verdict(case, checks)
 

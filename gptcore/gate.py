@@ -144,6 +144,10 @@ class Gate:
     files: dict[str, BaselineFile | None] = field(default_factory=dict)
     rows: list[Row] = field(default_factory=list)
     pending: dict[str, dict[str, Entry]] = field(default_factory=dict)
+    update_loss: bool = False
+    """--update-loss-references: add this CPU model's losses to the recorded entries, and nothing else."""
+    loss_references: dict[str, int] = field(default_factory=dict)
+    """The CPU model whose loss each gated case was held to, and how many cases (said under the table)."""
     missing: list[str] = field(default_factory=list)
     not_gated: dict[str, int] = field(default_factory=dict)
     regressions: list[str] = field(default_factory=list)
@@ -164,7 +168,10 @@ class Gate:
                     raise pytest.UsageError(f"--{option.replace('_', '-')}: {value} is out of range")
                 overrides.update(dict.fromkeys(names, value))
         counts = tuple(config.getoption(o) for o in ("bench_warmup", "bench_rounds", "bench_steps"))
+        if config.getoption("update_baselines") and config.getoption("update_loss_references"):
+            raise pytest.UsageError("--update-baselines and --update-loss-references: choose one")
         return cls(directory=Path(config.getoption("baselines_dir")), update=config.getoption("update_baselines"),
+                   update_loss=config.getoption("update_loss_references"),
                    strict=config.getoption("baseline_strict"), overrides=overrides, counts_override=counts,
                    root=config.rootpath, notes=notes)
 
@@ -201,6 +208,8 @@ class Gate:
                 n.split("::")[0] for n in self.missing))  # many: whole files (only the cases that run are written)
             notes.append(f"{len(self.missing)} case(s) have no baseline; record them with: "
                          f"{self.record_command(*targets)}")
+        for model, n in self.loss_references.items():
+            notes.append(f"loss held to the reference of {model} ({n} case{'s' if n > 1 else ''})")
         if self.history_note and self.rows:
             notes.append(self.history_note)
         return notes + self.regressions
@@ -220,11 +229,17 @@ class Gate:
         if m.error:
             self.rows.append(Row(node.name, measured, baseline, "FAIL: out of memory", estimate, m.error))
             return None
-        if self.update:
+        if self.update or (self.update_loss and device_type == "cpu"):
             self.pending.setdefault(slug, {})[node.name] = measured
-            self.rows.append(Row(node.name, measured, baseline, "recorded", estimate))
+            what = "recorded" if self.update else f"loss reference of {self.cpu_model} recorded"
+            self.rows.append(Row(node.name, measured, baseline, what, estimate))
             return None
         verdict = baselines.compare(node.name, measured, baseline, self.tolerances(file, device_type))
+        if baseline is not None and device_type == "cpu":
+            model = baseline.loss_reference(measured.cpu_model)[1]
+            other = "" if model == measured.cpu_model else ", another CPU model: the wider tolerance"
+            key = f"{model}{other}"
+            self.loss_references[key] = self.loss_references.get(key, 0) + 1
         summary = verdict.summary()
         if verdict.missing:
             summary += " (strict: FAIL)" if self.strict else ""
@@ -246,6 +261,12 @@ class Gate:
         for slug, entries in self.pending.items():
             device = "cpu" if slug == "cpu" else "cuda"
             path = self.path_for(slug)
+            if self.update_loss:
+                added, skipped = baselines.add_loss_references(path, slug, entries)
+                lines.append(f"baselines: added {added} loss reference(s) of {self.cpu_model} to {path}"
+                             + (f"; skipped {len(skipped)} (no entry, or a loss read at another step)"
+                                if skipped else ""))
+                continue
             baselines.update(path, slug, entries, device_name=baselines.device_name(device), device_type=device,
                              torch_version=torch.__version__, cuda=torch.version.cuda,
                              driver=driver_version() if device == "cuda" else None,
@@ -374,12 +395,13 @@ def gate_table(rows: Sequence[Row]) -> str:
         m, b = row.measured, row.baseline
         est = row.estimate
         est_meas = f"{est / peak:.2f}" if isinstance(est, (int, float)) and peak else ("err" if est == "err" else "—")
-        if not (m and b and m.loss is not None and b.loss is not None):
+        reference = b.loss_reference(m.cpu_model)[0] if m and b else None
+        if not (m and b and m.loss is not None and reference is not None):
             loss_delta = "—"
         elif m.loss_step != b.loss_step:
             loss_delta = f"(step {m.loss_step}≠{b.loss_step})"
         else:
-            loss_delta = f"{m.loss - b.loss:+.1e}"
+            loss_delta = f"{m.loss - reference:+.1e}"
         table.append([
             row.case,
             _num(m.tokens_per_s if m else None, ",.0f"), _num(b.tokens_per_s if b else None, ",.0f"),

@@ -1,6 +1,9 @@
 """The rank side of tests/test_distributed.py, run under torchrun (one launch runs every proof: each torchrun start
 costs seconds on 2 cores). ``python -m torch.distributed.run --nproc-per-node=2 tests/distributed_worker.py
-{proofs,raise} OUT``: writes OUT/<name>.pt (rank 0, or per rank) for the test process to compare."""
+{proofs,memory,plant-always-reshard,raise} OUT``: writes OUT/<name>.pt (rank 0, or per rank) for the test process
+to compare. ``plant-always-reshard`` measures memory with a planted regression (every FSDP2 module reshards after
+forward, whatever the recipe says), patched into this process only, for the test that proves the check catches
+it."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gptcore.config import CHAR_VOCAB, GPTConfig, Recipe  # noqa: E402
-from gptcore.memory.tracker import track_training  # noqa: E402
+from gptcore.memory.tracker import LiveBytes, track_training  # noqa: E402
 from gptcore.train import Trainer  # noqa: E402
 
 #: tests.helpers.TINY: 2 layers x 2 heads x 32 wide, T=16, global batch 8 (4 per rank on 2 ranks).
@@ -53,14 +56,15 @@ def local_bytes(tensors: list[torch.Tensor]) -> int:
 def states(recipe: Recipe) -> dict:
     """This rank's bytes of parameters, gradients and optimizer state after a tracked step, and the tracked peak."""
     t = Trainer(TINY, recipe, "cpu")
-    report = track_training(t, steps=2)
+    tracker = LiveBytes()
+    report = track_training(t, steps=2, tracker=tracker)
     params = list(t.model.parameters())
     seen = {}  # the gradients of one more step, read just before the optimizer step (zero_grad frees them after)
     t.optimizers[0].register_step_pre_hook(lambda *_: seen.update(g=local_bytes([p.grad for p in params])))
     t.step()
     opt = local_bytes([v for s in t.optimizers[0].state.values() for v in s.values() if v.dim() > 0])
     return {"parameters": local_bytes(params), "gradients": seen["g"], "optimizer state": opt,
-            "peak": report.peak_bytes, "by_category": report.by_category}
+            "peak": report.peak_bytes, "by_category": report.by_category, "foreign_frees": tracker.foreign_frees}
 
 
 def proofs(out: Path) -> None:
@@ -76,11 +80,30 @@ def proofs(out: Path) -> None:
         results[f"fsdp2{name}"] = train(dataclasses.replace(BASE, parallel="fsdp2", **change))
         results[f"fsdp2-no-reshard{name}"] = train(
             dataclasses.replace(BASE, parallel="fsdp2", reshard_after_forward=False, **change))
-    memory = {name: states(dataclasses.replace(BASE, **MEMORY_CASES[name])) for name in MEMORY_CASES}
-    memory["none"] = states(BASE) if rank == 0 else None
     if rank == 0:
         torch.save(results, out / "results.pt")
-    torch.save(memory, out / f"memory-{rank}.pt")
+    measure_memory(out)
+
+
+def measure_memory(out: Path) -> None:
+    """Each memory case's per-rank figures, and the tracked peak of a second, identical pass (``again``)."""
+    memory = {name: states(dataclasses.replace(BASE, **MEMORY_CASES[name])) for name in MEMORY_CASES}
+    memory["none"] = states(BASE) if dist.get_rank() == 0 else None
+    memory["again"] = {name: states(dataclasses.replace(BASE, **MEMORY_CASES[name]))["peak"]
+                       for name in MEMORY_CASES}
+    torch.save(memory, out / f"memory-{dist.get_rank()}.pt")
+
+
+def plant_always_reshard() -> None:
+    """The planted regression: fully_shard ignores reshard_after_forward=False."""
+    import torch.distributed.fsdp as fsdp
+
+    original = fsdp.fully_shard
+
+    def always_reshard(module, **kwargs):
+        return original(module, **(kwargs | {"reshard_after_forward": True}))
+
+    fsdp.fully_shard = always_reshard
 
 
 def planted_failure() -> None:
@@ -96,5 +119,10 @@ if __name__ == "__main__":
     mode, target = sys.argv[1], Path(sys.argv[2])
     if mode == "proofs":
         proofs(target)
+    elif mode == "memory":
+        measure_memory(target)
+    elif mode == "plant-always-reshard":
+        plant_always_reshard()
+        measure_memory(target)
     else:
         planted_failure()

@@ -8,12 +8,16 @@ micro-batch, adjusted for what DDP or FSDP2 adds and shards.
 * FSDP2: parameters, gradients and optimizer state are sharded 1/N (up to the padding of dim 0 to a multiple of
   N). In flight, unsharded: the root's parameters (embeddings, ln_f, lm_head) from the forward to the end of
   backward; with ``reshard_after_forward`` the blocks' full parameters only while they run (in backward the
-  current block and the one prefetched after it), without it every block's full parameters from its forward to
-  the end of backward; one block's flat all-gather buffer at the end of the forward, and in backward where a
-  resharded block is gathered again. The peak is the larger of the two moments, each so adjusted.
+  current block, the next one's flat all-gather buffer in flight beside it), without it every block's full
+  parameters from its forward to the end of backward; one block's flat all-gather buffer at the end of the
+  forward, and in backward where a resharded block is gathered again. The peak is the larger of the two moments,
+  each so adjusted.
 
-On CPU the tracker cannot see FSDP2 free a gathered parameter (it resizes the storage to 0, no dispatched op), so
-the tracked peak with ``reshard_after_forward`` is the no-reshard figure: an upper bound.
+Measured against the tracker (which follows FSDP2's storage resizes and runs collectives in program order, so
+its peak is the same on every run): DDP matches to 8 bytes and FSDP2 without resharding to FSDP2's dim-0 padding
+(at most one row per parameter per rank). With resharding the estimate is an upper bound: it places one unsharded
+block and the next one's buffer at the start of backward, where every activation is still live, while the real
+peak comes inside the last block's backward, after part of that block's activations is freed.
 """
 
 from __future__ import annotations
@@ -67,7 +71,8 @@ def _fsdp2(question: Question, world_size: int, single: Estimate) -> RankEstimat
     pbytes = single.states[PARAMETERS] // single.num_params
     block = pbytes * sum(numel for name, numel, _ in param_shapes(cfg, recipe) if name.startswith("transformer.h.0."))
     root = single.states[PARAMETERS] - cfg.n_layer * block
-    blocks = cfg.n_layer if not recipe.reshard_after_forward else min(2, cfg.n_layer)
+    # resharded blocks are unsharded one at a time (the next one's all-gather buffer in flight beside it)
+    blocks = cfg.n_layer if not recipe.reshard_after_forward else 1
     moments = {}
     for moment, live in (("forward end", single.at_forward_end), ("peak", single.by_category)):
         adjust = {f"{c} sharded 1/{n}": -round(live.get(c, 0) * (1 - 1 / n))

@@ -9,17 +9,32 @@ from the lm_head on is logits and loss; what backward allocates with grad enable
 (checkpoint's recomputation) is recomputed activations; everything else is named after the phase that allocated
 it. On CUDA, sizes round up to the caching allocator's 512-byte blocks, as max_memory_allocated counts them.
 Not seen: memory allocated inside compiled (inductor) kernels and inside single fused C++ kernels.
+
+Two things happen outside the dispatcher, and the tracker follows both while it is active, so that the peak is
+the same on every run:
+
+* a storage resized in place (``untyped_storage().resize_``, FSDP2's free and re-allocation of a gathered
+  parameter) ends its old allocation and starts one of the new size, in the same category;
+* a c10d collective (every ``torch.ops.c10d`` op: ``torch.distributed``'s all-gather, reduce-scatter,
+  all-reduce and broadcast, DDP's gradient all-reduce and its bucket-rebuild broadcast, FSDP2's all-gathers and
+  reduce-scatters; and the functional collectives DTensor uses) runs on private, untracked copies of its tensors
+  and completes before it returns; its results are copied into the caller's tensors. The backend's threads (gloo's)
+  therefore never hold the last reference to a tracked storage, and every tracked storage is freed in the
+  program's own order. Without this the free of a collective's buffer lands wherever gloo's thread happens to drop
+  it (measured: DDP's 4-byte bucket-count broadcast at step 2 was sometimes still live at the peak under load).
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
+from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .categories import (BUFFERS, GRADIENTS, LOGITS_AND_LOSS, OPTIMIZER_STATE, OTHER, PARAMETERS, PHASE_CATEGORY,
@@ -45,29 +60,65 @@ class LiveBytes(TorchDispatchMode):
         self.allocated_bytes = 0
         """Bytes of every storage counted so far, freed or not (allocation traffic, beside the peak)."""
         self._storages: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        """storage -> a one-element slot holding its live record (None once freed or resized to nothing)"""
         self._records: list[StorageRecord] = []
         self._refs: list[weakref.ref] = []
+        self._hidden: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        """Storages of the collectives' private copies: never counted, whatever op later returns a view of them."""
+        self.waiting = 0
+        """Set while a c10d Work's wait runs (see ``_outside_the_dispatcher``): its ops' outputs are not counted."""
+        self._thread = threading.get_ident()
+        self.foreign_frees = 0
+        """Tracked storages freed by a thread other than the tracking one (0 unless a collective was missed)."""
 
     def track(self, t: torch.Tensor, category: str | None = None) -> None:
         """Count ``t``'s storage if new; with ``category``, (re)tag it for its whole lifetime. A DTensor (FSDP2's
         sharded parameters, gradients and optimizer state) counts as this rank's local shard."""
         storage = getattr(t, "_local_tensor", t).untyped_storage()
-        record = self._storages.get(storage)
-        if record is None:
-            nbytes = storage.nbytes()
-            if self.round_to > 1:
-                nbytes = -(-nbytes // self.round_to) * self.round_to
-            self._event += 1
-            record = StorageRecord(nbytes, category or self._category_of_new(), self._event)
-            self._storages[storage] = record
-            self._records.append(record)
-            self._refs.append(weakref.ref(storage, lambda _, r=record: self._free(r)))
-            self.live += nbytes
-            self.allocated_bytes += nbytes
-            if self.live > self.peak:
-                self.peak, self.peak_event, self.peak_where = self.live, self._event, (self.phase, self.step)
-        elif category is not None:
-            record.category = category
+        slot = self._storages.get(storage)
+        if slot is None:
+            if storage in self._hidden:
+                return
+            slot = self._storages[storage] = [None]
+            self._refs.append(weakref.ref(storage, lambda _, s=slot: self._free(s)))
+            self._allocate(slot, storage.nbytes(), category or self._category_of_new())
+        elif category is not None and slot[0] is not None:
+            slot[0].category = category
+
+    def _hidden_copy(self, value):
+        """A copy of a tensor that is never counted (anything else as it is), for a collective to work on."""
+        if not isinstance(value, torch.Tensor):
+            return value
+        copy = value.clone()
+        self._hidden[copy.untyped_storage()] = True
+        return copy
+
+    def resized(self, storage: torch.UntypedStorage) -> None:
+        """``storage`` was resized in place: its allocation ends, and one of the new size (if any) begins in the
+        same category. An untracked storage resized from nothing is a new allocation."""
+        slot = self._storages.get(storage)
+        if slot is None:
+            if storage.nbytes() == 0:
+                return
+            slot = self._storages[storage] = [None]
+            self._refs.append(weakref.ref(storage, lambda _, s=slot: self._free(s)))
+            category = self._category_of_new()
+        else:
+            category = slot[0].category if slot[0] is not None else self._category_of_new()
+            self._free(slot)
+        if storage.nbytes():
+            self._allocate(slot, storage.nbytes(), category)
+
+    def _allocate(self, slot: list, nbytes: int, category: str) -> None:
+        if self.round_to > 1:
+            nbytes = -(-nbytes // self.round_to) * self.round_to
+        self._event += 1
+        slot[0] = record = StorageRecord(nbytes, category, self._event)
+        self._records.append(record)
+        self.live += nbytes
+        self.allocated_bytes += nbytes
+        if self.live > self.peak:
+            self.peak, self.peak_event, self.peak_where = self.live, self._event, (self.phase, self.step)
 
     @property
     def allocations(self) -> int:
@@ -84,14 +135,40 @@ class LiveBytes(TorchDispatchMode):
             return RECOMPUTED  # inside the autograd engine, only checkpoint's recomputation enables grad
         return PHASE_CATEGORY.get(self.phase, OTHER)
 
-    def _free(self, record: StorageRecord) -> None:
+    def _free(self, slot: list) -> None:
+        record, slot[0] = slot[0], None
+        if record is None:  # resized to nothing earlier
+            return
+        if threading.get_ident() != self._thread:
+            # a storage the program had already let go of, dropped by another thread (a collective's); the
+            # collectives are run on untracked copies while tracking, so this means one was missed
+            self.foreign_frees += 1
         self._event += 1
         record.died = self._event
         self.live -= record.nbytes
 
+    def __enter__(self) -> LiveBytes:
+        self._thread = threading.get_ident()
+        self._resizes = _outside_the_dispatcher(self)
+        self._resizes.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._resizes.__exit__(None, None, None)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        if func.namespace == "c10d":
+            out = _collective_in_program_order(func, args, kwargs or {}, self._hidden_copy)
+        elif func.namespace == "_c10d_functional" and func is not torch.ops._c10d_functional.wait_tensor.default:
+            out = _functional_collective_in_program_order(func, args, kwargs or {}, self._hidden_copy)
+        else:
+            out = func(*args, **(kwargs or {}))
         # autocast's low-precision copy of a weight or bias
+        if self.waiting:
+            return out
         self._copying_weight = (func is torch.ops.aten._to_copy.default and self.phase in ("forward", "backward")
                                 and isinstance(args[0], torch.nn.Parameter))
         try:
@@ -110,6 +187,88 @@ class LiveBytes(TorchDispatchMode):
         """Peak bytes, where they happened, and what was live at that event by category."""
         phase, step = self.peak_where
         return PeakReport(self.peak, phase, step, self.breakdown(self.peak_event))
+
+
+@contextlib.contextmanager
+def _outside_the_dispatcher(tracker: LiveBytes) -> Iterator[None]:
+    """While active, tell ``tracker`` about every in-place storage resize (they bypass the dispatcher), and keep
+    what a c10d Work's ``wait`` runs out of its count: gloo finishes a reduce-scatter in ``wait`` with views of
+    its own buffer and a copy into the caller's output, and counting that buffer would make its free, on gloo's
+    thread, part of the peak."""
+    original_resize = torch.UntypedStorage.resize_
+
+    def resize_(storage: torch.UntypedStorage, size: int):
+        out = original_resize(storage, size)
+        tracker.resized(storage)
+        return out
+
+    work = None
+    if torch.distributed.is_available():
+        from torch._C._distributed_c10d import Work as work
+        original_wait = work.wait
+
+        def wait(self, *args, **kwargs):
+            tracker.waiting += 1
+            try:
+                return original_wait(self, *args, **kwargs)
+            finally:
+                tracker.waiting -= 1
+
+    torch.UntypedStorage.resize_ = resize_
+    if work is not None:
+        work.wait = wait
+    try:
+        yield
+    finally:
+        del torch.UntypedStorage.resize_  # back to the C method it inherits
+        if work is not None:
+            work.wait = original_wait
+
+
+def _collective_in_program_order(func, args, kwargs, private: Callable):
+    """A c10d collective (``torch.ops.c10d.*``: what ``torch.distributed``'s functions, DDP's reducer and FSDP2
+    issue) run on untracked copies of its tensors and waited for; what it writes is then copied into the caller's
+    tensors, and it returns the caller's tensors with a completed Work. The backend's threads hold references to
+    the copies only, so no tracked storage is ever freed by them. ``private``: the tracker's ``_hidden_copy``."""
+    from torch._C._distributed_c10d import Work, _create_work_from_future
+
+    with no_dispatch():
+        private_args, private_kwargs = tree_map(private, args), tree_map(private, kwargs)
+        out = func(*private_args, **private_kwargs)
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, Work):
+                leaf.wait()  # gloo finishes some collectives in wait (reduce-scatter: a split and copies)
+        caller = {}  # id(copy) -> the caller's tensor
+        schema = {a.name: a for a in func._schema.arguments}
+        pairs = [*zip(func._schema.arguments, args, private_args),
+                 *((schema[k], kwargs[k], private_kwargs[k]) for k in kwargs)]
+        for arg, mine, private in pairs:
+            for theirs, copy in zip(tree_leaves(mine), tree_leaves(private)):
+                if not isinstance(theirs, torch.Tensor):
+                    continue
+                caller[id(copy)] = theirs
+                if arg.alias_info is not None and arg.alias_info.is_write:
+                    with torch.autograd._unsafe_preserve_version_counter(theirs):
+                        theirs.copy_(copy)  # a backend writes its result as raw memory: no version bump
+    done = torch.futures.Future()
+    done.set_result([])
+
+    def theirs(value):  # the caller's tensors, and a Work whose wait does nothing (the real one ran its own)
+        if isinstance(value, torch.Tensor):
+            return caller.get(id(value), value)
+        return _create_work_from_future(done) if isinstance(value, Work) else value
+
+    return tree_map(theirs, out)
+
+
+def _functional_collective_in_program_order(func, args, kwargs, private: Callable):
+    """A functional collective (DTensor's) on untracked copies, waited for; the caller gets an untracked-then-
+    tracked copy of the result, so the work's own references are to untracked storages only."""
+    wait = torch.ops._c10d_functional.wait_tensor.default
+    with no_dispatch():
+        out = func(*tree_map(private, args), **tree_map(private, kwargs))
+        out = tree_map(lambda t: wait(t) if isinstance(t, torch.Tensor) else t, out)
+        return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, out)
 
 
 @contextlib.contextmanager

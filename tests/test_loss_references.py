@@ -1,0 +1,85 @@
+"""Per-CPU-model loss references: a baseline entry holds the loss of each CPU model that recorded one, and a run on
+such a model is held to its own reference with the same-CPU tolerances (fp32 1e-6, bf16 5e-4 nats)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gptcore import baselines
+from gptcore.baselines import FAIL, OK, Entry, Tolerances
+
+pytestmark = pytest.mark.cpu
+XEON, EPYC, OTHER = "Intel(R) Xeon(R) Processor", "AMD EPYC", "Some ARM core"
+TOL = Tolerances.default_for("cpu")
+
+
+def entry(loss: float, cpu: str, precision: str = "fp32", **kw) -> Entry:
+    return Entry(tokens_per_s=1000.0, tokens_per_s_iqr=10.0, peak_allocated_bytes=1_000_000,
+                 peak_reserved_bytes=None, loss=loss, loss_step=47, precision=precision, cpu_model=cpu, **kw)
+
+
+def loss_check(measured: Entry, baseline: Entry):
+    verdict = baselines.compare("case", measured, baseline, TOL)
+    return next(c for c in verdict.checks if c.metric == "loss")
+
+
+# the two models' real drift is up to 7.2e-7 (fp32) here; 3e-6 is a change in the model's math (GELU -> tanh)
+RECORDED = entry(3.0791, XEON, loss_by_cpu={EPYC: 3.0791007})
+
+
+@pytest.mark.parametrize("cpu, reference", [(XEON, 3.0791), (EPYC, 3.0791007)])
+def test_a_3e6_change_fails_on_every_cpu_model_with_a_reference(cpu: str, reference: float):
+    assert loss_check(entry(reference, cpu), RECORDED).status == OK
+    check = loss_check(entry(reference + 3e-6, cpu), RECORDED)
+    assert check.status == FAIL and f"reference of {cpu}" in check.note
+
+
+def test_a_model_without_a_reference_gets_the_wide_tolerance_and_says_whose_loss():
+    check = loss_check(entry(3.0791 + 3e-6, OTHER), RECORDED)
+    assert check.status == OK and f"held to {XEON}'s" in check.note and "±0.0001" in check.note
+    assert loss_check(entry(3.0791 + 2e-4, OTHER), RECORDED).status == FAIL
+
+
+def test_bf16_uses_the_same_cpu_amp_tolerance_against_its_reference():
+    recorded = entry(3.10, XEON, "bf16", loss_by_cpu={EPYC: 3.1004})
+    assert loss_check(entry(3.1004 + 4e-4, EPYC, "bf16"), recorded).status == OK
+    assert loss_check(entry(3.1004 + 6e-4, EPYC, "bf16"), recorded).status == FAIL  # > 5e-4, < 2e-2
+
+
+def test_adding_a_reference_changes_nothing_else(tmp_path):
+    path = tmp_path / "cpu.json"
+    baselines.update(path, "cpu", {"a": entry(3.0791, XEON), "b": entry(2.5, XEON)}, device_name=XEON,
+                     device_type="cpu")
+    before = json.loads(path.read_text())
+    added, skipped = baselines.add_loss_references(
+        path, "cpu", {"a": entry(3.0791007, EPYC), "c": entry(1.0, EPYC)})
+    assert (added, skipped) == (1, ["c"])
+    after = json.loads(path.read_text())
+    assert after["benchmarks"]["a"]["loss"].pop("by_cpu") == {EPYC: 3.0791007}
+    assert after == before
+    assert baselines.load(path, "cpu").entries["a"].loss_reference(EPYC) == (3.0791007, EPYC)
+
+
+def test_re_recording_keeps_other_references_only_when_this_cpu_reads_the_same_loss(tmp_path):
+    path = tmp_path / "cpu.json"
+    baselines.update(path, "cpu", {"a": entry(3.0791, XEON)}, device_name=XEON, device_type="cpu")
+    baselines.add_loss_references(path, "cpu", {"a": entry(3.0791007, EPYC)})
+    # re-recorded on EPYC with its own loss unchanged (memory moved): XEON's loss stays a reference
+    baselines.update(path, "cpu", {"a": entry(3.0791007, EPYC)}, device_name=EPYC, device_type="cpu")
+    kept = baselines.load(path, "cpu").entries["a"]
+    assert (kept.cpu_model, kept.loss, kept.loss_by_cpu) == (EPYC, 3.0791007, {XEON: 3.0791})
+    # the loss moved on EPYC: the arithmetic changed, so no other model's reference can be trusted
+    baselines.update(path, "cpu", {"a": entry(3.05, EPYC)}, device_name=EPYC, device_type="cpu")
+    assert baselines.load(path, "cpu").entries["a"].loss_by_cpu == {}
+
+
+def test_a_malformed_reference_is_a_clear_error(tmp_path):
+    path = tmp_path / "cpu.json"
+    baselines.update(path, "cpu", {"a": entry(3.0, XEON)}, device_name=XEON, device_type="cpu")
+    data = json.loads(path.read_text())
+    data["benchmarks"]["a"]["loss"]["by_cpu"] = {EPYC: "3.0"}
+    path.write_text(json.dumps(data))
+    with pytest.raises(baselines.BaselineError, match=r"loss\.by_cpu: expected an object"):
+        baselines.load(path, "cpu")

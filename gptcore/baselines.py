@@ -53,15 +53,29 @@ def slugify(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
-def cpu_model() -> str:
-    """The host CPU's model string (from /proc/cpuinfo on Linux)."""
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The host CPU's identity for loss references: its model string, and on x86 Linux its family and model
+    numbers, e.g. 'AMD EPYC (family 25, model 17)'. The string alone is not enough: 'AMD EPYC' names Zen 3
+    (no AVX-512, bf16 emulated) and Zen 4 (AVX-512 BF16) alike, and their bf16 arithmetic differs.
+    ``cpuinfo``: the text of /proc/cpuinfo (default: read it)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        text = Path("/proc/cpuinfo").read_text() if cpuinfo is None else cpuinfo
     except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
+        text = ""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            if fields:
+                break  # the first processor's block is enough
+            continue
+        fields.setdefault(key.strip().lower(), value.strip())
+    name = fields.get("model name")
+    if name is None:
+        return platform.processor() or platform.machine() or "unknown"
+    if "cpu family" in fields and "model" in fields:
+        return f"{name} (family {fields['cpu family']}, model {fields['model']})"
+    return name
 
 
 def device_slug(device: Any) -> str:

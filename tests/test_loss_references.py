@@ -83,3 +83,15 @@ def test_a_malformed_reference_is_a_clear_error(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(baselines.BaselineError, match=r"loss\.by_cpu: expected an object"):
         baselines.load(path, "cpu")
+
+
+ZEN3 = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n\n" \
+       "processor\t: 1\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n"
+ZEN4 = ZEN3.replace("model\t\t: 1", "model\t\t: 17")
+
+
+def test_two_cpu_generations_with_one_model_name_are_two_cpu_models():
+    """'AMD EPYC' names Zen 3 (bf16 emulated) and Zen 4 (AVX-512 BF16): their loss references must not mix."""
+    assert baselines.cpu_model(ZEN3) == "AMD EPYC (family 25, model 1)"
+    assert baselines.cpu_model(ZEN4) == "AMD EPYC (family 25, model 17)"
+    assert baselines.cpu_model("model name\t: Some ARM core\n") == "Some ARM core"

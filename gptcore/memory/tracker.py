@@ -202,8 +202,10 @@ def _outside_the_dispatcher(tracker: LiveBytes) -> Iterator[None]:
         tracker.resized(storage)
         return out
 
+    import torch.distributed as dist
+
     work = None
-    if torch.distributed.is_available():
+    if dist.is_available():
         from torch._C._distributed_c10d import Work as work
         original_wait = work.wait
 
@@ -242,8 +244,8 @@ def _collective_in_program_order(func, args, kwargs, private: Callable):
         schema = {a.name: a for a in func._schema.arguments}
         pairs = [*zip(func._schema.arguments, args, private_args),
                  *((schema[k], kwargs[k], private_kwargs[k]) for k in kwargs)]
-        for arg, mine, private in pairs:
-            for theirs, copy in zip(tree_leaves(mine), tree_leaves(private)):
+        for arg, given, copies in pairs:
+            for theirs, copy in zip(tree_leaves(given), tree_leaves(copies)):
                 if not isinstance(theirs, torch.Tensor):
                     continue
                 caller[id(copy)] = theirs
@@ -253,12 +255,12 @@ def _collective_in_program_order(func, args, kwargs, private: Callable):
     done = torch.futures.Future()
     done.set_result([])
 
-    def theirs(value):  # the caller's tensors, and a Work whose wait does nothing (the real one ran its own)
+    def to_caller(value):  # the caller's tensors, and a Work whose wait does nothing (the real one ran its own)
         if isinstance(value, torch.Tensor):
             return caller.get(id(value), value)
         return _create_work_from_future(done) if isinstance(value, Work) else value
 
-    return tree_map(theirs, out)
+    return tree_map(to_caller, out)
 
 
 def _functional_collective_in_program_order(func, args, kwargs, private: Callable):

@@ -104,19 +104,22 @@ def measure(benchmark, gate, request: pytest.FixtureRequest, study: Study, model
     benchmark.extra_info.update(model=model, recipe=recipe_name, precision=recipe.precision,
                                 batch=recipe.batch_size(cfg), block_size=cfg.block_size, estimate_bytes=estimate,
                                 verdict=verdict.summary() if verdict else None, **m.to_dict())
-    conclude(gate, request, m, verdict, device)
+    conclude(gate, request, m, verdict, device, gate.expect(model, recipe_name, m, estimate))
     return m
 
 
-def conclude(gate, request: pytest.FixtureRequest, m: Measurement, verdict, device: str) -> None:
-    """Fail the case on an error or a failed check, with one line; warn (fail under --baseline-strict) when it
-    has no baseline."""
+def conclude(gate, request: pytest.FixtureRequest, m: Measurement, verdict, device: str,
+             unmet: list[str] = ()) -> None:
+    """Fail the case on an error, a failed check or an unmet expectation, with one line each; warn (fail under
+    --baseline-strict) when it has no baseline."""
     if m.error:
         pytest.fail(f"{request.node.name}: {m.error}", pytrace=False)
+    failures = ([verdict.failure_message()] if verdict is not None and verdict.failed else []) + [
+        f"{request.node.name}: expected effect not met: {line}" for line in unmet]
+    if failures:
+        pytest.fail("\n".join(failures), pytrace=False)
     if verdict is None:
         return
-    if verdict.failed:
-        pytest.fail(verdict.failure_message(), pytrace=False)
     if verdict.missing:
         message = f"{request.node.name}: no baseline for {baselines.device_slug(device)}; record it with: " \
                   f"{gate.record_command(request.node.nodeid)}"

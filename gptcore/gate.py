@@ -24,16 +24,17 @@ import pytest
 from pytest_benchmark.session import PerformanceRegression
 from tabulate import tabulate
 
-from gptcore import baselines
+from gptcore import baselines, expectations
 from gptcore.baselines import BaselineError, BaselineFile, Entry, Tolerances, Verdict
+from gptcore.expectations import Figures, Outcome
 from gptcore.units import common_unit, format_bytes
 from gptcore.work import WorkLedger
 
 if TYPE_CHECKING:
     from gptcore.measure import Measurement
 
-__all__ = ["GATE", "Gate", "PerformanceRegression", "Row", "configure", "finish", "gate_table", "preload",
-           "update_machine_info", "write_summary"]
+__all__ = ["GATE", "Gate", "PerformanceRegression", "Row", "configure", "expectations_table", "finish", "gate_table",
+           "preload", "update_machine_info", "write_summary"]
 
 GATE = pytest.StashKey["Gate"]()
 PLUGIN_DEFAULT_STORAGE = "file://./.benchmarks"
@@ -155,6 +156,8 @@ class Gate:
     cpu_model: str = field(default_factory=baselines.cpu_model)
     history_note: str | None = None
     """Where pytest-benchmark's history of this device is, when the gate split its storage (shown when cases ran)."""
+    expected: expectations.Session = field(default_factory=expectations.Session)
+    """Each optimization's declared effect, judged within the run (gptcore.expectations)."""
 
     @classmethod
     def from_config(cls, config: pytest.Config, notes: list[str]) -> Gate:
@@ -208,6 +211,9 @@ class Gate:
                 n.split("::")[0] for n in self.missing))  # many: whole files (only the cases that run are written)
             notes.append(f"{len(self.missing)} case(s) have no baseline; record them with: "
                          f"{self.record_command(*targets)}")
+        unchecked = self.expected.unchecked()
+        if unchecked:
+            notes.append(f"expectations not checked, their reference did not run (-k?): {', '.join(unchecked)}")
         for model, n in self.loss_references.items():
             notes.append(f"loss held to the reference of {model} ({n} case{'s' if n > 1 else ''})")
         if self.history_note and self.rows:
@@ -252,6 +258,15 @@ class Gate:
                              status={c.metric: c.status for c in verdict.checks},
                              work=_work_cell(verdict), mfu=_mfu_cell(m)))
         return verdict
+
+    def expect(self, model: str, recipe: str, m: Measurement, estimate: int | str | None,
+               world: int = 1) -> list[str]:
+        """Judge the expectations this case completes (gptcore.expectations); the failures' lines."""
+        if m.error:
+            return []
+        figures = Figures(m.peak_allocated_bytes, m.tokens_per_s, m.tokens_per_s_iqr, estimate)
+        judged = self.expected.record(model, recipe, m.device.split(":")[0], figures, world)
+        return [o.line for o in judged if o.status == "FAIL"]
 
     def write_updates(self) -> list[str]:
         """Write the recorded cases into their files; one line per file written."""
@@ -353,6 +368,9 @@ def write_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Conf
     terminalreporter.section(SECTION)
     if gate.rows:
         terminalreporter.write_line(gate_table(gate.rows))
+    if gate.expected.outcomes:
+        terminalreporter.write_line("does each optimization still pay (expected effects, judged within this run):")
+        terminalreporter.write_line(expectations_table(gate.expected.outcomes))
     for note in notes:
         terminalreporter.write_line(note, red=note.startswith("FAIL"))
 
@@ -415,6 +433,14 @@ def gate_table(rows: Sequence[Row]) -> str:
     headers = ["case", "tok/s", "base tok/s", "Δ", "peak", "base peak", "Δ", "est/meas", "MFU", "loss", "Δ loss",
                "work", "verdict"]
     return tabulate(table, headers=headers, disable_numparse=True, stralign="right")
+
+
+def expectations_table(outcomes: Sequence[Outcome]) -> str:
+    """One line per expectation judged: the model, the claim, the case against its reference, the bound (with the
+    estimate's prediction for memory) and the status."""
+    rows = [[o.model, o.claim, o.measured, o.expected, o.status] for o in outcomes]
+    return tabulate(rows, headers=["model", "expected effect", "measured", "bound", "status"],
+                    disable_numparse=True)
 
 
 # -- pytest-benchmark machine_info ---------------------------------------------------------------------------------

@@ -1,0 +1,231 @@
+"""What each optimization is for, as data, checked within one run on any device, with no baseline file.
+
+A baseline says "as before"; an expectation says "as it should be". Each recipe with an effect declares it against
+a reference recipe of the same model (and world size): a metric, a direction and a bound. When both cases ran in
+the session, the later one is judged, so a first run on a new GPU, a new torch or a new runner already says
+whether checkpointing still saves memory. An expectation holds even when the baseline was recorded with the
+optimization already broken.
+
+Bounds:
+
+* peak memory, ``lower``: below the reference, and at most the reference's peak times the estimate's ratio of
+  the two cases plus ``MEMORY_SLACK`` (the estimator predicts the saving; the slack covers what it leaves out).
+  Without an estimate, only "below the reference".
+* peak memory, ``not higher``: at most the reference's peak plus ``MEMORY_SLACK`` (for a recipe whose saving
+  depends on where the peak is, or on the compiler).
+* tokens/s, ``not lower``: not below the reference by more than the noise of the two medians: the sum of their
+  IQRs, at least ``SPEED_FLOOR`` of the reference (the ladder's rule).
+* tokens/s, ``higher``: the median above the reference's.
+
+Speed expectations apply on a GPU only: CPU tokens/s is reported, not gated (a shared 2-core machine's timings
+move by 1.5-2x). A peak that is not measured (a compiled case on CPU, where the tracker cannot see inside
+inductor's kernels) is reported as such. Gradient accumulation's other claim, the loss of the large batch, is
+proven exactly in ``tests/test_train.py`` on the same data; the benchmarks draw each micro-batch separately, so
+their losses are not comparable case to case.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from .config import LADDER, RECIPES
+from .units import format_bytes, unit_for
+
+MEMORY_SLACK = 0.02
+SPEED_FLOOR = 0.02
+
+Metric = Literal["peak memory", "tokens/s"]
+Direction = Literal["lower", "not higher", "higher", "not lower"]
+GPU_ONLY = ("cuda",)
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """``recipe``'s ``metric`` is ``direction`` than ``reference``'s, for the same model, on ``devices``."""
+
+    recipe: str
+    reference: str
+    metric: Metric
+    direction: Direction
+    why: str
+    devices: tuple[str, ...] = ("cpu", "cuda")
+
+
+def _lower_memory(recipe: str, reference: str, why: str) -> Expectation:
+    return Expectation(recipe, reference, "peak memory", "lower", why)
+
+
+def _ladder() -> list[Expectation]:
+    """Each rung of the ladder is not slower than the one before (on a GPU)."""
+    return [Expectation(now, before, "tokens/s", "not lower", "the ladder adds one optimization per rung",
+                        GPU_ONLY) for before, now in zip(LADDER, LADDER[1:])]
+
+
+EXPECTATIONS: tuple[Expectation, ...] = (
+    _lower_memory("checkpoint", "fp32", "checkpointing keeps only each block's input"),
+    _lower_memory("bf16-pure", "fp32", "weights, gradients and optimizer state in 2 bytes instead of 4"),
+    _lower_memory("small-batch", "fp32", "a quarter of the activations"),
+    _lower_memory("half-batch", "fp32", "half the activations"),
+    _lower_memory("grad-accum", "fp32", "one micro-batch's activations at a time"),
+    _lower_memory("grad-accum-2", "fp32", "one micro-batch's activations at a time"),
+    _lower_memory("ckpt-half-batch", "ckpt-fp32", "half the activations"),
+    _lower_memory("ckpt-grad-accum-2", "ckpt-fp32", "one micro-batch's activations at a time"),
+    _lower_memory("ckpt-bf16", "ckpt-fp32", "bf16 activations"),
+    _lower_memory("bf16", "fp32", "bf16 activations"),
+    _lower_memory("fp16", "fp32", "fp16 activations"),
+    Expectation("bf16", "fp32", "tokens/s", "higher", "bf16 tensor cores", GPU_ONLY),
+    Expectation("fp16", "fp32", "tokens/s", "higher", "fp16 tensor cores", GPU_ONLY),
+    Expectation("optim-in-bwd", "fp32", "peak memory", "not higher",
+                "each gradient is freed as soon as its parameter steps; without checkpointing the peak is in "
+                "backward, before most gradients exist, so it saves little or nothing"),
+    _lower_memory("optim-in-bwd-checkpoint", "checkpoint",
+                  "with checkpointing the peak moves to the optimizer step, where no full set of gradients is "
+                  "ever live"),
+    _lower_memory("bf16-pure-optim-in-bwd-checkpoint", "optim-in-bwd-checkpoint", "bf16 weights and state"),
+    _lower_memory("bf16-pure-budget-0.60", "budget-0.60", "bf16 weights and state"),
+    Expectation("budget-0.05", "budget-0.60", "peak memory", "not higher",
+                "a lower activation memory budget never raises the peak"),
+    Expectation("budget-0.60", "compile", "peak memory", "not higher",
+                "a memory budget never raises the peak above the compiler's default"),
+    Expectation("optim-in-bwd-budget-0.05", "budget-0.05", "peak memory", "not higher",
+                "the optimizer in backward never adds memory"),
+    Expectation("compile", "fp32", "tokens/s", "not lower", "fused kernels", GPU_ONLY),
+    _lower_memory("fsdp2", "ddp", "parameters, gradients and optimizer state sharded 1/N"),
+    _lower_memory("fsdp2", "fsdp2-no-reshard", "each block's gathered parameters freed after its forward"),
+    Expectation("fsdp2-no-reshard", "fsdp2", "tokens/s", "not lower", "no second all-gather in backward",
+                GPU_ONLY),
+    Expectation("ddp-bucket-view", "ddp", "peak memory", "not higher", "gradients are views of the buckets"),
+    _lower_memory("fsdp2-bf16", "fsdp2", "bf16 gathered parameters and activations"),
+    *_ladder(),
+)
+
+for _e in EXPECTATIONS:  # a typo here would silently check nothing
+    assert _e.recipe in RECIPES and _e.reference in RECIPES, _e
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What a case measured, for an expectation: its peak (None where not measured), tokens/s and its IQR, and
+    the memory estimate (an int, or None / 'err' without one)."""
+
+    peak: int | None
+    tokens_per_s: float | None
+    tokens_per_s_iqr: float | None
+    estimate: int | str | None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One expectation judged on one model and device."""
+
+    expectation: Expectation
+    model: str
+    status: Literal["ok", "FAIL", "not measured"]
+    measured: str
+    """The case against its reference, e.g. '19.67 MiB vs 35.49 MiB (0.554x)'."""
+    expected: str
+    """The bound, with the estimate's prediction where there is one, e.g. 'at most 20.38 MiB (estimate 0.554x)'."""
+    line: str
+    """One line for a failure (or the reason it was not measured)."""
+
+    @property
+    def claim(self) -> str:
+        e = self.expectation
+        return f"{e.recipe} vs {e.reference}: {e.metric} {e.direction}"
+
+
+def applies(e: Expectation, device_type: str) -> bool:
+    return device_type in e.devices
+
+
+def judge(e: Expectation, model: str, now: Figures, ref: Figures) -> Outcome:
+    """``e`` for ``model``, given the case's and the reference's figures."""
+    if e.metric == "peak memory":
+        return _judge_memory(e, model, now, ref)
+    return _judge_speed(e, model, now, ref)
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.3f}x" if b else "—"
+
+
+def _judge_memory(e: Expectation, model: str, now: Figures, ref: Figures) -> Outcome:
+    if now.peak is None or ref.peak is None:
+        missing = e.recipe if now.peak is None else e.reference
+        return Outcome(e, model, "not measured", "—", "—",
+                       f"{e.recipe}: peak memory of {missing} not measured on this device")
+    unit = unit_for(now.peak, ref.peak)
+    predicted = (now.estimate / ref.estimate if isinstance(now.estimate, int) and isinstance(ref.estimate, int)
+                 and ref.estimate else None)
+    now_text, ref_text = format_bytes(now.peak, unit), format_bytes(ref.peak, unit)
+    if e.direction == "lower":
+        bound = ref.peak * min(predicted + MEMORY_SLACK, 1.0) if predicted is not None else None
+        expected = (f"at most {format_bytes(bound, unit)}: estimate {predicted:.3f}x + {MEMORY_SLACK:.0%}"
+                    if bound is not None else f"below {ref_text}")
+        failed = now.peak >= ref.peak or (bound is not None and now.peak > bound)
+        verb = "is not below" if now.peak >= ref.peak else "saves less than the estimate against"
+    else:  # not higher
+        bound = ref.peak * (1 + MEMORY_SLACK)
+        expected = f"at most {format_bytes(bound, unit)}: +{MEMORY_SLACK:.0%}" + (
+            f", estimate {predicted:.3f}x" if predicted is not None else "")
+        failed = now.peak > bound
+        verb = "is above"
+    measured = f"{now_text} vs {ref_text} ({_ratio(now.peak, ref.peak)})"
+    line = f"{e.recipe}: peak {now_text} {verb} {e.reference}'s {ref_text} (expected {expected})"
+    return Outcome(e, model, "FAIL" if failed else "ok", measured, expected, line if failed else "")
+
+
+def _judge_speed(e: Expectation, model: str, now: Figures, ref: Figures) -> Outcome:
+    if now.tokens_per_s is None or ref.tokens_per_s is None:
+        return Outcome(e, model, "not measured", "—", "—", f"{e.recipe}: tokens/s not measured")
+    measured = f"{now.tokens_per_s:,.0f} vs {ref.tokens_per_s:,.0f} tok/s ({_ratio(now.tokens_per_s, ref.tokens_per_s)})"
+    if e.direction == "higher":
+        failed = now.tokens_per_s <= ref.tokens_per_s
+        expected = f"above {ref.tokens_per_s:,.0f} tok/s"
+        line = f"{e.recipe}: {now.tokens_per_s:,.0f} tok/s is not above {e.reference}'s {ref.tokens_per_s:,.0f}"
+    else:  # not lower
+        noise = max((now.tokens_per_s_iqr or 0) + (ref.tokens_per_s_iqr or 0), SPEED_FLOOR * ref.tokens_per_s)
+        failed = now.tokens_per_s < ref.tokens_per_s - noise
+        expected = f"at least {ref.tokens_per_s - noise:,.0f} tok/s (noise: sum of IQRs, floor {SPEED_FLOOR:.0%})"
+        line = (f"{e.recipe}: {now.tokens_per_s:,.0f} tok/s is below {e.reference}'s {ref.tokens_per_s:,.0f} by "
+                f"more than the noise bound {noise:,.0f} (sum of IQRs, floor {SPEED_FLOOR:.0%})")
+    return Outcome(e, model, "FAIL" if failed else "ok", measured, expected, line if failed else "")
+
+
+@dataclass
+class Session:
+    """The figures of every case that ran, keyed by (model, recipe, world size, device type), and the outcomes.
+    ``record`` judges each expectation whose pair of cases is complete with this case."""
+
+    ran: dict[tuple[str, str, int, str], Figures]
+    outcomes: list[Outcome]
+
+    def __init__(self, expectations: tuple[Expectation, ...] = EXPECTATIONS) -> None:
+        self.expectations = expectations
+        self.ran = {}
+        self.outcomes = []
+
+    def record(self, model: str, recipe: str, device_type: str, figures: Figures, world: int = 1) -> list[Outcome]:
+        """Keep this case's figures; judge what it completes (as the claim or as the reference)."""
+        self.ran[(model, recipe, world, device_type)] = figures
+        judged = []
+        for e in self.expectations:
+            if not applies(e, device_type) or recipe not in (e.recipe, e.reference):
+                continue
+            now = self.ran.get((model, e.recipe, world, device_type))
+            ref = self.ran.get((model, e.reference, world, device_type))
+            if now is not None and ref is not None:
+                judged.append(judge(e, model, now, ref))
+        self.outcomes += judged
+        return judged
+
+    def unchecked(self) -> list[str]:
+        """'cpu-small checkpoint (needs fp32)' for each case that ran with an expectation whose reference did not."""
+        out = []
+        for (model, recipe, world, device_type) in self.ran:
+            for e in self.expectations:
+                if e.recipe == recipe and applies(e, device_type) and \
+                        (model, e.reference, world, device_type) not in self.ran:
+                    out.append(f"{model} {recipe} (needs {e.reference})")
+        return out

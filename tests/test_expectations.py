@@ -1,0 +1,134 @@
+"""Expected effects (gptcore.expectations): the bounds, the session bookkeeping, a declaration for every recipe with
+an effect, and a planted broken optimization caught with no help from the baseline (recorded from the broken
+code)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from gptcore.config import RECIPES, STUDIES
+from gptcore.expectations import EXPECTATIONS, Expectation, Figures, Session, judge
+
+from .test_gate import ENV_DROP, ENV_SET, ROOT
+
+pytest_plugins = ["pytester"]
+pytestmark = pytest.mark.cpu
+
+MiB = 2**20
+CHECKPOINT = next(e for e in EXPECTATIONS if e.recipe == "checkpoint")
+IN_BWD = next(e for e in EXPECTATIONS if e.recipe == "optim-in-bwd")
+RUNG_3 = next(e for e in EXPECTATIONS if e.recipe == "ladder-3")
+
+
+def mem(peak: float, estimate: float | None = None) -> Figures:
+    return Figures(int(peak * MiB), None, None, int(estimate * MiB) if estimate is not None else None)
+
+
+def speed(median: float, iqr: float) -> Figures:
+    return Figures(None, median, iqr, None)
+
+
+def test_lower_memory_is_below_the_reference_and_within_the_estimates_ratio_plus_2_percent() -> None:
+    fp32 = mem(35.5, 35.5)
+    assert judge(CHECKPOINT, "m", mem(19.7, 19.7), fp32).status == "ok"
+    broken = judge(CHECKPOINT, "m", mem(35.5, 19.7), fp32)  # checkpointing that saves nothing
+    assert broken.status == "FAIL"
+    assert broken.line == ("checkpoint: peak 35.50 MiB is not below fp32's 35.50 MiB "
+                           "(expected at most 20.41 MiB: estimate 0.555x + 2%)")
+    half = judge(CHECKPOINT, "m", mem(25.0, 19.7), fp32)  # saves, but far less than predicted
+    assert half.status == "FAIL" and "saves less than the estimate" in half.line
+    assert judge(CHECKPOINT, "m", mem(20.3, 19.7), fp32).status == "ok"  # within 0.555 + 0.02
+    assert judge(CHECKPOINT, "m", mem(20.0), mem(35.5)).status == "ok"  # no estimate: below is enough
+
+
+def test_not_higher_allows_2_percent_and_says_when_a_peak_was_not_measured() -> None:
+    assert judge(IN_BWD, "m", mem(36.1), mem(35.5)).status == "ok"  # +1.7%
+    assert judge(IN_BWD, "m", mem(36.3), mem(35.5)).status == "FAIL"  # +2.3%
+    compiled = judge(IN_BWD, "m", Figures(None, 1.0, 0.0, None), mem(35.5))
+    assert compiled.status == "not measured" and "optim-in-bwd not measured" in compiled.line
+
+
+def test_a_ladder_rung_is_slower_only_beyond_the_sum_of_iqrs() -> None:
+    assert judge(RUNG_3, "gpt2", speed(95_000, 3_000), speed(100_000, 3_000)).status == "ok"  # 5k < 6k of noise
+    slower = judge(RUNG_3, "gpt2", speed(93_000, 3_000), speed(100_000, 3_000))
+    assert slower.status == "FAIL" and "noise bound 6,000" in slower.line
+    assert judge(RUNG_3, "gpt2", speed(97_000, 0), speed(100_000, 0)).status == "FAIL"  # tight runs: the 2% floor
+    assert judge(RUNG_3, "gpt2", speed(150_000, 0), speed(100_000, 0)).status == "ok"
+
+
+def test_the_session_judges_a_pair_when_its_second_case_runs_and_names_what_it_could_not_check() -> None:
+    session = Session()
+    assert session.record("cpu-small", "checkpoint", "cpu", mem(19.7, 19.7)) == []  # fp32 has not run yet
+    assert session.unchecked() == ["cpu-small checkpoint (needs fp32)"]
+    judged = session.record("cpu-small", "fp32", "cpu", mem(35.5, 35.5))
+    assert [(o.expectation.recipe, o.status) for o in judged] == [("checkpoint", "ok")]
+    assert session.unchecked() == []
+    # speed expectations are GPU-only, and pairs never cross models, world sizes or devices
+    bf16 = session.record("cpu-small", "bf16", "cpu", Figures(None, 1e9, 0.0, None))
+    assert [(o.expectation.metric, o.status) for o in bf16] == [("peak memory", "not measured")]
+    assert session.record("cpu-heads2", "fp32", "cpu", mem(1.0)) == []
+    assert session.record("cpu-small", "fp32", "cuda", mem(1.0)) == []
+
+
+#: Recipes that make no claim against another recipe of the same study, and why.
+NO_CLAIM = {
+    "fp32": "the reference", "ckpt-fp32": "the CPU-shape study's reference", "ladder-0": "the ladder's bottom",
+    "sgd-cosine": "another optimizer: a different model at every step, no memory or speed claim",
+    "ckpt-sgd-cosine": "another optimizer (as sgd-cosine)", "compile-blocks": "regional compilation cuts compile "
+    "time (timed apart from the rounds); it claims no speed or memory beyond whole-model compile", "ddp": "the "
+    "distributed reference", "tf32": "in no study but the ladder, where its rung has its claim",
+}
+
+
+def test_every_recipe_of_every_study_declares_its_effect_or_why_it_has_none() -> None:
+    studied = {r for s in STUDIES.values() for r in s.recipes} | {"ddp", "ddp-bucket-view", "fsdp2",
+                                                                  "fsdp2-no-reshard", "fsdp2-bf16"}
+    claimed = {e.recipe for e in EXPECTATIONS}
+    assert studied - claimed - set(NO_CLAIM) == set()
+    assert all(isinstance(e, Expectation) and e.recipe in RECIPES for e in EXPECTATIONS)
+
+
+PLANTED_NO_CHECKPOINT = """
+import gptcore.model as model
+
+
+def _no_checkpoint(function, *args, use_reentrant=None, **kwargs):
+    return function(*args, **kwargs)  # checkpointing that saves nothing: every activation is kept
+
+
+model.checkpoint = _no_checkpoint
+"""
+RECIPES_QUICK = [str(ROOT / "bench" / "test_cpu_recipes.py"), "-k", "cpu-small-fp32 or cpu-small-checkpoint",
+                 "-p", "no:cacheprovider", "--bench-warmup", "1", "--bench-rounds", "2", "--bench-steps", "2",
+                 "-p", "plant_no_checkpoint"]
+
+
+@pytest.mark.slow
+def test_a_broken_optimization_fails_its_expectation_even_against_a_baseline_recorded_broken(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in ENV_DROP:
+        monkeypatch.delenv(key, raising=False)
+    for key, value in ENV_SET.items():
+        monkeypatch.setenv(key, value)
+    pytester.makepyfile(plant_no_checkpoint=PLANTED_NO_CHECKPOINT)  # a plugin of the child runs only
+    # the plugin imports gptcore before the conftest puts the repository on sys.path: name this checkout first
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), str(ROOT),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    where = pytester.path / "baselines"
+    pytester.runpytest_subprocess(*RECIPES_QUICK, "--baselines-dir", str(where), "--update-baselines", timeout=300)
+    recorded = json.loads((where / "cpu.json").read_text())["benchmarks"]
+    assert set(recorded) == {"test_cpu_recipes[cpu-small-fp32]", "test_cpu_recipes[cpu-small-checkpoint]"}
+    result = pytester.runpytest_subprocess(*RECIPES_QUICK, "--baselines-dir", str(where), timeout=300)
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    result.stdout.fnmatch_lines(["*test_cpu_recipes?cpu-small-checkpoint?: expected effect not met: checkpoint: "
+                                 "peak * MiB is not below fp32's * MiB (expected at most * MiB: estimate 0.5*x + 2%)"])
+    # the baseline gate alone passes it: memory, loss and work are exactly as recorded
+    table = out.split("gptcore benchmark gate", 1)[1]
+    row = next(line for line in table.splitlines() if line.strip().startswith("test_cpu_recipes[cpu-small-checkpoint]")
+               and "expected effect" not in line)  # its row of the end table
+    assert row.rstrip().endswith("ok"), row
+    assert "checkpoint vs fp32: peak memory lower" in out and "FAIL" in out.split("does each optimization")[1]

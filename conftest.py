@@ -6,6 +6,7 @@ Markers (cpu, gpu, slow) are registered in pyproject.toml; --strict-markers is o
 
 from __future__ import annotations
 
+import os
 from collections.abc import Generator
 from pathlib import Path
 
@@ -28,6 +29,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--update-loss-references", action="store_true",
                     help="add this CPU model's loss of each case that ran to its recorded entry, and change nothing "
                          "else (for a CI machine with another CPU model: the same-CPU loss tolerances then apply)")
+    group.addoption("--gate-markdown", metavar="FILE", default=os.environ.get(gate_mod.MARKDOWN_ENV),
+                    help="write the gate's verdict as GitHub-flavoured markdown to FILE (failures first, the table, "
+                         f"the expected effects), e.g. for a PR comment; default: ${gate_mod.MARKDOWN_ENV}. With "
+                         "$GITHUB_STEP_SUMMARY set (GitHub Actions) it is also appended there")
     group.addoption("--baseline-strict", action="store_true",
                     help="a case with no baseline entry fails (default: it passes, says 'no baseline' and warns)")
     group.addoption("--mem-tol", type=float, metavar="FRAC", help="override the peak-memory tolerance (0.02 = +2%%)")

@@ -62,14 +62,16 @@ def grid(study: Study) -> list:
             for model in study.models for name in study.recipes]
 
 
-def estimate_bytes(model: str, recipe: Recipe, device: str) -> int | str:
-    """gptcore.memory.estimate's peak for the case ('err' if it raised: an estimate column never fails a case)."""
+def estimate_of(model: str, recipe: Recipe, device: str) -> tuple[int | str, dict[str, int] | None]:
+    """gptcore.memory.estimate's peak for the case and its breakdown by category ('err' and None if it raised:
+    an estimate column never fails a case)."""
     cfg = MODELS[model]
     try:  # batch: the preset's sequences per optimizer step (the estimator applies divisor and accumulation)
         question = memory.resolve(cfg, recipe, batch=cfg.batch_size, seq=cfg.block_size, device=device)
-        return memory.estimate(question).total_bytes
+        est = memory.estimate(question)
+        return est.total_bytes, dict(est.by_category)
     except Exception:  # noqa: BLE001
-        return "err"
+        return "err", None
 
 
 def skip_if_it_cannot_fit(estimate: int | str, device: str) -> None:
@@ -92,7 +94,7 @@ def measure(benchmark, gate, request: pytest.FixtureRequest, study: Study, model
         pytest.skip(reason)
     warmup, rounds, steps_per_round = gate.counts(counts.warmup, counts.rounds, counts.steps_per_round)
     cfg = MODELS[model]
-    estimate = estimate_bytes(model, recipe, device)
+    estimate, estimate_by_category = estimate_of(model, recipe, device)
     skip_if_it_cannot_fit(estimate, device)
 
     def timed_loop(round_fn: Callable[[], None], n: int) -> None:
@@ -100,7 +102,8 @@ def measure(benchmark, gate, request: pytest.FixtureRequest, study: Study, model
 
     m = run_case(cfg, recipe, device, warmup=warmup, rounds=rounds, steps_per_round=steps_per_round,
                  timed_loop=timed_loop)
-    verdict = gate.check(request.node, m, precision=recipe.precision, estimate=estimate)
+    verdict = gate.check(request.node, m, precision=recipe.precision, estimate=estimate,
+                         estimate_by_category=estimate_by_category)
     benchmark.extra_info.update(model=model, recipe=recipe_name, precision=recipe.precision,
                                 batch=recipe.batch_size(cfg), block_size=cfg.block_size, estimate_bytes=estimate,
                                 verdict=verdict.summary() if verdict else None, **m.to_dict())
@@ -112,11 +115,11 @@ def conclude(gate, request: pytest.FixtureRequest, m: Measurement, verdict, devi
              unmet: list[str] = ()) -> None:
     """Fail the case on an error, a failed check or an unmet expectation, with one line each; warn (fail under
     --baseline-strict) when it has no baseline."""
-    if m.error:
-        pytest.fail(f"{request.node.name}: {m.error}", pytrace=False)
-    failures = ([verdict.failure_message()] if verdict is not None and verdict.failed else []) + [
-        f"{request.node.name}: expected effect not met: {line}" for line in unmet]
+    failures = [f"{request.node.name}: {m.error}"] if m.error else []
+    failures += [verdict.failure_message()] if verdict is not None and verdict.failed else []
+    failures += [f"{request.node.name}: expected effect not met: {line}" for line in unmet]
     if failures:
+        gate.failures += failures
         pytest.fail("\n".join(failures), pytrace=False)
     if verdict is None:
         return
@@ -124,5 +127,6 @@ def conclude(gate, request: pytest.FixtureRequest, m: Measurement, verdict, devi
         message = f"{request.node.name}: no baseline for {baselines.device_slug(device)}; record it with: " \
                   f"{gate.record_command(request.node.nodeid)}"
         if gate.strict:
+            gate.failures.append(message + " (--baseline-strict)")
             pytest.fail(message + " (--baseline-strict)", pytrace=False)
         warnings.warn(message, BaselineMissing, stacklevel=1)

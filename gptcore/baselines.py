@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .units import format_bytes
+
 if TYPE_CHECKING:
     from .work import WorkLedger
 
@@ -177,6 +179,10 @@ class Entry:
     commit: str | None = None
     loss_by_cpu: dict[str, float] = field(default_factory=dict)
     """The loss at ``loss_step`` on other CPU models (the recording model's is ``loss``)."""
+    peak_by_category: dict[str, int] | None = None
+    """What was live at the peak by category (the CPU tracker's), to say where a memory change is."""
+    estimate_by_category: dict[str, int] | None = None
+    """The memory estimate's peak by category (any device), the same where the device has no tracker."""
 
     def loss_reference(self, cpu_model: str | None) -> tuple[float | None, str | None]:
         """The loss to hold a run on ``cpu_model`` to, and the CPU model it was measured on: that model's own
@@ -196,6 +202,8 @@ class Entry:
             "cpu_model": self.cpu_model,
             "cpu_share": self.cpu_share,
             "work": self.work.to_json() if self.work else None,
+            **({"peak_by_category": self.peak_by_category} if self.peak_by_category else {}),
+            **({"estimate_by_category": self.estimate_by_category} if self.estimate_by_category else {}),
             "recorded_at": self.recorded_at,
             "commit": self.commit,
         }
@@ -236,7 +244,30 @@ class Entry:
             recorded_at=data.get("recorded_at"),
             commit=data.get("commit"),
             loss_by_cpu=dict(by_cpu),
+            peak_by_category=_categories(data.get("peak_by_category"), where, "peak_by_category"),
+            estimate_by_category=_categories(data.get("estimate_by_category"), where, "estimate_by_category"),
         )
+
+
+def _categories(value: Any, where: str, path: str) -> dict[str, int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+                                              for k, v in value.items()):
+        raise BaselineError(f"{where}: {path}: expected an object of category -> bytes, got {value!r}")
+    return dict(value)
+
+
+def moved_categories(now: dict[str, int] | None, before: dict[str, int] | None) -> str | None:
+    """Where a peak moved, e.g. 'activations +16.00 MiB, everything else =' (None without both breakdowns)."""
+    if not now or not before:
+        return None
+    deltas = {c: now.get(c, 0) - before.get(c, 0) for c in dict.fromkeys([*before, *now])}
+    moved = sorted(((c, d) for c, d in deltas.items() if d), key=lambda cd: -abs(cd[1]))
+    if not moved:
+        return "no category moved"
+    text = ", ".join(f"{c} {'+' if d > 0 else '-'}{format_bytes(abs(d))}" for c, d in moved)
+    return text + (", everything else =" if len(moved) < len(deltas) else "")
 
 
 def _work(data: Any, where: str) -> WorkLedger | None:
@@ -479,9 +510,14 @@ def compare(case: str, measured: Entry, baseline: Entry | None, tol: Tolerances)
                             NOT_GATED, "no figure to compare"))
     else:
         status = FAIL if d > tol.memory else BETTER if d < -tol.memory else OK
+        where = None
+        if status != OK:
+            where = moved_categories(measured.peak_by_category, baseline.peak_by_category)
+            estimated = moved_categories(measured.estimate_by_category, baseline.estimate_by_category)
+            where = where or (f"estimate: {estimated}" if estimated else None)
         checks.append(Check("peak memory", measured.peak_allocated_bytes, baseline.peak_allocated_bytes, d, status,
                             f"{measured.peak_allocated_bytes:,} B vs {baseline.peak_allocated_bytes:,} B, "
-                            f"tolerance +{tol.memory:.0%}"))
+                            f"tolerance +{tol.memory:.0%}" + (f"; {where}" if where else "")))
 
     # speed: fail below -tol, "better" above +tol; not gated where the tolerance is None (CPU, unless asked)
     d = _relative(measured.tokens_per_s, baseline.tokens_per_s)

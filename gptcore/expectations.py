@@ -220,6 +220,14 @@ class Session:
         self.outcomes += judged
         return judged
 
+    def record_info(self, info: dict) -> list[Outcome]:
+        """``record`` from a benchmark's extra_info (model, recipe, device, world_size, peak_allocated_bytes,
+        tokens_per_s, tokens_per_s_iqr, estimate_bytes), as the report reads a saved run."""
+        figures = Figures(info.get("peak_allocated_bytes"), info.get("tokens_per_s"), info.get("tokens_per_s_iqr"),
+                          info.get("estimate_bytes"))
+        return self.record(info["model"], info["recipe"], str(info.get("device", "cpu")).split(":")[0], figures,
+                           int(info.get("world_size") or 1))
+
     def unchecked(self) -> list[str]:
         """'cpu-small checkpoint (needs fp32)' for each case that ran with an expectation whose reference did not."""
         out = []

@@ -37,6 +37,8 @@ __all__ = ["GATE", "Gate", "PerformanceRegression", "Row", "configure", "expecta
            "preload", "update_machine_info", "write_summary"]
 
 GATE = pytest.StashKey["Gate"]()
+MARKDOWN_ENV = "GPTCORE_GATE_MARKDOWN"
+"""The default of --gate-markdown (a workflow sets it where the test command must stay the README's)."""
 PLUGIN_DEFAULT_STORAGE = "file://./.benchmarks"
 SECTION = "gptcore benchmark gate"
 
@@ -153,6 +155,10 @@ class Gate:
     not_gated: dict[str, int] = field(default_factory=dict)
     regressions: list[str] = field(default_factory=list)
     """One line per case that pytest-benchmark's --benchmark-compare-fail failed."""
+    failures: list[str] = field(default_factory=list)
+    """The one-line failure of each case that failed (a check, an unmet expectation, an error), in run order."""
+    markdown: Path | None = None
+    """--gate-markdown: where to write the verdict as markdown."""
     cpu_model: str = field(default_factory=baselines.cpu_model)
     history_note: str | None = None
     """Where pytest-benchmark's history of this device is, when the gate split its storage (shown when cases ran)."""
@@ -173,7 +179,9 @@ class Gate:
         counts = tuple(config.getoption(o) for o in ("bench_warmup", "bench_rounds", "bench_steps"))
         if config.getoption("update_baselines") and config.getoption("update_loss_references"):
             raise pytest.UsageError("--update-baselines and --update-loss-references: choose one")
+        markdown = config.getoption("gate_markdown")
         return cls(directory=Path(config.getoption("baselines_dir")), update=config.getoption("update_baselines"),
+                   markdown=Path(markdown) if markdown else None,
                    update_loss=config.getoption("update_loss_references"),
                    strict=config.getoption("baseline_strict"), overrides=overrides, counts_override=counts,
                    root=config.rootpath, notes=notes)
@@ -220,16 +228,18 @@ class Gate:
             notes.append(self.history_note)
         return notes + self.regressions
 
-    def check(self, node: pytest.Item, m: Measurement, *, precision: str,
-              estimate: int | str | None) -> Verdict | None:
-        """Compare a Measurement with its baseline (None when recording or when the case failed) and keep a row."""
+    def check(self, node: pytest.Item, m: Measurement, *, precision: str, estimate: int | str | None,
+              estimate_by_category: dict[str, int] | None = None) -> Verdict | None:
+        """Compare a Measurement with its baseline (None when recording or when the case failed) and keep a row.
+        ``estimate_by_category``: the estimate's peak by category, kept to say where a memory change is."""
         device_type = m.device.split(":")[0]
         slug = baselines.device_slug(m.device)
         measured = Entry(tokens_per_s=m.tokens_per_s, tokens_per_s_iqr=m.tokens_per_s_iqr,
                          peak_allocated_bytes=m.peak_allocated_bytes, peak_reserved_bytes=m.peak_reserved_bytes,
                          loss=m.loss, loss_step=m.loss_step, precision=precision,
                          cpu_model=self.cpu_model if device_type == "cpu" else None, cpu_share=m.cpu_share,
-                         work=WorkLedger.from_json(m.work) if m.work else None)
+                         work=WorkLedger.from_json(m.work) if m.work else None,
+                         peak_by_category=m.peak_by_category, estimate_by_category=estimate_by_category)
         file = self.load(slug)
         baseline = file.entries.get(node.name) if file else None
         if m.error:
@@ -369,10 +379,43 @@ def write_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Conf
     if gate.rows:
         terminalreporter.write_line(gate_table(gate.rows))
     if gate.expected.outcomes:
-        terminalreporter.write_line("does each optimization still pay (expected effects, judged within this run):")
+        terminalreporter.write_line(f"{PAYS}:")
         terminalreporter.write_line(expectations_table(gate.expected.outcomes))
     for note in notes:
         terminalreporter.write_line(note, red=note.startswith("FAIL"))
+    if gate.rows:
+        for path, mode in ((gate.markdown, "w"), (os.environ.get("GITHUB_STEP_SUMMARY"), "a")):
+            if path:
+                try:
+                    with open(path, mode, encoding="utf-8") as out:
+                        out.write(gate_markdown(gate, notes))
+                except OSError as err:
+                    terminalreporter.write_line(f"gate markdown: NOT written to {path}: {err}", red=True)
+
+
+PAYS = "does each optimization still pay (expected effects, judged within this run)"
+
+
+def gate_markdown(gate: Gate, notes: Sequence[str]) -> str:
+    """The verdict as GitHub-flavoured markdown: the failing cases first, one line each; then the table; then the
+    expected effects; then the notes."""
+    failures = gate.failures + [line.removeprefix("FAIL: ") for line in gate.regressions]
+    verdict = f"FAIL: {len(failures)} failure(s)" if failures else "ok"
+    out = [f"## gptcore benchmark gate: {verdict} ({len(gate.rows)} case{'s' if len(gate.rows) != 1 else ''})", ""]
+    if failures:
+        out += ["### Failing", "", *(f"- {_md_escape(line)}" for line in failures), ""]
+    out += ["### Cases", "", gate_table(gate.rows, tablefmt="github"), ""]
+    if gate.expected.outcomes:
+        out += [f"### {PAYS[0].upper()}{PAYS[1:]}", "", expectations_table(gate.expected.outcomes, "github"), ""]
+    rest = [n for n in notes if not n.startswith("FAIL")]
+    if rest:
+        out += ["<details><summary>notes</summary>", "", *(f"- {_md_escape(n)}" for n in rest), "", "</details>", ""]
+    return "\n".join(out) + "\n"
+
+
+def _md_escape(text: str) -> str:
+    """Text safe in a markdown list item or table cell ([, ], | and * are markdown)."""
+    return text.replace("|", "\\|").replace("[", "\\[").replace("]", "\\]").replace("*", "\\*")
 
 
 # -- the end table -------------------------------------------------------------------------------------------------
@@ -401,7 +444,7 @@ def _num(value: float | None, fmt: str) -> str:
     return "—" if value is None else format(value, fmt)
 
 
-def gate_table(rows: Sequence[Row]) -> str:
+def gate_table(rows: Sequence[Row], tablefmt: str = "simple") -> str:
     """One line per case: tokens/s and peak memory measured / baseline / delta (in parentheses when not gated),
     the estimate over the measured peak, MFU and the source of its FLOPs, the loss and its drift, what moved in the
     work ledger, and the verdict. Both memory columns share one unit."""
@@ -432,15 +475,19 @@ def gate_table(rows: Sequence[Row]) -> str:
         ])
     headers = ["case", "tok/s", "base tok/s", "Δ", "peak", "base peak", "Δ", "est/meas", "MFU", "loss", "Δ loss",
                "work", "verdict"]
-    return tabulate(table, headers=headers, disable_numparse=True, stralign="right")
+    if tablefmt == "github":
+        table = [[_md_escape(cell) for cell in line] for line in table]
+    return tabulate(table, headers=headers, disable_numparse=True, stralign="right", tablefmt=tablefmt)
 
 
-def expectations_table(outcomes: Sequence[Outcome]) -> str:
+def expectations_table(outcomes: Sequence[Outcome], tablefmt: str = "simple") -> str:
     """One line per expectation judged: the model, the claim, the case against its reference, the bound (with the
     estimate's prediction for memory) and the status."""
     rows = [[o.model, o.claim, o.measured, o.expected, o.status] for o in outcomes]
+    if tablefmt == "github":
+        rows = [[_md_escape(cell) for cell in row] for row in rows]
     return tabulate(rows, headers=["model", "expected effect", "measured", "bound", "status"],
-                    disable_numparse=True)
+                    disable_numparse=True, tablefmt=tablefmt)
 
 
 # -- pytest-benchmark machine_info ---------------------------------------------------------------------------------

@@ -164,6 +164,9 @@ class Measurement:
     """Warm-up steps: compile and optimizer-state creation happen here, never in the timed rounds."""
     peak_allocated_bytes: int | None = None
     peak_reserved_bytes: int | None = None
+    peak_by_category: dict[str, int] | None = None
+    """What was live at the peak, by category (CPU: from the tracked pass; None on a GPU, whose allocator has no
+    categories)."""
     loss: float | None = None
     """Loss of the last timed optimizer step."""
     loss_step: int = 0
@@ -259,7 +262,8 @@ class CaseRunner:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         elif m.error is None and not self.recipe.compile:  # the tracker cannot see inside compiled kernels
-            m.peak_allocated_bytes = cpu_peak_bytes(self.cfg, self.recipe)
+            report = cpu_peak(self.cfg, self.recipe)
+            m.peak_allocated_bytes, m.peak_by_category = report.peak_bytes, dict(report.by_category)
         return m
 
 
@@ -285,12 +289,18 @@ class CaseRunner:
                         torch.cuda.get_device_name(self.device), self.recipe.precision)
 
 
-def cpu_peak_bytes(cfg: GPTConfig, recipe: Recipe, steps: int = 2) -> int:
-    """Peak live tensor bytes of ``steps`` training steps on CPU, tracked on a fresh Trainer (exact)."""
+def cpu_peak(cfg: GPTConfig, recipe: Recipe, steps: int = 2):
+    """Peak live tensor bytes of ``steps`` training steps on CPU, tracked on a fresh Trainer (exact), and what was
+    live at it by category (a memory.categories.PeakReport)."""
     from .memory.tracker import track_training
     from .train import Trainer
 
-    return track_training(Trainer(cfg, recipe, "cpu"), steps=steps).peak_bytes
+    return track_training(Trainer(cfg, recipe, "cpu"), steps=steps)
+
+
+def cpu_peak_bytes(cfg: GPTConfig, recipe: Recipe, steps: int = 2) -> int:
+    """Peak live tensor bytes of ``steps`` training steps on CPU, tracked on a fresh Trainer (exact)."""
+    return cpu_peak(cfg, recipe, steps).peak_bytes
 
 
 TimedLoop = Callable[[Callable[[], None], int], None]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import baselines
+from . import baselines, expectations
 from .baselines import BaselineFile, Tolerances
 from .config import RECIPE_NOTES, get_model, get_recipe
 from .memory import CATEGORIES, estimate, resolve
@@ -337,6 +337,23 @@ def _case_rows(recs: Sequence[Record], base: BaselineFile | None, tol: Tolerance
     return "<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + "".join(rows) + "</table>"
 
 
+def _expectation_rows(records: Sequence[Record]) -> str:
+    """'Does each optimization still pay': every expected effect judged on this run's cases, by the gate's rule
+    (gptcore.expectations), with the estimate's prediction beside the measurement."""
+    session = expectations.Session()
+    for r in records:
+        session.record_info(r.info)
+    if not session.outcomes:
+        return "<p>No case of this run has its reference case beside it: no expected effect to judge.</p>"
+    head = ["model", "expected effect", "why", "measured", "bound", "status"]
+    rows = "".join(
+        f'<tr data-expectation="{html.escape(o.model)} {html.escape(o.claim)}">'
+        + "".join(f"<td>{html.escape(v)}</td>" for v in (o.model, o.claim, o.expectation.why, o.measured,
+                                                           o.expected))
+        + f'<td class="{o.status.replace(" ", "-")}">{html.escape(o.status)}</td></tr>' for o in session.outcomes)
+    return "<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + rows + "</table>"
+
+
 def build_html(run: str | Path, *, baselines_dir: str | Path = "baselines", history: str | Path | None = None) -> str:
     """The page for a --benchmark-json file; ValueError (one line) for an unusable run, baseline file or history."""
     records = load_run(run)
@@ -359,6 +376,8 @@ def build_html(run: str | Path, *, baselines_dir: str | Path = "baselines", hist
             '<nav id="case-index"><h2>cases</h2></nav>']
     if history is not None:
         body.append(f"<p>history: {len(runs)} saved run(s) in {html.escape(str(history))}</p>")
+    body += ['<section id="expectations"><h2>does each optimization still pay</h2>', _expectation_rows(records),
+             "</section>"]
     for group in dict.fromkeys(r.group for r in records):
         recs = [r for r in records if r.group == group]
         body += [f"<section><h2>{html.escape(group or 'benchmarks')}</h2>", _case_rows(recs, base, tol),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
@@ -121,7 +122,12 @@ def test_a_broken_optimization_fails_its_expectation_even_against_a_baseline_rec
     pytester.runpytest_subprocess(*RECIPES_QUICK, "--baselines-dir", str(where), "--update-baselines", timeout=300)
     recorded = json.loads((where / "cpu.json").read_text())["benchmarks"]
     assert set(recorded) == {"test_cpu_recipes[cpu-small-fp32]", "test_cpu_recipes[cpu-small-checkpoint]"}
-    result = pytester.runpytest_subprocess(*RECIPES_QUICK, "--baselines-dir", str(where), timeout=300)
+    assert not (pytester.path / "gate.md").exists()  # markdown only when asked for
+    summary = pytester.path / "step-summary.md"
+    summary.write_text("earlier step\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    result = pytester.runpytest_subprocess(*RECIPES_QUICK, "--baselines-dir", str(where), "--gate-markdown",
+                                           str(pytester.path / "gate.md"), timeout=300)
     result.assert_outcomes(passed=1, failed=1)
     out = result.stdout.str()
     result.stdout.fnmatch_lines(["*test_cpu_recipes?cpu-small-checkpoint?: expected effect not met: checkpoint: "
@@ -132,3 +138,13 @@ def test_a_broken_optimization_fails_its_expectation_even_against_a_baseline_rec
                and "expected effect" not in line)  # its row of the end table
     assert row.rstrip().endswith("ok"), row
     assert "checkpoint vs fp32: peak memory lower" in out and "FAIL" in out.split("does each optimization")[1]
+    # the same verdict as markdown: failures first, then the table, then the expected effects
+    markdown = (pytester.path / "gate.md").read_text()
+    assert summary.read_text() == "earlier step\n" + markdown  # GitHub's job summary: appended
+    failing, cases, pays = (markdown.index(h) for h in ("### Failing", "### Cases", "### Does each optimization"))
+    assert markdown.startswith("## gptcore benchmark gate: FAIL: 1 failure(s) (2 cases)") and failing < cases < pays
+    first = markdown[failing:cases].splitlines()[2]
+    assert first.startswith("- test_cpu_recipes\\[cpu-small-checkpoint\\]: expected effect not met: checkpoint: "
+                            "peak 35.49 MiB is not below fp32's 35.49 MiB"), first
+    assert "| test_cpu_recipes\\[cpu-small-fp32\\] |" in re.sub(" +", " ", markdown[cases:pays])
+    assert "| cpu-small | checkpoint vs fp32: peak memory lower |" in re.sub(" +", " ", markdown[pays:])

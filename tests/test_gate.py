@@ -260,6 +260,32 @@ def status(verdict: baselines.Verdict, metric: str) -> str:
     return next(c.status for c in verdict.checks if c.metric == metric)
 
 
+def test_a_memory_failure_names_the_categories_that_moved() -> None:
+    mib = 2**20
+    before = {"parameters": 4 * mib, "activations": 16 * mib, "gradients": 4 * mib}
+    base = dataclasses.replace(BASE, peak_allocated_bytes=24 * mib, peak_by_category=before)
+    # CPU: the tracker's breakdown
+    now = measured(peak_allocated_bytes=40 * mib, peak_by_category=before | {"activations": 32 * mib})
+    verdict = compare("c", now, base, CPU)
+    assert "activations +16.00 MiB, everything else =" in verdict.failure_message()
+    # GPU: no tracker categories; the estimate's breakdown says where
+    base_gpu = dataclasses.replace(base, peak_by_category=None, estimate_by_category=before)
+    now_gpu = measured(peak_allocated_bytes=40 * mib, estimate_by_category=before | {"gradients": 0,
+                                                                                     "activations": 36 * mib})
+    message = compare("c", now_gpu, base_gpu, GPU).failure_message()
+    assert "estimate: activations +20.00 MiB, gradients -4.00 MiB, everything else =" in message
+    # nothing to say without both breakdowns, and nothing said when memory passes
+    assert ";" not in compare("c", measured(peak_allocated_bytes=40 * mib), base_gpu, GPU).failure_message()
+    assert "everything else" not in str(compare("c", measured(peak_allocated_bytes=24 * mib), base, CPU).checks)
+
+
+def test_a_breakdown_round_trips_through_the_baseline_file(tmp_path: Path) -> None:
+    entry = measured(peak_by_category={"activations": 3}, estimate_by_category={"activations": 4})
+    baselines.update(tmp_path / "cpu.json", "cpu", {"c": entry}, device_name="CPU A", device_type="cpu")
+    loaded = baselines.load(tmp_path / "cpu.json", "cpu").entries["c"]
+    assert (loaded.peak_by_category, loaded.estimate_by_category) == ({"activations": 3}, {"activations": 4})
+
+
 @pytest.mark.parametrize(("bytes_", "expected"), [(1_019_000, "ok"), (1_021_000, "FAIL"), (979_000, "better")])
 def test_memory_fails_above_2pct_and_leaner_asks_for_a_refresh(bytes_: int, expected: str) -> None:
     verdict = compare("c", measured(peak_allocated_bytes=bytes_), BASE, GPU)

@@ -11,6 +11,7 @@ tests/data/gpu-ladder-synthetic.json is synthetic (the GPU tier has never run; i
 
 from __future__ import annotations
 
+import dataclasses
 import html.parser
 import json
 import re
@@ -354,3 +355,23 @@ def test_gate_says_where_pytest_benchmark_history_is_when_it_split_the_storage(m
     assert note not in g.summary_notes()  # no case ran (pytest tests): no section for it
     g.rows.append(gate.Row("test_x[a-b]", None, None, "ok"))
     assert g.summary_notes()[-1] == note
+
+
+def test_html_judges_each_expected_effect_as_the_gate_does(pages: dict[str, Path]) -> None:
+    """The report's 'does each optimization still pay' comes from the gate's own rule: the same outcomes as
+    Gate.expect on the same figures."""
+    from gptcore.gate import Gate
+    from gptcore.measure import Measurement
+
+    text = pages["cpu"].read_text()
+    shown = dict(re.findall(r'<tr data-expectation="([^"]+)">.*?<td class="[^"]*">([^<]+)</td></tr>', text))
+    gate = Gate(directory=Path("."), update=False, strict=False, overrides={}, counts_override=(None,) * 3)
+    names = {f.name for f in dataclasses.fields(Measurement)}
+    for bench in json.loads(CPU_RUN.read_text())["benchmarks"]:
+        info = bench["extra_info"]
+        m = Measurement(**{k: v for k, v in info.items() if k in names})
+        gate.expect(info["model"], info["recipe"], m, info["estimate_bytes"])
+    judged = {f"{o.model} {o.claim}": o.status for o in gate.expected.outcomes}
+    assert shown == judged and set(judged) == {f"cpu-small {claim}: peak memory lower" for claim in (
+        "checkpoint vs fp32", "ckpt-half-batch vs ckpt-fp32", "ckpt-grad-accum-2 vs ckpt-fp32", "ckpt-bf16 vs ckpt-fp32")}
+    assert set(judged.values()) == {"ok"}

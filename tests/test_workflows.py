@@ -42,7 +42,16 @@ def test_ci_takes_the_cpu_torch_wheel_and_runs_ci_run_on_python_311() -> None:
     assert setup["with"]["python-version"] == "3.11"
     # .ci/run installs torch==2.13.0 in a fresh venv: the CPU index makes that the +cpu wheel, not CUDA's
     assert job["env"]["PIP_EXTRA_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
-    assert [s.get("run") for s in steps(ci, "cpu")][-1] == "bash .ci/run"
+    assert "bash .ci/run" in [s.get("run") for s in steps(ci, "cpu")]
+
+
+def test_ci_posts_the_gates_markdown_on_the_pull_request_and_the_gpu_job_writes_it() -> None:
+    ci = load("ci.yml")
+    assert ci["jobs"]["cpu"]["env"]["GPTCORE_GATE_MARKDOWN"] == "${{ github.workspace }}/gate.md"
+    post = steps(ci, "cpu")[-1]
+    assert "gh pr comment" in post["run"] and "--body-file gate.md" in post["run"]
+    assert post["if"].startswith("always()") and ci["permissions"]["pull-requests"] == "write"
+    assert "--gate-markdown=out/gate.md" in " ".join(runs(load("gpu.yml"), "gpu").split())
 
 
 def test_gpu_job_runs_on_a_self_hosted_gpu_runner() -> None:

@@ -86,13 +86,19 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--history", metavar="DIR", default=None,
                         help="pytest-benchmark saved runs for --html, e.g. .benchmarks/cpu")
 
-    compare = sub.add_parser("compare", help="is HEAD slower than BASE on this machine? interleaved fresh-process "
-                             "rounds of both revisions, per case")
-    compare.add_argument("base", metavar="BASE", help="git revision A (resolved in the repository of the cwd)")
+    compare = sub.add_parser("compare", help="is HEAD slower than BASE on this machine (or B's Python environment "
+                             "than A's)? interleaved fresh-process rounds of both, per case")
+    compare.add_argument("base", metavar="BASE", nargs="?", default=None,
+                         help="git revision A (resolved in the repository of the cwd); leave it out with "
+                              "--python-a/--python-b to run the working tree under both interpreters")
     compare.add_argument("head", metavar="HEAD", nargs="?", default=None,
                          help="git revision B (default: the working tree as it is, uncommitted changes included)")
     _add_hunt_arguments(compare)
     compare.add_argument("--json", metavar="FILE", default=None, help="write every figure to FILE")
+    compare.add_argument("--python-a", metavar="PATH", default=None,
+                         help="the interpreter that runs A, e.g. venv-old/bin/python (default: this one)")
+    compare.add_argument("--python-b", metavar="PATH", default=None,
+                         help="the interpreter that runs B, e.g. venv-new/bin/python with another torch")
 
     bisect = sub.add_parser("bisect", help="git bisect run for the first commit worse than GOOD on one metric")
     bisect.add_argument("good", metavar="GOOD", help="a revision with the good figure")
@@ -330,20 +336,26 @@ def cmd_compare(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:
         a, b, results = compare(args.base, args.head, args.expr, rounds=args.rounds, threshold=args.threshold,
-                                options=_options(args), progress=progress)
+                                options=_options(args), progress=progress, python_a=args.python_a,
+                                python_b=args.python_b)
     except KeyboardInterrupt:
         print("gptcore: interrupted (temporary worktrees removed)", file=sys.stderr)
         return 130
     seconds = time.perf_counter() - start
-    print(f"A = {a.label} ({a.sha[:10]}), B = {b.label}" + (f" ({b.sha[:10]})" if b.sha else "") +
-          f"; {args.rounds} rounds of {args.steps} steps after {args.warmup} warm-up, {seconds:.0f} s")
+    def side(rev) -> str:  # noqa: ANN001 (gptcore.compare.Revision)
+        where = f"{rev.label}" + (f" ({rev.sha[:10]})" if rev.sha else "")
+        return where + (f", torch {rev.torch} ({rev.python})" if args.python_a or args.python_b else "")
+
+    print(f"A = {side(a)}, B = {side(b)}; {args.rounds} rounds of {args.steps} steps after {args.warmup} warm-up, "
+          f"{seconds:.0f} s")
     for r in results:
         if r.error:
             print(f"{r.case}: error: {r.error}")
             continue
         s = r.speed
+        work = ("work n/a" if r.work is None else "work =" if not r.work else "work: " + ", ".join(r.work))
         print(f"{r.case}: A {s.median_a:,.0f} tok/s, B {s.median_b:,.0f} tok/s, B/A {s.ratio:.3f} ({_interval(s)}, "
-              f"p {s.p:.2g}) {s.verdict}; {_exact_text(r.memory)}; {_exact_text(r.loss)}")
+              f"p {s.p:.2g}) {s.verdict}; {_exact_text(r.memory)}; {_exact_text(r.loss)}; {work}")
         shares = [[x["cpu_share"] for x in rounds if x.get("cpu_share")] for rounds in (r.rounds_a, r.rounds_b)]
         if all(shares):
             share_a, share_b = (statistics.median_high(x) for x in shares)

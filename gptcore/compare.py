@@ -1,5 +1,6 @@
-"""Regression hunting on one machine: ``compare`` two git revisions case by case, interleaved in fresh processes
-(``gptcore.bisection`` builds ``bisect`` on it).
+"""Regression hunting on one machine: ``compare`` two git revisions, or one revision under two Python
+interpreters (two virtual environments: another torch, CUDA or driver stack), case by case, interleaved in fresh
+processes (``gptcore.bisection`` builds ``bisect`` on it).
 
 Each round runs one process per revision (A B, then B A, and so on): a small driver script (:data:`WORKER`) with the revision's checkout on
 PYTHONPATH builds the revision's own Trainer, warms up, times K steps and prints one JSON line. Only the stable
@@ -8,8 +9,9 @@ API is used (``gptcore.config.get_model``/``get_recipe`` or ``MODELS``/``RECIPES
 
 Speed is judged on tokens/s per round: the ratio of the medians B/A, and a Hodges-Lehmann interval of the ratio
 with its Mann-Whitney test (exact for small samples, on log tokens/s). A case is slower or faster only when the
-ratio is beyond the threshold AND the interval excludes 1. Peak memory and the loss are compared as the gate does.
-No torch is imported when this module loads.
+ratio is beyond the threshold AND the interval excludes 1. Peak memory and the loss are compared as the gate does,
+and the work ledger of one step (FLOPs and operator calls per phase, syncs, allocations), where the revision has
+one, exactly: every count that moved is listed. No torch is imported when this module loads.
 """
 
 from __future__ import annotations
@@ -181,10 +183,19 @@ tokens_per_step = trainer.tokens_per_step
 tokens_per_step = tokens_per_step() if callable(tokens_per_step) else tokens_per_step
 out = {"gptcore": str(where.parent), "seconds": seconds, "tokens_per_s": spec["steps"] * tokens_per_step / seconds,
        "loss": float(loss.item() if hasattr(loss, "item") else loss), "loss_step": spec["warmup"] + spec["steps"],
-       "cpu_share": share, "peak_memory": None, "threads": torch.get_num_threads()}
+       "cpu_share": share, "peak_memory": None, "threads": torch.get_num_threads(), "torch": torch.__version__,
+       "python": sys.executable, "work": None}
 if device.type == "cuda":
-    out["peak_memory"] = torch.cuda.max_memory_allocated(device)
-elif spec["memory"] and not getattr(recipe, "compile", False):
+    out["peak_memory"] = torch.cuda.max_memory_allocated(device)  # before the ledger's step allocates
+if spec["memory"]:  # the first round: the work ledger of one more step, where this revision has one
+    try:
+        from gptcore.work import count_step
+    except ImportError:
+        count_step = None
+    if count_step is not None:
+        ledger = count_step(trainer).to_json()
+        out["work"] = {k: ledger[k] for k in ("flops", "op_calls", "syncs", "allocations", "allocated_bytes")}
+if device.type != "cuda" and spec["memory"] and not getattr(recipe, "compile", False):
     trainer = loss = None
     gc.collect()
     try:
@@ -212,13 +223,15 @@ class Options:
     timeout: float = 900.0
 
 
-def run_worker(tree: Path, model: str, recipe: str, options: Options, script: Path, memory: bool) -> dict:
-    """One fresh process measuring ``model``/``recipe`` with the code of the checkout ``tree``."""
+def run_worker(tree: Path, model: str, recipe: str, options: Options, script: Path, memory: bool,
+               python: str = sys.executable) -> dict:
+    """One fresh process of the interpreter ``python`` measuring ``model``/``recipe`` with the code of the
+    checkout ``tree``."""
     spec = dict(root=str(tree), model=model, recipe=recipe, warmup=options.warmup, steps=options.steps,
                 device=options.device, memory=memory)
     env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
     try:
-        out = subprocess.run([sys.executable, str(script), json.dumps(spec)], cwd=tree, env=env, capture_output=True,
+        out = subprocess.run([python, str(script), json.dumps(spec)], cwd=tree, env=env, capture_output=True,
                              text=True, timeout=options.timeout)
     except subprocess.TimeoutExpired:
         raise WorkerError(f"{model}-{recipe}: no answer in {options.timeout:.0f} s") from None
@@ -251,6 +264,9 @@ class CaseResult:
     speed: Speed | None = None
     memory: Exact | None = None
     loss: Exact | None = None
+    work: list[str] | None = None
+    """Each work-ledger count that moved, 'op_calls.backward 250 -> 262 (+12)'; [] when none did; None when a
+    side has no ledger."""
     error: str | None = None
 
     @property
@@ -280,15 +296,34 @@ def judge(result: CaseResult, threshold: float, tol: Tolerances) -> CaseResult:
     same_step = _first(result.rounds_a, "loss_step") == _first(result.rounds_b, "loss_step")
     result.loss = loss_check(_first(result.rounds_a, "loss"), _first(result.rounds_b, "loss"), result.precision, tol,
                              same_step)
+    result.work = ledger_changes(_first(result.rounds_a, "work"), _first(result.rounds_b, "work"))
     return result
+
+
+def ledger_changes(a: dict | None, b: dict | None, prefix: str = "") -> list[str] | None:
+    """Every count of two work ledgers (nested dicts of ints) that differs, 'op_calls.backward 250 -> 262 (+12)';
+    None when either is missing."""
+    if a is None or b is None:
+        return None
+    changes = []
+    for key in dict.fromkeys([*a, *b]):
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, dict) or isinstance(y, dict):
+            changes += ledger_changes(x or {}, y or {}, f"{prefix}{key}.") or []
+        elif x != y:
+            delta = f" ({y - x:+,})" if isinstance(x, int) and isinstance(y, int) else ""
+            changes.append(f"{prefix}{key} {x if x is None else format(x, ',')} -> "
+                           f"{y if y is None else format(y, ',')}{delta}")
+    return changes
 
 
 Progress = Callable[[CaseResult, int, int], None]
 
 
 def compare_trees(tree_a: Path, tree_b: Path, cases: Sequence[tuple[str, str]], *, rounds: int, threshold: float,
-                  options: Options, workdir: Path, progress: Progress | None = None) -> list[CaseResult]:
-    """Each case: ``rounds`` rounds of A then B, each in a fresh process; the verdicts."""
+                  options: Options, workdir: Path, progress: Progress | None = None,
+                  python_a: str = sys.executable, python_b: str = sys.executable) -> list[CaseResult]:
+    """Each case: ``rounds`` rounds of A then B, each in a fresh process of its interpreter; the verdicts."""
     script = write_worker(workdir)
     tol = Tolerances.default_for(options.device)
     results = []
@@ -300,9 +335,9 @@ def compare_trees(tree_a: Path, tree_b: Path, cases: Sequence[tuple[str, str]], 
                 # A B, B A, A B, ...: neither revision always runs second (a drift or another job that started
                 # at a steady beat would otherwise land on one of them: measured, an A/A comparison said
                 # "slower" at 0.13x)
-                order = ((tree_a, result.rounds_a), (tree_b, result.rounds_b))
-                for tree, records in order if i % 2 == 0 else order[::-1]:
-                    records.append(run_worker(tree, model, recipe, options, script, memory))
+                order = ((tree_a, python_a, result.rounds_a), (tree_b, python_b, result.rounds_b))
+                for tree, python, records in order if i % 2 == 0 else order[::-1]:
+                    records.append(run_worker(tree, model, recipe, options, script, memory, python))
                 if progress:
                     progress(result, i + 1, rounds)
         except WorkerError as err:
@@ -316,6 +351,10 @@ class Revision:
     label: str
     sha: str | None
     """None: the working tree as it is."""
+    python: str = sys.executable
+    """The interpreter that runs it (its virtual environment's torch)."""
+    torch: str | None = None
+    """The torch version that interpreter imports (filled in by ``compare``)."""
 
 
 @contextlib.contextmanager
@@ -335,20 +374,45 @@ def revisions(repo: Path, base: str, head: str | None) -> tuple[Revision, Revisi
     return a, b
 
 
-def compare(base: str, head: str | None, expr: str, *, rounds: int = 10, threshold: float = 0.05,
-            options: Options | None = None, cwd: str | Path | None = None, progress: Progress | None = None
-            ) -> tuple[Revision, Revision, list[CaseResult]]:
-    """Compare revision ``head`` (None: the working tree) with ``base`` on the cases ``expr`` selects."""
+def interpreter(python: str | None) -> tuple[str, str]:
+    """The interpreter's path and the torch version it imports; CompareError (one line) when it cannot run or has
+    no torch."""
+    path = shutil.which(python) if python else sys.executable
+    if not path:
+        raise CompareError(f"python {python!r}: no such interpreter")
+    try:
+        out = subprocess.run([path, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True,
+                             timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise CompareError(f"python {path}: cannot run it: {err}") from None
+    if out.returncode:
+        last = (out.stderr.strip().splitlines() or ["failed"])[-1]
+        raise CompareError(f"python {path}: cannot import torch: {last}")
+    return path, out.stdout.strip()
+
+
+def compare(base: str | None, head: str | None, expr: str, *, rounds: int = 10, threshold: float = 0.05,
+            options: Options | None = None, cwd: str | Path | None = None, progress: Progress | None = None,
+            python_a: str | None = None, python_b: str | None = None) -> tuple[Revision, Revision, list[CaseResult]]:
+    """Compare revision ``head`` (None: the working tree) with ``base`` on the cases ``expr`` selects, A under
+    ``python_a`` and B under ``python_b`` (default: this interpreter). ``base`` None: both sides are the working
+    tree, told apart by their interpreters (an upgrade of torch, CUDA or a driver)."""
     if rounds < 1 or not 0 <= threshold < 1:
         raise CompareError(f"need rounds >= 1 and 0 <= threshold < 1, got {rounds}, {threshold}")
+    if base is None and not (python_a or python_b):
+        raise CompareError("give BASE (a revision), or --python-a/--python-b to compare two interpreters")
     repo = repo_root(cwd)
-    a, b = revisions(repo, base, head)
+    a, b = revisions(repo, base, head) if base is not None else (Revision("working tree", None),
+                                                                 Revision("working tree", None))
+    (a.python, a.torch), (b.python, b.torch) = interpreter(python_a), interpreter(python_b)
     options = options or Options(device=local_device())
     cases = select_cases(expr, options.device)
     with tempfile.TemporaryDirectory(prefix="gptcore-compare-") as tmp:
-        with checkout(repo, a, Path(tmp)) as tree_a, checkout(repo, b, Path(tmp)) as tree_b:
-            results = compare_trees(tree_a, tree_b, cases, rounds=rounds, threshold=threshold, options=options,
-                                    workdir=Path(tmp), progress=progress)
+        with checkout(repo, a, Path(tmp)) as tree_a:
+            same = base is None  # one snapshot serves both interpreters: the same code on each side
+            with (contextlib.nullcontext(tree_a) if same else checkout(repo, b, Path(tmp))) as tree_b:
+                results = compare_trees(tree_a, tree_b, cases, rounds=rounds, threshold=threshold, options=options,
+                                        workdir=Path(tmp), progress=progress, python_a=a.python, python_b=b.python)
     return a, b, results
 
 

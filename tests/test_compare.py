@@ -7,9 +7,11 @@ import json
 import random
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from gptcore.baselines import Tolerances
 from gptcore.cli import main
@@ -104,14 +106,16 @@ def test_rounds_alternate_which_revision_runs_first(monkeypatch, tmp_path):
 
     calls = []
 
-    def fake_worker(tree, model, recipe, options, script, memory):  # noqa: ANN001, ANN202
+    def fake_worker(tree, model, recipe, options, script, memory, python):  # noqa: ANN001, ANN202
+        assert python == {"a": "python-a", "b": "python-b"}[tree.name]  # each side keeps its interpreter
         calls.append((tree.name, memory))
         return {"tokens_per_s": 1000.0 if tree.name == "a" else 800.0, "loss": 4.0, "loss_step": 2,
                 "peak_memory": 100 if memory else None, "cpu_share": 1.0}
 
     monkeypatch.setattr(compare, "run_worker", fake_worker)
     [result] = compare.compare_trees(tmp_path / "a", tmp_path / "b", [("cpu-small", "ckpt-fp32")], rounds=4,
-                                     threshold=0.05, options=Options(), workdir=tmp_path)
+                                     threshold=0.05, options=Options(), workdir=tmp_path, python_a="python-a",
+                                     python_b="python-b")
     assert [name for name, _ in calls] == ["a", "b", "b", "a", "a", "b", "b", "a"]
     assert [memory for _, memory in calls] == [True, True] + [False] * 6  # CPU: the exact peak once
     assert result.speed.verdict == SLOWER and result.speed.ratio == 0.8 and result.failed
@@ -170,6 +174,51 @@ def test_bad_input_is_one_line_and_exit_code_2(repo, tmp_path, monkeypatch, caps
     assert main(["compare", "HEAD", "-k", CASE]) == 2
     assert "not a git repository" in one_error_line(capsys)
     assert git(repo, "worktree", "list").count("\n") == 0  # nothing left behind
+
+
+def test_ledger_changes_lists_every_count_that_moved():
+    from gptcore.compare import ledger_changes
+
+    a = {"flops": {"forward": 10, "backward": 20}, "op_calls": {"backward": 250}, "syncs": 0}
+    b = {"flops": {"forward": 10, "backward": 20}, "op_calls": {"backward": 262}, "syncs": 1}
+    assert ledger_changes(a, b) == ["op_calls.backward 250 -> 262 (+12)", "syncs 0 -> 1 (+1)"]
+    assert ledger_changes(a, a) == [] and ledger_changes(a, None) is None
+
+
+def wrapper(path: Path, body: str) -> str:
+    """An executable shell script standing in for another virtual environment's python."""
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_bad_interpreters_are_one_line_and_exit_code_2(repo, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(repo)
+    assert main(["compare", "-k", CASE]) == 2
+    assert "--python-a/--python-b" in one_error_line(capsys)
+    assert main(["compare", "-k", CASE, "--python-b", str(tmp_path / "no-python")]) == 2
+    assert "no such interpreter" in one_error_line(capsys)
+    no_torch = wrapper(tmp_path / "python-without-torch", "echo 'ModuleNotFoundError: torch' >&2; exit 1")
+    assert main(["compare", "-k", CASE, "--python-b", no_torch]) == 2
+    assert "cannot import torch: ModuleNotFoundError: torch" in one_error_line(capsys)
+
+
+@pytest.mark.slow  # 4 worker processes: ~15 s on 2 idle cores
+def test_compare_one_revision_under_two_interpreters(repo, tmp_path, monkeypatch, capsys):
+    other = wrapper(tmp_path / "python-b", f'exec "{sys.executable}" "$@"')
+    monkeypatch.chdir(repo)
+    out_json = tmp_path / "run.json"
+    assert main(["compare", "-k", CASE, "--rounds", "2", *QUICK, "--python-b", other, "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert f"A = working tree, torch {torch.__version__} ({sys.executable}), B = working tree, torch " \
+           f"{torch.__version__} ({other})" in out
+    line = next(line for line in out.splitlines() if line.startswith(f"{CASE}: "))
+    assert line.endswith("; work =")  # the same code and torch: every count of the ledger agrees
+    data = json.loads(out_json.read_text())
+    assert (data["a"]["python"], data["b"]["python"]) == (sys.executable, other)
+    case = data["cases"][0]
+    assert case["work"] == [] and case["rounds_a"][0]["work"]["op_calls"]["backward"] > 0
+    assert case["rounds_a"][0]["gptcore"] == case["rounds_b"][0]["gptcore"]  # one snapshot for both sides
 
 
 def test_the_worker_refuses_a_checkout_whose_gptcore_it_did_not_import(tmp_path):

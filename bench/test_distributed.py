@@ -62,12 +62,15 @@ def launch(model: str, recipe: str, world: int, device: str, out: Path, counts: 
 
 def combine(ranks: list[dict]) -> Measurement:
     """One Measurement for the job: rank 0's (the round times are already the slowest rank's and the loss the
-    mean over ranks), with the peak memory the max over ranks."""
+    mean over ranks), with the peak memory the max over ranks (and that rank's breakdown)."""
     names = {f.name for f in dataclasses.fields(Measurement)}
     m = Measurement(**{k: v for k, v in ranks[0].items() if k in names})
     for key in ("peak_allocated_bytes", "peak_reserved_bytes"):
         values = [r[key] for r in ranks if r[key] is not None]
         setattr(m, key, max(values) if values else None)
+    if m.peak_allocated_bytes is not None:  # the breakdown of the rank whose peak is the job's
+        m.peak_by_category = next(r.get("peak_by_category") for r in ranks
+                                  if r["peak_allocated_bytes"] == m.peak_allocated_bytes)
     errors = [f"rank {r['rank']}: {r['error']}" for r in ranks if r["error"]]
     m.error = "; ".join(errors) or None
     return m

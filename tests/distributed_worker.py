@@ -60,10 +60,13 @@ def states(recipe: Recipe) -> dict:
     report = track_training(t, steps=2, tracker=tracker)
     params = list(t.model.parameters())
     seen = {}  # the gradients of one more step, read just before the optimizer step (zero_grad frees them after)
-    t.optimizers[0].register_step_pre_hook(lambda *_: seen.update(g=local_bytes([p.grad for p in params])))
+    t.optimizers[0].register_step_pre_hook(lambda *_: seen.update(
+        g=local_bytes([p.grad for p in params if p.grad is not None]),
+        missing=[i for i, p in enumerate(params) if p.grad is None]))
     t.step()
     opt = local_bytes([v for s in t.optimizers[0].state.values() for v in s.values() if v.dim() > 0])
-    return {"parameters": local_bytes(params), "gradients": seen["g"], "optimizer state": opt,
+    return {"parameters": local_bytes(params), "gradients": seen["g"], "no gradient": seen["missing"],
+            "optimizer state": opt,
             "peak": report.peak_bytes, "by_category": report.by_category, "foreign_frees": tracker.foreign_frees}
 
 

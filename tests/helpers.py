@@ -27,10 +27,13 @@ def trainer(recipe: Recipe, cfg: GPTConfig = TINY, dtype: torch.dtype = torch.fl
 
 
 def capture_grads(t: Trainer) -> list[list[torch.Tensor]]:
-    """Record a copy of every gradient just before each optimizer step (ordinary optimizers only)."""
-    seen: list[list[torch.Tensor]] = []
+    """Record a copy of every gradient just before each optimizer step (ordinary optimizers only). A parameter
+    with no gradient is recorded as None, so that a proof comparing gradients fails on it ('None mismatch ... item
+    [i]') instead of crashing inside the optimizer's hook."""
+    seen: list[list[torch.Tensor | None]] = []
     params = list(t.model.parameters())
-    t.optimizers[0].register_step_pre_hook(lambda *_: seen.append([p.grad.clone() for p in params]))
+    t.optimizers[0].register_step_pre_hook(
+        lambda *_: seen.append([None if p.grad is None else p.grad.clone() for p in params]))
     return seen
 
 

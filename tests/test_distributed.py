@@ -92,6 +92,9 @@ def test_fsdp2_shards_parameters_gradients_and_optimizer_state(proofs):
     _, memory = proofs
     full = memory[0]["none"]
     for r in range(WORLD):
+        for case in ("none", "ddp", "fsdp2"):
+            if memory[r][case] is not None:
+                assert memory[r][case]["no gradient"] == [], (r, case, "parameters with no gradient at the step")
         for what in ("parameters", "gradients", "optimizer state"):
             shard = memory[r]["fsdp2"][what]
             assert full[what] / WORLD * 0.99 <= shard <= full[what] / WORLD * 1.01, (r, what, shard, full[what])

@@ -100,8 +100,9 @@ EXPECTATIONS: tuple[Expectation, ...] = (
     *_ladder(),
 )
 
-for _e in EXPECTATIONS:  # a typo here would silently check nothing
-    assert _e.recipe in RECIPES and _e.reference in RECIPES, _e
+_UNKNOWN = [e for e in EXPECTATIONS if e.recipe not in RECIPES or e.reference not in RECIPES]
+if _UNKNOWN:  # a typo here would silently check nothing
+    raise ValueError(f"expectations name unknown recipes: {_UNKNOWN}")
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ class Outcome:
     measured: str
     """The case against its reference, e.g. '19.67 MiB vs 35.49 MiB (0.554x)'."""
     expected: str
-    """The bound, with the estimate's prediction where there is one, e.g. 'at most 20.38 MiB (estimate 0.554x)'."""
+    """The bound, with the estimate's prediction where there is one, e.g. 'at most 20.38 MiB: estimate 0.554x + 2%'."""
     line: str
     """One line for a failure (or the reason it was not measured)."""
 
@@ -179,7 +180,8 @@ def _judge_memory(e: Expectation, model: str, now: Figures, ref: Figures) -> Out
 def _judge_speed(e: Expectation, model: str, now: Figures, ref: Figures) -> Outcome:
     if now.tokens_per_s is None or ref.tokens_per_s is None:
         return Outcome(e, model, "not measured", "—", "—", f"{e.recipe}: tokens/s not measured")
-    measured = f"{now.tokens_per_s:,.0f} vs {ref.tokens_per_s:,.0f} tok/s ({_ratio(now.tokens_per_s, ref.tokens_per_s)})"
+    ratio = _ratio(now.tokens_per_s, ref.tokens_per_s)
+    measured = f"{now.tokens_per_s:,.0f} vs {ref.tokens_per_s:,.0f} tok/s ({ratio})"
     if e.direction == "higher":
         failed = now.tokens_per_s <= ref.tokens_per_s
         expected = f"above {ref.tokens_per_s:,.0f} tok/s"

@@ -149,15 +149,15 @@ class LiveBytes(TorchDispatchMode):
 
     def __enter__(self) -> LiveBytes:
         self._thread = threading.get_ident()
-        self._resizes = _outside_the_dispatcher(self)
-        self._resizes.__enter__()
+        self._outside = _outside_the_dispatcher(self)
+        self._outside.__enter__()
         return super().__enter__()
 
     def __exit__(self, *exc) -> None:
         try:
             super().__exit__(*exc)
         finally:
-            self._resizes.__exit__(None, None, None)
+            self._outside.__exit__(None, None, None)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.namespace == "c10d":
@@ -166,9 +166,9 @@ class LiveBytes(TorchDispatchMode):
             out = _functional_collective_in_program_order(func, args, kwargs or {}, self._hidden_copy)
         else:
             out = func(*args, **(kwargs or {}))
-        # autocast's low-precision copy of a weight or bias
         if self.waiting:
             return out
+        # autocast's low-precision copy of a weight or bias
         self._copying_weight = (func is torch.ops.aten._to_copy.default and self.phase in ("forward", "backward")
                                 and isinstance(args[0], torch.nn.Parameter))
         try:

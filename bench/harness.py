@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from gptcore.config import MODELS, RECIPES, Recipe, Study
+from gptcore.config import MODELS, RECIPES, Recipe, Schedule, Study
+from gptcore.convergence import Convergence, converge
 from gptcore.measure import Measurement, run_case
 from gptcore import baselines, memory
 from gptcore.train import unsupported_reason
@@ -107,15 +108,48 @@ def measure(benchmark, gate, request: pytest.FixtureRequest, study: Study, model
     benchmark.extra_info.update(model=model, recipe=recipe_name, precision=recipe.precision,
                                 batch=recipe.batch_size(cfg), block_size=cfg.block_size, estimate_bytes=estimate,
                                 verdict=verdict.summary() if verdict else None, **m.to_dict())
-    conclude(gate, request, m, verdict, device, gate.expect(model, recipe_name, m, estimate))
+    conclude(gate, request, m.error, verdict, device, gate.expect(model, recipe_name, m, estimate))
     return m
 
 
-def conclude(gate, request: pytest.FixtureRequest, m: Measurement, verdict, device: str,
+def converge_case(benchmark, gate, request: pytest.FixtureRequest, study: Study, model: str, recipe_name: str,
+                  schedule: Schedule | None = None) -> Convergence | None:
+    """Train one case of ``study`` for its whole schedule (or ``schedule``) as one pytest-benchmark round and gate
+    what it learned (gptcore.convergence); skip what the device cannot run. On CPU each case runs on one thread:
+    bit-identical whatever else runs beside it, so that its time-to-loss can be gated exactly."""
+    recipe, device = RECIPES[recipe_name], study.device
+    schedule = schedule or study.schedule
+    reason = unsupported_reason(recipe, device)
+    if reason:
+        pytest.skip(reason)
+    cfg = MODELS[model]
+    out: dict[str, Convergence] = {}
+    error = None
+
+    def whole_run() -> None:
+        out["run"] = converge(cfg, recipe, schedule, device, threads=1 if device == "cpu" else None)
+
+    try:
+        benchmark.pedantic(whole_run, rounds=1, iterations=1, warmup_rounds=0)
+    except torch.OutOfMemoryError:
+        peak = torch.cuda.max_memory_allocated() if device == "cuda" else 0
+        error = f"out of memory (peak allocated {peak:,} B)"
+    run = out.get("run")
+    verdict = gate.check_convergence(request.node, run, device=device, precision=recipe.precision, error=error)
+    benchmark.extra_info.update(model=model, recipe=recipe_name, precision=recipe.precision, device=device,
+                                batch=recipe.batch_size(cfg), block_size=cfg.block_size,
+                                tokens_per_s=run.tokens_per_s if run else None,
+                                convergence=run.to_json() if run else None, error=error,
+                                verdict=verdict.summary() if verdict else None)
+    conclude(gate, request, error, verdict, device)
+    return run
+
+
+def conclude(gate, request: pytest.FixtureRequest, error: str | None, verdict, device: str,
              unmet: list[str] = ()) -> None:
     """Fail the case on an error, a failed check or an unmet expectation, with one line each; warn (fail under
     --baseline-strict) when it has no baseline."""
-    failures = [f"{request.node.name}: {m.error}"] if m.error else []
+    failures = [f"{request.node.name}: {error}"] if error else []
     failures += [verdict.failure_message()] if verdict is not None and verdict.failed else []
     failures += [f"{request.node.name}: expected effect not met: {line}" for line in unmet]
     if failures:

@@ -95,4 +95,4 @@ def test_distributed(benchmark, gate, request, tmp_path, model: str, recipe: str
                                 peak_bytes_per_rank=[x["peak_allocated_bytes"] for x in ranks],
                                 tokens_per_s_per_rank=[x["tokens_per_s"] for x in ranks],
                                 verdict=verdict.summary() if verdict else None, **m.to_dict())
-    conclude(gate, request, m, verdict, device, gate.expect(model, recipe, m, estimate, world))
+    conclude(gate, request, m.error, verdict, device, gate.expect(model, recipe, m, estimate, world))

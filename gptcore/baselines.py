@@ -14,6 +14,10 @@ Gate rules (defaults per device type, stored in each file's ``tolerances`` and o
   within ``loss_other_cpu`` / ``loss_amp_other_cpu`` (see ``Tolerances.default_for``). ``--update-loss-references``
   adds this CPU model's references and changes nothing else;
 * every count of the work ledger (gptcore.work) fails above its baseline: they are exact;
+* a convergence case (a whole training run, gptcore.convergence) is judged on what it learned instead: its final
+  validation loss fails when worse than the baseline's by more than ``val_loss`` nats (what changing the seed
+  moves it by), and its time-to-loss in steps fails when later than the baseline's (exactly on the CPU model that
+  recorded it; by more than one evaluation interval on another);
 * leaner or faster than the baseline beyond tolerance passes with a "refresh the baseline" note.
 
 (About 470 lines, over the house's ~450: the file schema, its validation and the verdicts stay together, since a
@@ -34,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .convergence import Convergence
 from .units import format_bytes
 
 if TYPE_CHECKING:
@@ -41,6 +46,8 @@ if TYPE_CHECKING:
 
 SCHEMA_VERSION = 2
 AMP_PRECISIONS = ("fp16", "bf16", "bf16-pure")
+VAL_LOSS_TOLERANCE = 0.05
+"""PLACEHOLDER: set from scripts/convergence_spread.py's measured seed-to-seed spread."""
 
 
 class BaselineError(ValueError):
@@ -131,6 +138,8 @@ class Tolerances:
     work: float = 0.0
     """Relative tolerance of the work ledger's counts: 0, exact (they are the same on every CPU, thread count and
     instruction set)."""
+    val_loss: float = VAL_LOSS_TOLERANCE
+    """A convergence case's final validation loss fails above baseline + this (nats); see VAL_LOSS_TOLERANCE."""
 
     @classmethod
     def default_for(cls, device_type: str) -> Tolerances:
@@ -151,7 +160,8 @@ class Tolerances:
         return wide if other_cpu and wide is not None else self.loss_amp if amp else self.loss
 
     def validate(self, where: str) -> None:
-        for name in ("memory", "speed", "loss", "loss_amp", "loss_other_cpu", "loss_amp_other_cpu", "work"):
+        for name in ("memory", "speed", "loss", "loss_amp", "loss_other_cpu", "loss_amp_other_cpu", "work",
+                     "val_loss"):
             value = getattr(self, name)
             if value is None and name in ("speed", "loss_other_cpu", "loss_amp_other_cpu"):
                 continue
@@ -183,6 +193,8 @@ class Entry:
     """What was live at the peak by category (the CPU tracker's), to say where a memory change is."""
     estimate_by_category: dict[str, int] | None = None
     """The memory estimate's peak by category (any device), the same where the device has no tracker."""
+    convergence: Convergence | None = None
+    """A convergence case's whole run (validation curve, time-to-loss); None for a benchmark case."""
 
     def loss_reference(self, cpu_model: str | None) -> tuple[float | None, str | None]:
         """The loss to hold a run on ``cpu_model`` to, and the CPU model it was measured on: that model's own
@@ -204,6 +216,7 @@ class Entry:
             "work": self.work.to_json() if self.work else None,
             **({"peak_by_category": self.peak_by_category} if self.peak_by_category else {}),
             **({"estimate_by_category": self.estimate_by_category} if self.estimate_by_category else {}),
+            **({"convergence": self.convergence.to_json()} if self.convergence else {}),
             "recorded_at": self.recorded_at,
             "commit": self.commit,
         }
@@ -246,7 +259,17 @@ class Entry:
             loss_by_cpu=dict(by_cpu),
             peak_by_category=_categories(data.get("peak_by_category"), where, "peak_by_category"),
             estimate_by_category=_categories(data.get("estimate_by_category"), where, "estimate_by_category"),
+            convergence=_convergence(data.get("convergence"), where),
         )
+
+
+def _convergence(value: Any, where: str) -> Convergence | None:
+    if value is None:
+        return None
+    try:
+        return Convergence.from_json(value, where)
+    except ValueError as err:
+        raise BaselineError(str(err)) from None
 
 
 def _categories(value: Any, where: str, path: str) -> dict[str, int] | None:
@@ -485,6 +508,10 @@ def _describe(c: Check) -> str:
         return c.metric
     if c.metric == "loss":
         return f"{c.metric} {c.delta:+.2e} nats"
+    if c.metric == "val loss":
+        return f"{c.metric} {c.delta:+.4f} nats"
+    if c.metric == "time-to-loss":
+        return f"{c.metric} {int(c.delta):+,} steps" if c.delta else c.metric
     if c.metric in WORK_METRICS:
         return f"{c.metric} {int(c.delta):+,}"
     return f"{c.metric} {c.delta:+.1%}"
@@ -498,6 +525,8 @@ def _relative(measured: float | None, baseline: float | None) -> float | None:
 
 def compare(case: str, measured: Entry, baseline: Entry | None, tol: Tolerances) -> Verdict:
     """Verdicts of ``measured`` against ``baseline`` (None: no baseline recorded) under ``tol``."""
+    if measured.convergence is not None:
+        return Verdict(case, _convergence_checks(measured, baseline, tol))
     if baseline is None:
         return Verdict(case, [Check(metric, None, None, None, NO_BASELINE)
                               for metric in ("peak memory", "tokens/s", "loss")])
@@ -575,3 +604,47 @@ def _work_checks(now: WorkLedger | None, before: WorkLedger | None, tol: float) 
             note += f" ({', '.join(phases)})"
         checks.append(Check(metric, a, b, a - b, status, note + ", gated exactly"))
     return checks or [Check("work", None, None, 0, OK, "every count the same")]
+
+
+def _convergence_checks(measured: Entry, baseline: Entry | None, tol: Tolerances) -> list[Check]:
+    """A convergence case: tokens/s reported, the final validation loss (one-sided, ``tol.val_loss`` nats) and the
+    time-to-loss in steps (one-sided; exact on the CPU model that recorded the baseline or on a GPU, one
+    evaluation interval of slack on another CPU model, whose rounding moves every loss a little)."""
+    now = measured.convergence
+    if baseline is None or baseline.convergence is None:
+        return [Check(metric, None, None, None, NO_BASELINE) for metric in ("tokens/s", "val loss", "time-to-loss")]
+    before = baseline.convergence
+    checks = [Check("tokens/s", measured.tokens_per_s, baseline.tokens_per_s,
+                    _relative(measured.tokens_per_s, baseline.tokens_per_s), NOT_GATED,
+                    "reported only for a convergence run (its benchmark tier gates the speed)")]
+    if now.steps != before.steps:
+        return checks + [Check(metric, None, None, None, NOT_GATED,
+                               f"evaluated at other steps ({now.steps[-1]} steps, every {now.eval_every}) than the "
+                               f"baseline ({before.steps[-1]}, every {before.eval_every}): re-record it")
+                         for metric in ("val loss", "time-to-loss")]
+    d = now.final_val_loss - before.final_val_loss
+    checks.append(Check("val loss", now.final_val_loss, before.final_val_loss, d,
+                        FAIL if d > tol.val_loss else BETTER if d < -tol.val_loss else OK,
+                        f"{now.final_val_loss:.4f} vs {before.final_val_loss:.4f} at step {now.steps[-1]}, "
+                        f"tolerance +{tol.val_loss:g} nats (seed-to-seed spread)"))
+    target = before.target_loss
+    if target is None:
+        return checks + [Check("time-to-loss", None, None, None, NOT_GATED, "the baseline has no target loss")]
+    reached, was = now.time_to_loss(target), before.time_to_loss(target)
+    other_cpu = bool(measured.cpu_model and baseline.cpu_model and measured.cpu_model != baseline.cpu_model)
+    slack = now.eval_every if other_cpu else 0
+    why = (f"one evaluation interval ({slack} steps) of slack: recorded on {baseline.cpu_model}" if other_cpu
+           else "exact")
+    if reached is None and was is None:
+        checks.append(Check("time-to-loss", None, None, None, OK, f"neither run reached {target:g}"))
+    elif reached is None or was is None:
+        checks.append(Check("time-to-loss", reached and reached[0], was and was[0], None,
+                            FAIL if reached is None else BETTER,
+                            f"{'never reached' if reached is None else f'reached at step {reached[0]}'} "
+                            f"{target:g} (baseline: {'never' if was is None else f'step {was[0]}'})"))
+    else:
+        d_steps = reached[0] - was[0]
+        checks.append(Check("time-to-loss", reached[0], was[0], d_steps,
+                            FAIL if d_steps > slack else BETTER if d_steps < -slack else OK,
+                            f"val loss {target:g} at step {reached[0]} vs {was[0]}, {why}"))
+    return checks

@@ -16,7 +16,7 @@ import typing
 import warnings
 from collections.abc import Sequence
 
-from .config import MODEL_NOTES, MODELS, RECIPE_NOTES, RECIPES, GPTConfig, Recipe, get_model, get_recipe
+from .config import MODEL_NOTES, MODELS, RECIPE_NOTES, RECIPES, GPTConfig, Recipe, Schedule, get_model, get_recipe
 from .units import format_bytes
 
 
@@ -62,6 +62,11 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--batch", type=_positive, default=None, help="override the model's batch size")
     train.add_argument("--log-every", type=_positive, default=10,
                        help="read the loss every N steps (a host-device sync each; default 10)")
+    train.add_argument("--eval-every", type=_positive, default=None, metavar="N",
+                       help="read the validation loss every N steps, at step 0 and at the end (eval mode, fixed "
+                            "batches); the summary gives the final one")
+    train.add_argument("--eval-batches", type=_positive, default=20, metavar="K",
+                       help="validation batches per evaluation (the model's batch size each; default 20)")
 
     estimate = sub.add_parser("estimate", help="memory breakdown of a training step: analytic, optionally simulated")
     _add_case_arguments(estimate)
@@ -201,6 +206,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
+    from .convergence import train_and_evaluate
     from .measure import process_peak_memory
     from .train import Trainer, resolve_device
 
@@ -221,8 +227,22 @@ def cmd_train(args: argparse.Namespace) -> int:
         bar.set_postfix_str(f"loss {loss:.4f} | {tok_s:,.0f} tok/s | peak {kind} {format_bytes(peak)}")
         bar.update(step - bar.n)
 
+    def on_eval(step: int, val: float, train: float | None) -> None:
+        nonlocal first
+        first = train if first is None else first
+        bar.write(f"step {step:>6,}: val loss {val:.4f}" + (f" | train loss {train:.4f} (mean since the last "
+                                                              f"evaluation)" if train is not None else ""))
+        if train is not None:
+            on_log(step, train)
+
+    val = None
     try:
-        losses = trainer.run(args.steps, log_every=args.log_every, on_log=on_log)
+        if args.eval_every:  # training is timed apart from the evaluations
+            schedule = Schedule(steps=args.steps, eval_every=args.eval_every, eval_batches=args.eval_batches)
+            run = train_and_evaluate(trainer, schedule, on_eval)
+            losses, val, seconds = [l for l in run.train_loss if l is not None], run.final_val_loss, run.seconds[-1]
+        else:
+            losses = trainer.run(args.steps, log_every=args.log_every, on_log=on_log)
     except torch.OutOfMemoryError:
         bar.close()
         peak, kind = process_peak_memory(device)
@@ -230,7 +250,8 @@ def cmd_train(args: argparse.Namespace) -> int:
               f"{format_bytes(peak)})", file=sys.stderr)
         return 1
     bar.close()
-    seconds = time.perf_counter() - start
+    if val is None:
+        seconds = time.perf_counter() - start
     peak, kind = process_peak_memory(device)
     timing = f"{1000 * seconds / args.steps:.1f} ms/step, {args.steps * trainer.tokens_per_step / seconds:,.0f} tok/s"
     if recipe.compile:
@@ -239,8 +260,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     if recipe.parallel != "none":
         device = f"{world} ranks x {device} ({recipe.parallel}, world size {world}; peak of rank 0)"
-    print(f"{label} on {device}: {args.steps} steps in {seconds:.1f} s ({timing}), loss {first:.4f} at step 1 -> "
-          f"{losses[-1]:.4f} at step {args.steps}, peak {kind} {format_bytes(peak)}")
+    if val is None:
+        what = f"loss {first:.4f} at step 1 -> {losses[-1]:.4f} at step {args.steps}"
+    else:
+        what = (f"train loss {first:.4f} over the first {args.eval_every} steps -> {losses[-1]:.4f} over the last, "
+                f"validation loss {val:.4f} at step {args.steps} (evaluations not timed)")
+    print(f"{label} on {device}: {args.steps} steps in {seconds:.1f} s ({timing}), {what}, peak {kind} "
+          f"{format_bytes(peak)}")
     return 0
 
 

@@ -257,6 +257,7 @@ MODELS: dict[str, GPTConfig] = {
     "deep-1.6b": GPTConfig(n_layer=32, n_head=16, n_embd=2048, block_size=512, vocab_size=GPT2_VOCAB, batch_size=4,
                            dataset="random", bias=True),
 }
+MODELS["deep-1.6b-char"] = dataclasses.replace(MODELS["deep-1.6b"], vocab_size=CHAR_VOCAB, dataset="shakespeare")
 
 MODEL_NOTES: dict[str, str] = {
     "char": "nanoGPT shakespeare_char: 6 layers, 6 heads, 384 wide, T=256, batch 64, dropout 0.2, no biases",
@@ -272,6 +273,7 @@ MODEL_NOTES: dict[str, str] = {
     "gpt2-large": "GPT-2 774M, T=1024, batch 16, random tokens",
     "gpt2-xl": "GPT-2 1.5B, T=1024, batch 16, random tokens",
     "deep-1.6b": "32 layers x 2048 wide (biases on), T=512, batch 4, random tokens: the memory-recipe study's model",
+    "deep-1.6b-char": "deep-1.6b on the Shakespeare characters: the memory recipes' cost in validation loss",
 }
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -400,6 +402,32 @@ LADDER: tuple[str, ...] = tuple(_LADDER)
 # Studies: the experiments the benchmarks reproduce, each a set of models x recipes
 
 
+@dataclass(frozen=True, kw_only=True)
+class Schedule:
+    """A study's full training run, for the convergence tier: how long, how often the validation loss is read, and
+    the loss the time-to-loss is measured to. The recipe's cosine decay is set to end at ``steps``."""
+
+    steps: int
+    """Optimizer steps of the whole run (nanoGPT's CPU command: 2,000; its char config: 5,000)."""
+    eval_every: int
+    """Read the validation loss every this many steps (and at step 0 and at the end)."""
+    eval_batches: int
+    """Fixed validation batches per evaluation (the model's batch size each, the same for every recipe and seed)."""
+    target_loss: float | None = None
+    """Time-to-loss: the first evaluation at or below this validation loss (None: no target)."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "eval_every", "eval_batches"):
+            value = getattr(self, name)
+            _check(isinstance(value, int) and value >= 1, name, f"must be an integer >= 1, got {value!r}")
+        _check(self.target_loss is None or self.target_loss > 0, "target_loss", f"must be > 0, got {self.target_loss}")
+
+    @property
+    def eval_steps(self) -> tuple[int, ...]:
+        """The steps after which the validation loss is read: 0 (before training), every eval_every, and the last."""
+        return tuple(dict.fromkeys((*range(0, self.steps, self.eval_every), self.steps)))
+
+
 @dataclass(frozen=True)
 class Study:
     """One experiment the suite reproduces: which models it varies under which recipes, and where it runs."""
@@ -409,22 +437,34 @@ class Study:
     models: tuple[str, ...]
     recipes: tuple[str, ...]
     device: Literal["cpu", "cuda"]
+    schedule: Schedule | None = None
+    """The study's full training run (the convergence tier); None where the study has no quality figure."""
 
 
 STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("char-shape", "nanoGPT's shakespeare_char model, one dimension doubled at a time, x precision, "
           "optimizer and batch recipes", ("char", "char-ctx2", "char-layers2", "char-embd2"),
-          ("fp32", "sgd-cosine", "fp16", "bf16", "small-batch", "grad-accum"), "cuda"),
+          ("fp32", "sgd-cosine", "fp16", "bf16", "small-batch", "grad-accum"), "cuda",
+          Schedule(steps=5000, eval_every=250, eval_batches=20, target_loss=1.6)),
     Study("cpu-shape", "nanoGPT's CPU model, one dimension doubled at a time, x nanoGPT's CPU command's recipes",
           ("cpu-small", "cpu-heads2", "cpu-layers2", "cpu-embd2"),
-          ("ckpt-fp32", "ckpt-half-batch", "ckpt-grad-accum-2", "ckpt-sgd-cosine", "ckpt-bf16"), "cpu"),
+          ("ckpt-fp32", "ckpt-half-batch", "ckpt-grad-accum-2", "ckpt-sgd-cosine", "ckpt-bf16"), "cpu",
+          Schedule(steps=2000, eval_every=100, eval_batches=20, target_loss=2.0)),
     Study("memory-recipe", "a 1.6B model under eleven memory-saving recipes", ("deep-1.6b",), MEMORY_RECIPES,
           "cuda"),
+    Study("memory-recipe-quality", "the memory-recipe study's model and recipes on real text: what each recipe "
+          "costs in validation loss", ("deep-1.6b-char",), MEMORY_RECIPES, "cuda",
+          Schedule(steps=300, eval_every=50, eval_batches=10, target_loss=2.5)),
     Study("ladder", "GPT-2 124M up the optimization ladder, one switch per rung", ("gpt2",), LADDER, "cuda"),
     Study("cpu-recipe", "nanoGPT's CPU model under every memory recipe, regional compilation and the ladder's "
           "naive bottom rung (a host sync every step): the work ledger's CPU watch", ("cpu-small",),
           MEMORY_RECIPES + ("compile-blocks", "ladder-0"), "cpu"),
 )}
+
+
+#: The CPU-shape study's schedule shortened to what CI can afford (one case, about a minute on one thread): its own
+#: whole cosine decay over 400 steps, so that it has an end of training to judge.
+CPU_SHAPE_SHORT = Schedule(steps=400, eval_every=50, eval_batches=20, target_loss=2.5)
 
 
 def _unknown(kind: str, name: str, choices: list[str]) -> ValueError:

@@ -31,6 +31,7 @@ from gptcore.units import common_unit, format_bytes
 from gptcore.work import WorkLedger
 
 if TYPE_CHECKING:
+    from gptcore.convergence import Convergence
     from gptcore.measure import Measurement
 
 __all__ = ["GATE", "Gate", "PerformanceRegression", "Row", "configure", "expectations_table", "finish", "gate_table",
@@ -233,17 +234,34 @@ class Gate:
         """Compare a Measurement with its baseline (None when recording or when the case failed) and keep a row.
         ``estimate_by_category``: the estimate's peak by category, kept to say where a memory change is."""
         device_type = m.device.split(":")[0]
-        slug = baselines.device_slug(m.device)
         measured = Entry(tokens_per_s=m.tokens_per_s, tokens_per_s_iqr=m.tokens_per_s_iqr,
                          peak_allocated_bytes=m.peak_allocated_bytes, peak_reserved_bytes=m.peak_reserved_bytes,
                          loss=m.loss, loss_step=m.loss_step, precision=precision,
                          cpu_model=self.cpu_model if device_type == "cpu" else None, cpu_share=m.cpu_share,
                          work=WorkLedger.from_json(m.work) if m.work else None,
                          peak_by_category=m.peak_by_category, estimate_by_category=estimate_by_category)
+        return self.judge_entry(node, measured, m.device, estimate=estimate, error=m.error, mfu=_mfu_cell(m))
+
+    def check_convergence(self, node: pytest.Item, run: Convergence | None, *, device: str, precision: str,
+                          error: str | None = None) -> Verdict | None:
+        """Compare a convergence run (gptcore.convergence) with its baseline and keep a row; as ``check``. ``run``
+        is None when the case failed with ``error``."""
+        device_type = device.split(":")[0]
+        measured = Entry(tokens_per_s=run and run.tokens_per_s, tokens_per_s_iqr=None, peak_allocated_bytes=None,
+                         peak_reserved_bytes=None, loss=None, loss_step=run.steps[-1] if run else 0,
+                         precision=precision,
+                         cpu_model=self.cpu_model if device_type == "cpu" else None, convergence=run)
+        return self.judge_entry(node, measured, device, error=error)
+
+    def judge_entry(self, node: pytest.Item, measured: Entry, device: str, *, estimate: int | str | None = None,
+                    error: str | None = None, mfu: str = "—") -> Verdict | None:
+        """Record (under --update-baselines) or judge ``measured`` against the device's baseline, and keep a row."""
+        device_type = device.split(":")[0]
+        slug = baselines.device_slug(device)
         file = self.load(slug)
         baseline = file.entries.get(node.name) if file else None
-        if m.error:
-            self.rows.append(Row(node.name, measured, baseline, "FAIL: out of memory", estimate, m.error))
+        if error:
+            self.rows.append(Row(node.name, measured, baseline, "FAIL: out of memory", estimate, error))
             return None
         if self.update or (self.update_loss and device_type == "cpu"):
             self.pending.setdefault(slug, {})[node.name] = measured
@@ -266,7 +284,7 @@ class Gate:
                 self.not_gated[reason] = self.not_gated.get(reason, 0) + 1
         self.rows.append(Row(node.name, measured, baseline, summary, estimate,
                              status={c.metric: c.status for c in verdict.checks},
-                             work=_work_cell(verdict), mfu=_mfu_cell(m)))
+                             work=_work_cell(verdict), mfu=mfu))
         return verdict
 
     def expect(self, model: str, recipe: str, m: Measurement, estimate: int | str | None,
@@ -316,8 +334,11 @@ def preload(config: pytest.Config, items: list[pytest.Item]) -> None:
             item.add_marker(skip)
         return
     gate = config.stash[GATE]
-    slugs = {"cpu"} if any(item.get_closest_marker("cpu") for item in bench) else set()
-    if cuda_available() and any(item.get_closest_marker("gpu") for item in bench):
+    def marked(*names: str) -> bool:
+        return any(item.get_closest_marker(name) for item in bench for name in names)
+
+    slugs = {"cpu"} if marked("cpu", "convergence") else set()
+    if cuda_available() and marked("gpu", "convergence"):
         slugs.add(baselines.device_slug("cuda"))
     try:
         for slug in sorted(slugs):
@@ -378,6 +399,9 @@ def write_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Conf
     terminalreporter.section(SECTION)
     if gate.rows:
         terminalreporter.write_line(gate_table(gate.rows))
+    if any(r.measured and r.measured.convergence for r in gate.rows):
+        terminalreporter.write_line(f"{CONVERGENCE}:")
+        terminalreporter.write_line(convergence_table(gate.rows))
     if gate.expected.outcomes:
         terminalreporter.write_line(f"{PAYS}:")
         terminalreporter.write_line(expectations_table(gate.expected.outcomes))
@@ -393,6 +417,7 @@ def write_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Conf
                     terminalreporter.write_line(f"gate markdown: NOT written to {path}: {err}", red=True)
 
 
+CONVERGENCE = "does it still learn (convergence runs: validation loss and time-to-loss)"
 PAYS = "does each optimization still pay (expected effects, judged within this run)"
 
 
@@ -405,6 +430,8 @@ def gate_markdown(gate: Gate, notes: Sequence[str]) -> str:
     if failures:
         out += ["### Failing", "", *(f"- {_md_escape(line)}" for line in failures), ""]
     out += ["### Cases", "", gate_table(gate.rows, tablefmt="github"), ""]
+    if any(r.measured and r.measured.convergence for r in gate.rows):
+        out += [f"### {CONVERGENCE[0].upper()}{CONVERGENCE[1:]}", "", convergence_table(gate.rows, "github"), ""]
     if gate.expected.outcomes:
         out += [f"### {PAYS[0].upper()}{PAYS[1:]}", "", expectations_table(gate.expected.outcomes, "github"), ""]
     rest = [n for n in notes if not n.startswith("FAIL")]
@@ -457,7 +484,12 @@ def gate_table(rows: Sequence[Row], tablefmt: str = "simple") -> str:
         est = row.estimate
         est_meas = f"{est / peak:.2f}" if isinstance(est, (int, float)) and peak else ("err" if est == "err" else "—")
         reference = b.loss_reference(m.cpu_model)[0] if m and b else None
-        if not (m and b and m.loss is not None and reference is not None):
+        loss = m.loss if m else None
+        if m and m.convergence:  # a whole training run: its final validation loss
+            loss = m.convergence.final_val_loss
+            reference = b.convergence.final_val_loss if b and b.convergence else None
+            loss_delta = "—" if reference is None else f"{loss - reference:+.4f}"
+        elif not (m and b and m.loss is not None and reference is not None):
             loss_delta = "—"
         elif m.loss_step != b.loss_step:
             loss_delta = f"(step {m.loss_step}≠{b.loss_step})"
@@ -470,11 +502,38 @@ def gate_table(rows: Sequence[Row], tablefmt: str = "simple") -> str:
             format_bytes(peak, unit), format_bytes(base_peak, unit),
             _pct(peak, base_peak, row.status.get("peak memory")),
             est_meas, row.mfu,
-            _num(m.loss if m else None, ".4f"), loss_delta, row.work,
+            ("val " if m and m.convergence else "") + _num(loss, ".4f"), loss_delta, row.work,
             row.verdict if not row.error else f"{row.verdict} ({row.error})",
         ])
     headers = ["case", "tok/s", "base tok/s", "Δ", "peak", "base peak", "Δ", "est/meas", "MFU", "loss", "Δ loss",
                "work", "verdict"]
+    if tablefmt == "github":
+        table = [[_md_escape(cell) for cell in line] for line in table]
+    return tabulate(table, headers=headers, disable_numparse=True, stralign="right", tablefmt=tablefmt)
+
+
+def convergence_table(rows: Sequence[Row], tablefmt: str = "simple") -> str:
+    """The convergence cases: validation loss at the start, the middle and the end (baseline's end beside it),
+    time-to-loss now and in the baseline (steps, tokens, training seconds), training tokens/s."""
+    table = []
+    for row in rows:
+        m, b = row.measured, row.baseline
+        now, before = (m.convergence if m else None), (b.convergence if b else None)
+        if now is None:
+            continue
+        mid = len(now.steps) // 2
+        reached = now.time_to_loss()
+        was = before.time_to_loss(now.target_loss) if before else None
+        table.append([
+            row.case, f"{now.val_loss[0]:.3f}", f"{now.val_loss[mid]:.3f} @{now.steps[mid]}",
+            f"{now.final_val_loss:.4f} @{now.steps[-1]}", _num(before.final_val_loss if before else None, ".4f"),
+            _num(now.target_loss, "g"),
+            "never" if reached is None else f"{reached[0]:,} ({reached[1]:,} tok, {reached[2]:.0f} s)",
+            "—" if before is None else "never" if was is None else f"{was[0]:,}",
+            _num(now.tokens_per_s, ",.0f"), row.verdict,
+        ])
+    headers = ["case", "val @0", "val mid", "val end", "base end", "target", "time-to-loss (steps)", "base steps",
+               "tok/s", "verdict"]
     if tablefmt == "github":
         table = [[_md_escape(cell) for cell in line] for line in table]
     return tabulate(table, headers=headers, disable_numparse=True, stralign="right", tablefmt=tablefmt)

@@ -24,6 +24,7 @@ from typing import Any
 from . import baselines, expectations
 from .baselines import BaselineFile, Tolerances
 from .config import RECIPE_NOTES, get_model, get_recipe
+from .convergence import Convergence
 from .memory import CATEGORIES, estimate, resolve
 from .report import BUSY_SHARE, Record, load_run, number, recorded_busy
 from .units import common_unit, in_unit
@@ -308,6 +309,37 @@ SCRIPT = """window.addEventListener('load', function () {
 });"""
 
 
+def convergence_figure(group: str, recs: Sequence[Record], base: BaselineFile | None) -> str | None:
+    """Validation loss over training steps for the group's convergence cases: now (solid) and the baseline's run
+    (dashed, same colour), with the time-to-loss target; None when no case of the group is a convergence run."""
+    runs = []
+    for r in recs:
+        try:
+            runs.append((r, Convergence.from_json(r.info.get("convergence"), r.name)))
+        except ValueError:
+            continue
+    if not runs:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(11, 5.5))
+    cmap = plt.get_cmap("tab20")
+    for i, (r, run) in enumerate(runs):
+        color = cmap(i % 20)
+        ax.plot(run.steps[1:], run.val_loss[1:], color=color, lw=1.4, label=r.name)
+        e = base.entries.get(r.name) if base else None
+        if e is not None and e.convergence is not None:
+            ax.plot(e.convergence.steps[1:], e.convergence.val_loss[1:], color=color, lw=1, ls="--")
+    targets = {run.target_loss for _, run in runs if run.target_loss is not None}
+    for target in targets:
+        ax.axhline(target, color="black", lw=0.8, ls=":")
+        ax.text(ax.get_xlim()[1], target, f" target {target:g}", va="center", fontsize=8)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("validation loss (nats/token, fixed batches)")
+    ax.set_title(f"{group}: validation loss, now (solid) vs baseline (dashed)", fontsize=10)
+    ax.legend(fontsize=7, ncol=2, loc="upper right")
+    return _png(fig)
+
+
 def _figure(png: str, plot: str, caption: str) -> str:
     return (f'<figure><img data-plot="{html.escape(plot)}" alt="{html.escape(caption)}" '
             f'src="data:image/png;base64,{png}"><figcaption>{html.escape(caption)}</figcaption></figure>')
@@ -380,9 +412,14 @@ def build_html(run: str | Path, *, baselines_dir: str | Path = "baselines", hist
              "</section>"]
     for group in dict.fromkeys(r.group for r in records):
         recs = [r for r in records if r.group == group]
-        body += [f"<section><h2>{html.escape(group or 'benchmarks')}</h2>", _case_rows(recs, base, tol),
-                 _figure(compare_figure(group, recs, base, tol), "compare",
-                         f"{group}: each case now (blue; red: FAIL) vs its baseline (grey), with the tolerance band")]
+        body += [f"<section><h2>{html.escape(group or 'benchmarks')}</h2>", _case_rows(recs, base, tol)]
+        png = convergence_figure(group, recs, base)
+        if png:  # whole training runs: what they learned is the figure (no memory is measured there)
+            body += [_figure(png, "convergence", f"{group}: validation loss over training, now vs baseline"),
+                     "</section>"]
+            continue
+        body.append(_figure(compare_figure(group, recs, base, tol), "compare",
+                            f"{group}: each case now (blue; red: FAIL) vs its baseline (grey), with the tolerance band"))
         png = breakdown_figure(group, recs)
         if png:
             body.append(_figure(png, "breakdown", f"{group}: the analytic estimate's memory at the peak, by category"))

@@ -22,6 +22,8 @@ from .data import Corpus, TokenBatches, check_vocab, load_corpus, make_loader
 from .model import GPT, attention_unsupported
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+EVAL_SEED = 20_000
+"""Seed of the evaluation batches, apart from every training seed (Recipe.seed)."""
 
 
 class UnsupportedRecipe(ValueError):
@@ -234,11 +236,17 @@ class Trainer:
         batch = next(self._batches)
         return distributed.shard(batch, self.rank) if self.rank.world_size > 1 else batch
 
+    def eval_batches(self, split: str = "val") -> TokenBatches:
+        """The fixed evaluation batches: the model's batch size (not the recipe's micro-batch) drawn with a seed of
+        their own, so that every recipe and every training seed is evaluated on the same tokens."""
+        return TokenBatches(self.corpus, split, self.cfg.batch_size, self.cfg.block_size, EVAL_SEED)
+
     @torch.no_grad()
     def evaluate(self, split: str = "val", n_batches: int = 10) -> float:
-        """Mean loss over ``n_batches`` fixed batches of ``split`` in eval mode (dropout off). Syncs once."""
+        """Mean loss over the first ``n_batches`` of ``eval_batches(split)`` in eval mode (dropout off), on every
+        rank alike. Syncs once."""
         self.model.eval()
-        data = self.batches(split, seed_offset=1)
+        data = self.eval_batches(split)
         total = torch.zeros((), device=self.device, dtype=self.loss_dtype)
         with self.numerics():
             for i in range(n_batches):

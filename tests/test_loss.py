@@ -30,7 +30,7 @@ def test_markov_loss_reaches_the_entropy_rate_and_not_below():
     # the loss floor: the true chain's log-loss on exactly the held-out tokens we evaluate on
     P = markov_source(V, seed)
     P = P / P.sum(dim=1, keepdim=True)
-    data, n = t.batches("val", seed_offset=1), 20
+    data, n = t.eval_batches("val"), 20
     oracle = torch.stack([-P[x, y].log().mean() for x, y in (data[i] for i in range(n))]).mean().item()
     loss = t.evaluate("val", n_batches=n)
     rate = t.corpus.entropy_rate

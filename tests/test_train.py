@@ -174,7 +174,7 @@ def test_evaluate_runs_in_eval_mode_and_returns_to_training():
     first, second = t.evaluate(n_batches=2), t.evaluate(n_batches=2)
     assert first == second  # dropout off: the same batches give the same loss
     assert t.model.training  # back in training mode for the next step
-    x, y = t.batches("val", seed_offset=1)[0]
+    x, y = t.eval_batches("val")[0]
     t.model.eval()
     with torch.no_grad():
         one = t.model(x, y)[1].item()

@@ -1,0 +1,31 @@
+"""Does the CPU-shape study still learn? Each case trains nanoGPT's CPU command for its whole 2,000 steps (lr decay
+to 2,000, checkpointing on) and is gated on its final validation loss and its time-to-loss (gptcore.convergence).
+
+The full table is opt-in (-m convergence): 20 cases, about 50 minutes side by side on 2 cores
+(``-k convergence_cpu_shape_full`` in two processes split with -k, one thread per case). CI runs one case on a
+400-step schedule of its own (-m cpu, about a minute).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.harness import converge_case, grid
+from gptcore.config import CPU_SHAPE_SHORT, STUDIES
+
+STUDY = STUDIES["cpu-shape"]
+
+pytestmark = pytest.mark.convergence
+
+
+@pytest.mark.benchmark(group="cpu-shape convergence (2,000 steps)")
+@pytest.mark.parametrize(("model", "recipe"), grid(STUDY))
+def test_convergence_cpu_shape_full(benchmark, gate, request, model: str, recipe: str) -> None:
+    converge_case(benchmark, gate, request, STUDY, model, recipe)
+
+
+@pytest.mark.cpu
+@pytest.mark.benchmark(group="cpu-shape convergence (400 steps, CI)")
+@pytest.mark.parametrize(("model", "recipe"), [pytest.param("cpu-small", "ckpt-fp32", id="cpu-small-ckpt-fp32")])
+def test_convergence_cpu_shape_short(benchmark, gate, request, model: str, recipe: str) -> None:
+    converge_case(benchmark, gate, request, STUDY, model, recipe, CPU_SHAPE_SHORT)

@@ -1,0 +1,142 @@
+"""The convergence tier: its figures (time-to-loss, the recorded run's schema), its gate (the final validation loss
+against the seed-to-seed spread, time-to-loss exactly), the CLI's --eval-every, and a planted regression that hurts
+learning without changing any step-47 figure: the convergence gate fails it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from gptcore import baselines, train
+from gptcore.baselines import BaselineError, Entry, Tolerances, compare
+from gptcore.config import CPU_SHAPE_SHORT, Schedule, get_model, get_recipe
+from gptcore.convergence import Convergence, converge, schedule_recipe, torch_threads
+from gptcore.train import Trainer
+
+pytestmark = pytest.mark.cpu
+
+ROOT = Path(__file__).resolve().parent.parent
+SHORT_CASE = "test_convergence_cpu_shape_short[cpu-small-ckpt-fp32]"
+
+
+def run(val: list[float], steps: tuple[int, ...] = (0, 100, 200, 300), target: float | None = 2.0) -> Convergence:
+    return Convergence(steps=list(steps), val_loss=val, train_loss=[None, *val[1:]],
+                       seconds=[0.0, 1.0, 2.0, 3.0][:len(steps)], tokens_per_step=768, target_loss=target)
+
+
+def entry(c: Convergence, cpu: str = "cpu A") -> Entry:
+    return Entry(tokens_per_s=1000.0, tokens_per_s_iqr=None, peak_allocated_bytes=None, peak_reserved_bytes=None,
+                 loss=None, loss_step=c.steps[-1], cpu_model=cpu, convergence=c)
+
+
+def statuses(now: Entry, before: Entry | None, tol: float = 0.02) -> dict[str, str]:
+    verdict = compare("case", now, before, dataclasses.replace(Tolerances.default_for("cpu"), val_loss=tol))
+    return {c.metric: c.status for c in verdict.checks}
+
+
+def test_time_to_loss_is_the_first_evaluation_at_or_below_the_target():
+    c = run([4.3, 2.5, 2.0, 1.9])
+    assert c.time_to_loss() == (200, 200 * 768, 2.0)  # 2.0 <= 2.0: reached at the evaluation that equals it
+    assert c.time_to_loss(2.4) == (200, 200 * 768, 2.0)
+    assert c.time_to_loss(1.0) is None
+    assert run([4.3, 2.5, 2.0, 1.9], target=None).time_to_loss() is None
+    assert c.tokens_per_s == 300 * 768 / 3.0
+
+
+def test_schedule_reads_at_step_zero_every_interval_and_at_the_end():
+    assert Schedule(steps=400, eval_every=100, eval_batches=1).eval_steps == (0, 100, 200, 300, 400)
+    assert Schedule(steps=250, eval_every=100, eval_batches=1).eval_steps == (0, 100, 200, 250)
+    with pytest.raises(ValueError, match="eval_every"):
+        Schedule(steps=10, eval_every=0, eval_batches=1)
+    assert schedule_recipe(get_recipe("ckpt-fp32"), CPU_SHAPE_SHORT).decay_steps == 400
+
+
+def test_gate_fails_a_worse_final_val_loss_beyond_the_spread_and_passes_within():
+    before = entry(run([4.3, 2.5, 2.0, 1.90]))
+    assert statuses(entry(run([4.3, 2.5, 2.0, 1.919])), before)["val loss"] == "ok"  # +0.019 < 0.02
+    assert statuses(entry(run([4.3, 2.5, 2.0, 1.921])), before)["val loss"] == "FAIL"  # +0.021
+    assert statuses(entry(run([4.3, 2.5, 2.0, 1.879])), before)["val loss"] == "better"  # refresh the baseline
+    assert statuses(entry(run([4.3, 2.5, 2.0, 1.9])), None) == dict.fromkeys(
+        ("tokens/s", "val loss", "time-to-loss"), "no baseline")
+
+
+def test_time_to_loss_is_exact_on_the_same_cpu_and_has_one_interval_of_slack_on_another():
+    before = entry(run([4.3, 2.5, 2.0, 1.9]))  # reaches 2.0 at step 200
+    later = run([4.3, 2.5, 2.01, 1.9])  # at step 300
+    assert statuses(entry(later), before)["time-to-loss"] == "FAIL"
+    assert statuses(entry(later, cpu="cpu B"), before)["time-to-loss"] == "ok"
+    assert statuses(entry(run([4.3, 2.5, 2.01, 2.01])), before)["time-to-loss"] == "FAIL"  # never reached
+    assert statuses(entry(run([4.3, 1.99, 1.9, 1.9])), before)["time-to-loss"] == "better"
+    moved = entry(run([4.3, 2.5, 2.0], steps=(0, 100, 200)))
+    assert statuses(moved, before)["val loss"] == "not gated"  # evaluated at other steps: re-record
+
+
+def test_a_recorded_run_round_trips_and_a_broken_one_is_named():
+    c = run([4.3, 2.5, 2.0, 1.9])
+    back = Entry.from_json(json.loads(json.dumps(entry(c).to_json())), "here")
+    assert back.convergence == c
+    data = entry(c).to_json()
+    data["convergence"]["val_loss"] = [4.3, "x", 2.0, 1.9]
+    with pytest.raises(BaselineError, match=r"here: convergence.val_loss"):
+        Entry.from_json(data, "here")
+    data["convergence"]["val_loss"] = [4.3, 2.0]
+    with pytest.raises(BaselineError, match="differ in length"):
+        Entry.from_json(data, "here")
+
+
+def test_a_convergence_run_is_bit_identical_when_repeated():
+    schedule = Schedule(steps=20, eval_every=10, eval_batches=2, target_loss=3.9)
+    a = converge(get_model("cpu-small"), get_recipe("ckpt-fp32"), schedule, threads=1)
+    b = converge(get_model("cpu-small"), get_recipe("ckpt-fp32"), schedule, threads=1)
+    assert a.val_loss == b.val_loss and a.train_loss == b.train_loss
+    assert a.steps == [0, 10, 20] and a.train_loss[0] is None
+    assert a.val_loss[-1] < a.val_loss[0]  # it learns
+
+
+def test_cli_train_prints_the_validation_loss_every_n_steps_and_the_final_one(capsys):
+    from gptcore.cli import main
+
+    assert main(["train", "--model", "cpu-small", "--recipe", "ckpt-fp32", "--steps", "5", "--eval-every", "2",
+                 "--eval-batches", "1", "--device", "cpu"]) == 0
+    out = capsys.readouterr()
+    evaluated = [line.split(":")[0].split()[-1] for line in (out.out + out.err).splitlines() if ": val loss" in line]
+    assert evaluated == ["0", "2", "4", "5"]
+    assert "validation loss" in out.out and "at step 5" in out.out
+
+
+def _early_decay(real):
+    """The plant: a schedule whose cosine decay ends at half the recipe's decay_steps (warm-up untouched)."""
+    def lr_at(step, recipe):
+        return real(step, dataclasses.replace(recipe, decay_steps=recipe.decay_steps // 2))
+    return lr_at
+
+
+@pytest.mark.slow
+def test_a_schedule_that_decays_too_early_fails_the_convergence_gate_and_no_step_47_figure(monkeypatch):
+    """The CI convergence case (400 steps) with the cosine decay ending at step 200 instead of 400: every figure of
+    the benchmark tier, read at step 47 during the warm-up, is unchanged; the final validation loss is worse than
+    the committed baseline by more than the seed-to-seed tolerance."""
+    cfg, recipe = get_model("cpu-small"), schedule_recipe(get_recipe("ckpt-fp32"), CPU_SHAPE_SHORT)
+    real = train.lr_at
+
+    def losses_to_47() -> list[torch.Tensor]:
+        with torch_threads(1):
+            t = Trainer(cfg, recipe, "cpu")
+            return [t.step() for _ in range(47)]
+
+    clean = losses_to_47()
+    monkeypatch.setattr(train, "lr_at", _early_decay(real))
+    assert torch.equal(torch.stack(losses_to_47()), torch.stack(clean))
+
+    planted = converge(cfg, get_recipe("ckpt-fp32"), CPU_SHAPE_SHORT, threads=1)
+    file = baselines.load(ROOT / "baselines" / "cpu.json", expect_slug="cpu")
+    before = file.entries[SHORT_CASE]
+    verdict = compare(SHORT_CASE, entry(planted, cpu=baselines.cpu_model()), before, file.tolerances)
+    val = next(c for c in verdict.checks if c.metric == "val loss")
+    assert val.status == "FAIL", val.note
+    print(f"planted early decay: final val {planted.final_val_loss:.4f} vs baseline "
+          f"{before.convergence.final_val_loss:.4f} (+{val.delta:.4f} nats, tolerance {file.tolerances.val_loss})")

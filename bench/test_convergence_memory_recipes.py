@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from bench.harness import converge_case, grid, run_if
-from gptcore.config import STUDIES
+from gptcore.config import QUALITY_STUDIES
 
-STUDY = STUDIES["memory-recipe-quality"]
+STUDY = QUALITY_STUDIES["memory-recipe-quality"]
 
 pytestmark = [pytest.mark.convergence, pytest.mark.slow, *run_if(cuda=True)]
 

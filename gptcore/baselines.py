@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .convergence import Convergence
+from .rules import Status, delta, judge
 from .units import format_bytes
 
 if TYPE_CHECKING:
@@ -195,6 +196,20 @@ class Entry:
     """The memory estimate's peak by category (any device), the same where the device has no tracker."""
     convergence: Convergence | None = None
     """A convergence case's whole run (validation curve, time-to-loss); None for a benchmark case."""
+
+    @classmethod
+    def from_measurement(cls, m: Any, *, precision: str, cpu_model: str | None,
+                         estimate_by_category: dict[str, int] | None = None) -> Entry:
+        """The entry of a ``gptcore.measure.Measurement`` (or anything with its fields, such as a run's
+        extra_info as a namespace); ``cpu_model`` is recorded on CPU only."""
+        from .work import WorkLedger
+
+        return cls(tokens_per_s=m.tokens_per_s, tokens_per_s_iqr=m.tokens_per_s_iqr,
+                   peak_allocated_bytes=m.peak_allocated_bytes, peak_reserved_bytes=m.peak_reserved_bytes,
+                   loss=m.loss, loss_step=m.loss_step, precision=precision,
+                   cpu_model=cpu_model if m.device.startswith("cpu") else None, cpu_share=m.cpu_share,
+                   work=WorkLedger.from_json(m.work) if m.work else None,
+                   peak_by_category=m.peak_by_category, estimate_by_category=estimate_by_category)
 
     def loss_reference(self, cpu_model: str | None) -> tuple[float | None, str | None]:
         """The loss to hold a run on ``cpu_model`` to, and the CPU model it was measured on: that model's own
@@ -453,7 +468,7 @@ def add_loss_references(path: str | Path, slug: str, entries: dict[str, Entry]) 
 
 # -- verdicts --------------------------------------------------------------------------------------------------------
 
-OK, FAIL, BETTER, NOT_GATED, NO_BASELINE = "ok", "FAIL", "better", "not gated", "no baseline"
+OK, FAIL, BETTER, NOT_GATED, NO_BASELINE = Status.OK, Status.FAIL, Status.BETTER, Status.NOT_GATED, Status.NO_BASELINE
 #: the work ledger's gated counts (gptcore.work.WorkLedger.gated); their Check.delta is absolute
 WORK_METRICS = ("flops", "op calls", "syncs", "allocations", "allocated bytes", "graphs", "graph breaks",
                 "recompiles")
@@ -462,14 +477,19 @@ _PER_PHASE = {"flops": "flops", "op calls": "op_calls"}
 
 @dataclass
 class Check:
-    """One metric of one case against its baseline. ``delta`` is relative for memory and speed, in nats for loss."""
+    """One metric of one case against its reference. ``delta`` is relative for memory and speed, in nats for the
+    losses, absolute for the work ledger's counts and time-to-loss (steps)."""
 
     metric: str
     measured: float | None
     baseline: float | None
     delta: float | None
-    status: str
+    status: Status
     note: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.status == FAIL
 
 
 @dataclass
@@ -517,10 +537,38 @@ def _describe(c: Check) -> str:
     return f"{c.metric} {c.delta:+.1%}"
 
 
-def _relative(measured: float | None, baseline: float | None) -> float | None:
-    if measured is None or baseline is None or baseline == 0:
-        return None
-    return measured / baseline - 1.0
+def memory_check(now: int | None, before: int | None, tol: Tolerances, *, report_change: bool = False,
+                 where: str | None = None) -> Check:
+    """Peak allocated bytes: FAIL above +tol.memory, better below -tol.memory. ``report_change``: a move within
+    tolerance is 'changed' (compare reports any change); ``where``: the categories that moved, for the note."""
+    status, d = judge(now, before, tol.memory, worse="higher", relative=True, report_change=report_change)
+    if d is None:
+        return Check("peak memory", now, before, None, status, "no figure to compare")
+    note = f"{now:,} B vs {before:,} B ({now - before:+,} B), tolerance +{tol.memory:.0%}"
+    return Check("peak memory", now, before, d, status, note + (f"; {where}" if where else ""))
+
+
+def speed_check(now: float | None, before: float | None, tol: Tolerances) -> Check:
+    """tokens/s: FAIL below -tol.speed, better above +tol.speed; not gated where tol.speed is None (CPU)."""
+    status, d = judge(now, before, tol.speed, worse="lower", relative=True)
+    if d is None:
+        return Check("tokens/s", now, before, None, status, "no figure to compare")
+    if tol.speed is None:
+        return Check("tokens/s", now, before, d, status, "reported only on CPU; gate it with --speed-tol")
+    return Check("tokens/s", now, before, d, status, f"{now:,.0f} vs {before:,.0f} tok/s, tolerance -{tol.speed:.0%}")
+
+
+def loss_check(now: float | None, before: float | None, tolerance: float, *, step: int | None = None,
+               before_step: int | None = None, where: str = "") -> Check:
+    """The loss: two-sided, absolute (nats), only when both were read at the same optimizer step."""
+    status, d = judge(now, before, tolerance, worse="either", relative=False)
+    if d is None:
+        return Check("loss", now, before, None, status, "no figure to compare")
+    if step != before_step:
+        return Check("loss", now, before, d, NOT_GATED, f"read at step {step}, baseline at step {before_step}")
+    at = f" at step {step}" if step is not None else ""
+    return Check("loss", now, before, d, status,
+                 f"{now:.7f} vs {before:.7f}{at}, tolerance ±{tolerance:g} nats{where}")
 
 
 def compare(case: str, measured: Entry, baseline: Entry | None, tol: Tolerances) -> Verdict:
@@ -530,57 +578,23 @@ def compare(case: str, measured: Entry, baseline: Entry | None, tol: Tolerances)
     if baseline is None:
         return Verdict(case, [Check(metric, None, None, None, NO_BASELINE)
                               for metric in ("peak memory", "tokens/s", "loss")])
-    checks = []
-
-    # memory: fail above +tol, "better" below -tol
-    d = _relative(measured.peak_allocated_bytes, baseline.peak_allocated_bytes)
-    if d is None:
-        checks.append(Check("peak memory", measured.peak_allocated_bytes, baseline.peak_allocated_bytes, None,
-                            NOT_GATED, "no figure to compare"))
-    else:
-        status = FAIL if d > tol.memory else BETTER if d < -tol.memory else OK
-        where = None
-        if status != OK:
-            where = moved_categories(measured.peak_by_category, baseline.peak_by_category)
-            estimated = moved_categories(measured.estimate_by_category, baseline.estimate_by_category)
-            where = where or (f"estimate: {estimated}" if estimated else None)
-        checks.append(Check("peak memory", measured.peak_allocated_bytes, baseline.peak_allocated_bytes, d, status,
-                            f"{measured.peak_allocated_bytes:,} B vs {baseline.peak_allocated_bytes:,} B, "
-                            f"tolerance +{tol.memory:.0%}" + (f"; {where}" if where else "")))
-
-    # speed: fail below -tol, "better" above +tol; not gated where the tolerance is None (CPU, unless asked)
-    d = _relative(measured.tokens_per_s, baseline.tokens_per_s)
-    if d is None:
-        checks.append(Check("tokens/s", measured.tokens_per_s, baseline.tokens_per_s, None, NOT_GATED,
-                            "no figure to compare"))
-    elif tol.speed is None:
-        checks.append(Check("tokens/s", measured.tokens_per_s, baseline.tokens_per_s, d, NOT_GATED,
-                            "reported only on CPU; gate it with --speed-tol"))
-    else:
-        status = FAIL if d < -tol.speed else BETTER if d > tol.speed else OK
-        checks.append(Check("tokens/s", measured.tokens_per_s, baseline.tokens_per_s, d, status,
-                            f"{measured.tokens_per_s:,.0f} vs {baseline.tokens_per_s:,.0f} tok/s, "
-                            f"tolerance -{tol.speed:.0%}"))
-
+    memory = memory_check(measured.peak_allocated_bytes, baseline.peak_allocated_bytes, tol)
+    if memory.status in (FAIL, BETTER):  # say where the change is
+        where = moved_categories(measured.peak_by_category, baseline.peak_by_category)
+        estimated = moved_categories(measured.estimate_by_category, baseline.estimate_by_category)
+        where = where or (f"estimate: {estimated}" if estimated else None)
+        memory = memory_check(measured.peak_allocated_bytes, baseline.peak_allocated_bytes, tol, where=where)
+    checks = [memory, speed_check(measured.tokens_per_s, baseline.tokens_per_s, tol)]
     checks += _work_checks(measured.work, baseline.work, tol.work)
 
-    # loss: two-sided, absolute, only at the same step; held to this CPU model's reference where there is one,
-    # else to the recorded loss, wider when that was recorded on another CPU model
+    # the loss: held to this CPU model's reference where there is one, else to the recorded loss, wider when that
+    # was recorded on another CPU model
     reference, ref_cpu = baseline.loss_reference(measured.cpu_model)
     other_cpu = bool(measured.cpu_model and ref_cpu and measured.cpu_model != ref_cpu)
-    loss_tol = tol.loss_tolerance(measured.precision, other_cpu)
-    if measured.loss is None or reference is None:
-        checks.append(Check("loss", measured.loss, reference, None, NOT_GATED, "no figure to compare"))
-    elif measured.loss_step != baseline.loss_step:
-        checks.append(Check("loss", measured.loss, reference, measured.loss - reference, NOT_GATED,
-                            f"read at step {measured.loss_step}, baseline at step {baseline.loss_step}"))
-    else:
-        d = measured.loss - reference
-        where = (f", no reference for this CPU model: held to {ref_cpu}'s" if other_cpu
-                 else f", reference of {ref_cpu}" if ref_cpu else "")
-        checks.append(Check("loss", measured.loss, reference, d, FAIL if abs(d) > loss_tol else OK,
-                            f"{measured.loss:.7f} vs {reference:.7f} at step {measured.loss_step}, "
-                            f"tolerance ±{loss_tol:g} nats{where}"))
+    where = (f", no reference for this CPU model: held to {ref_cpu}'s" if other_cpu
+             else f", reference of {ref_cpu}" if ref_cpu else "")
+    checks.append(loss_check(measured.loss, reference, tol.loss_tolerance(measured.precision, other_cpu),
+                             step=measured.loss_step, before_step=baseline.loss_step, where=where))
     return Verdict(case, checks)
 
 
@@ -595,7 +609,7 @@ def _work_checks(now: WorkLedger | None, before: WorkLedger | None, tol: float) 
         a, b = figures_now.get(metric), figures_before.get(metric)
         if a is None or b is None or a == b:
             continue
-        status = FAIL if a > b * (1 + tol) else BETTER if a < b * (1 - tol) else OK
+        status, _ = judge(a, b, tol, worse="higher", relative=True)
         note = f"{a:,} vs {b:,}"
         if metric in _PER_PHASE:
             field = _PER_PHASE[metric]
@@ -615,16 +629,15 @@ def _convergence_checks(measured: Entry, baseline: Entry | None, tol: Tolerances
         return [Check(metric, None, None, None, NO_BASELINE) for metric in ("tokens/s", "val loss", "time-to-loss")]
     before = baseline.convergence
     checks = [Check("tokens/s", measured.tokens_per_s, baseline.tokens_per_s,
-                    _relative(measured.tokens_per_s, baseline.tokens_per_s), NOT_GATED,
+                    delta(measured.tokens_per_s, baseline.tokens_per_s, relative=True), NOT_GATED,
                     "reported only for a convergence run (its benchmark tier gates the speed)")]
     if now.steps != before.steps:
         return checks + [Check(metric, None, None, None, NOT_GATED,
                                f"evaluated at other steps ({now.steps[-1]} steps, every {now.eval_every}) than the "
                                f"baseline ({before.steps[-1]}, every {before.eval_every}): re-record it")
                          for metric in ("val loss", "time-to-loss")]
-    d = now.final_val_loss - before.final_val_loss
-    checks.append(Check("val loss", now.final_val_loss, before.final_val_loss, d,
-                        FAIL if d > tol.val_loss else BETTER if d < -tol.val_loss else OK,
+    status, d = judge(now.final_val_loss, before.final_val_loss, tol.val_loss, worse="higher", relative=False)
+    checks.append(Check("val loss", now.final_val_loss, before.final_val_loss, d, status,
                         f"{now.final_val_loss:.4f} vs {before.final_val_loss:.4f} at step {now.steps[-1]}, "
                         f"tolerance +{tol.val_loss:g} nats (seed-to-seed spread)"))
     target = before.target_loss
@@ -643,8 +656,7 @@ def _convergence_checks(measured: Entry, baseline: Entry | None, tol: Tolerances
                             f"{'never reached' if reached is None else f'reached at step {reached[0]}'} "
                             f"{target:g} (baseline: {'never' if was is None else f'step {was[0]}'})"))
     else:
-        d_steps = reached[0] - was[0]
-        checks.append(Check("time-to-loss", reached[0], was[0], d_steps,
-                            FAIL if d_steps > slack else BETTER if d_steps < -slack else OK,
+        status, d = judge(reached[0], was[0], slack, worse="higher", relative=False)
+        checks.append(Check("time-to-loss", reached[0], was[0], d, status,
                             f"val loss {target:g} at step {reached[0]} vs {was[0]}, {why}"))
     return checks

@@ -14,11 +14,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .baselines import Tolerances
+from .baselines import Check, Tolerances, loss_check, memory_check
 from .compare import (METRICS, CompareError, Options, WorkerError, compare_trees, git, local_device, repo_root,
                       resolve, run_worker, select_cases, subject, worktree, write_worker)
 from .config import RECIPES
-from .significance import SLOWER, Exact, loss_check, memory_check
+from .significance import SLOWER
 
 
 @dataclass
@@ -37,10 +37,12 @@ class BisectSpec:
     """File each step appends its figures to, one JSON line per commit."""
 
 
-def _bad_by_exact(metric: str, good: dict, now: dict, precision: str, tol: Tolerances) -> Exact:
+def _bad_by_exact(metric: str, good: dict, now: dict, precision: str, tol: Tolerances) -> Check:
+    """This commit's peak memory or loss against GOOD's, as the gate judges them."""
     if metric == "peak_memory":
-        return memory_check(good.get("peak_memory"), now.get("peak_memory"), tol)
-    return loss_check(good.get("loss"), now.get("loss"), precision, tol, good.get("loss_step") == now.get("loss_step"))
+        return memory_check(now.get("peak_memory"), good.get("peak_memory"), tol, report_change=True)
+    return loss_check(now.get("loss"), good.get("loss"), tol.loss_tolerance(precision, other_cpu=False),
+                      step=now.get("loss_step"), before_step=good.get("loss_step"))
 
 
 def measure_commit(tree: Path, spec: BisectSpec, workdir: Path) -> tuple[bool, dict]:

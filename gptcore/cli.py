@@ -337,13 +337,14 @@ def _interval(speed) -> str:  # noqa: ANN001 (gptcore.compare.Speed)
     return f"95% CI {speed.low:.3f}-{speed.high:.3f}"
 
 
-def _exact_text(check) -> str:  # noqa: ANN001 (gptcore.compare.Exact)
-    if check.a is None or check.b is None:
+def _exact_text(check) -> str:  # noqa: ANN001 (gptcore.baselines.Check: B measured against A)
+    a, b = check.baseline, check.measured
+    if a is None or b is None:
         return f"{check.metric} n/a"
     if check.metric == "loss":
-        return f"loss {check.a:.7f} -> {check.b:.7f} {check.status}"
-    change = f" ({check.delta:+.2%}, {check.b - check.a:+,} B)" if check.delta else ""
-    return f"peak memory {format_bytes(check.a)} -> {format_bytes(check.b)}{change} {check.status}"
+        return f"loss {a:.7f} -> {b:.7f} {check.status}"
+    change = f" ({check.delta:+.2%}, {b - a:+,} B)" if check.delta else ""
+    return f"peak memory {format_bytes(a)} -> {format_bytes(b)}{change} {check.status}"
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -416,9 +417,9 @@ def cmd_bisect(args: argparse.Namespace) -> int:
             print(f"  {case}: {figures['median_b']:,.0f} tok/s vs GOOD's {figures['median_a']:,.0f} "
                   f"(B/A {figures['ratio']:.3f}, {figures['verdict']})")
         else:
-            from .compare import Exact
+            from .baselines import Check
 
-            print(f"  {case}: {_exact_text(Exact(**figures))} (GOOD -> first bad)")
+            print(f"  {case}: {_exact_text(Check(**figures))} (GOOD -> first bad)")
     return 0
 
 

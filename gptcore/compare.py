@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .baselines import Tolerances
+from .baselines import Check, Tolerances, loss_check, memory_check
 from .config import RECIPES, STUDIES
-from .significance import SLOWER, Exact, Speed, loss_check, memory_check, speed_verdict
+from .significance import SLOWER, Speed, speed_verdict
 
 METRICS = ("tokens_per_s", "peak_memory", "loss")
 
@@ -262,8 +262,9 @@ class CaseResult:
     rounds_a: list[dict] = field(default_factory=list)
     rounds_b: list[dict] = field(default_factory=list)
     speed: Speed | None = None
-    memory: Exact | None = None
-    loss: Exact | None = None
+    memory: Check | None = None
+    """B's peak memory against A's, as the gate judges it ('changed' where it moved within tolerance)."""
+    loss: Check | None = None
     work: list[str] | None = None
     """Each work-ledger count that moved, 'op_calls.backward 250 -> 262 (+12)'; [] when none did; None when a
     side has no ledger."""
@@ -287,15 +288,16 @@ def _first(rounds: list[dict], key: str) -> float | None:
     return next((r[key] for r in rounds if r.get(key) is not None), None)
 
 
-def judge(result: CaseResult, threshold: float, tol: Tolerances) -> CaseResult:
-    """Fill in the speed, memory and loss verdicts from the rounds."""
+def decide(result: CaseResult, threshold: float, tol: Tolerances) -> CaseResult:
+    """Fill in the speed, memory and loss verdicts from the rounds (B measured against A as its reference)."""
     a, b = result.tokens("a"), result.tokens("b")
     if a and b:
         result.speed = speed_verdict(a, b, threshold)
-    result.memory = memory_check(_first(result.rounds_a, "peak_memory"), _first(result.rounds_b, "peak_memory"), tol)
-    same_step = _first(result.rounds_a, "loss_step") == _first(result.rounds_b, "loss_step")
-    result.loss = loss_check(_first(result.rounds_a, "loss"), _first(result.rounds_b, "loss"), result.precision, tol,
-                             same_step)
+    result.memory = memory_check(_first(result.rounds_b, "peak_memory"), _first(result.rounds_a, "peak_memory"), tol,
+                                 report_change=True)
+    result.loss = loss_check(_first(result.rounds_b, "loss"), _first(result.rounds_a, "loss"),
+                             tol.loss_tolerance(result.precision, other_cpu=False),
+                             step=_first(result.rounds_b, "loss_step"), before_step=_first(result.rounds_a, "loss_step"))
     result.work = ledger_changes(_first(result.rounds_a, "work"), _first(result.rounds_b, "work"))
     return result
 
@@ -342,7 +344,7 @@ def compare_trees(tree_a: Path, tree_b: Path, cases: Sequence[tuple[str, str]], 
                     progress(result, i + 1, rounds)
         except WorkerError as err:
             result.error = str(err)
-        results.append(judge(result, threshold, tol))
+        results.append(decide(result, threshold, tol))
     return results
 
 

@@ -27,8 +27,8 @@ from tabulate import tabulate
 from gptcore import baselines, expectations
 from gptcore.baselines import BaselineError, BaselineFile, Entry, Tolerances, Verdict
 from gptcore.expectations import Figures, Outcome
+from gptcore.rules import delta, delta_text
 from gptcore.units import common_unit, format_bytes
-from gptcore.work import WorkLedger
 
 if TYPE_CHECKING:
     from gptcore.convergence import Convergence
@@ -233,13 +233,8 @@ class Gate:
               estimate_by_category: dict[str, int] | None = None) -> Verdict | None:
         """Compare a Measurement with its baseline (None when recording or when the case failed) and keep a row.
         ``estimate_by_category``: the estimate's peak by category, kept to say where a memory change is."""
-        device_type = m.device.split(":")[0]
-        measured = Entry(tokens_per_s=m.tokens_per_s, tokens_per_s_iqr=m.tokens_per_s_iqr,
-                         peak_allocated_bytes=m.peak_allocated_bytes, peak_reserved_bytes=m.peak_reserved_bytes,
-                         loss=m.loss, loss_step=m.loss_step, precision=precision,
-                         cpu_model=self.cpu_model if device_type == "cpu" else None, cpu_share=m.cpu_share,
-                         work=WorkLedger.from_json(m.work) if m.work else None,
-                         peak_by_category=m.peak_by_category, estimate_by_category=estimate_by_category)
+        measured = Entry.from_measurement(m, precision=precision, cpu_model=self.cpu_model,
+                                          estimate_by_category=estimate_by_category)
         return self.judge_entry(node, measured, m.device, estimate=estimate, error=m.error, mfu=_mfu_cell(m))
 
     def check_convergence(self, node: pytest.Item, run: Convergence | None, *, device: str, precision: str,
@@ -461,10 +456,7 @@ def _work_cell(verdict: Verdict) -> str:
 
 
 def _pct(measured: float | None, baseline: float | None, status: str | None = None) -> str:
-    if measured is None or baseline is None or not baseline:
-        return "—"
-    text = f"{measured / baseline - 1:+.1%}"
-    return f"({text})" if status == "not gated" else text
+    return delta_text(delta(measured, baseline, relative=True), status)
 
 
 def _num(value: float | None, fmt: str) -> str:

@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from . import baselines, expectations
-from .baselines import BaselineFile, Tolerances
+from .baselines import BaselineFile, Check, Entry, Tolerances, memory_check, speed_check
 from .config import RECIPE_NOTES, get_model, get_recipe
 from .convergence import Convergence
 from .memory import CATEGORIES, estimate, resolve
 from .report import BUSY_SHARE, Record, load_run, number, recorded_busy
+from .rules import Status, delta_text
 from .units import common_unit, in_unit
 
 LADDER = re.compile(r"^ladder-(\d+)$")
@@ -109,15 +110,16 @@ def _pyplot() -> Any:
     return plt
 
 
-def _status(now: float | None, base: float | None, tol: float | None, lower_is_worse: bool) -> tuple[str, str]:
-    """(status, Δ text) of one metric against its baseline and tolerance, as the gate decides it."""
-    if now is None or base is None or not base:
-        return ("no baseline" if base is None else "no figure"), "—"
-    d = now / base - 1
-    if tol is None:
-        return "not gated", f"({d:+.1%})"
-    worse, better = (d < -tol, d > tol) if lower_is_worse else (d > tol, d < -tol)
-    return ("FAIL" if worse else "better" if better else "ok"), f"{d:+.1%}"
+def case_checks(r: Record, e: Entry | None, tol: Tolerances) -> tuple[Check, Check]:
+    """The case's tokens/s and peak memory checks, made by the gate's own rules (``baselines.speed_check`` and
+    ``memory_check``), so that the page cannot disagree with the gate; 'no baseline' without an entry."""
+    if e is None:
+        return (Check("tokens/s", r.values["speed"], None, None, Status.NO_BASELINE),
+                Check("peak memory", number(r.info.get("peak_allocated_bytes")), None, None, Status.NO_BASELINE))
+    return (speed_check(r.values["speed"], e.tokens_per_s, tol),
+            memory_check(number(r.info.get("peak_allocated_bytes")), e.peak_allocated_bytes, tol))
+
+
 
 
 def compare_figure(group: str, recs: Sequence[Record], base: BaselineFile | None, tol: Tolerances) -> str:
@@ -134,7 +136,8 @@ def compare_figure(group: str, recs: Sequence[Record], base: BaselineFile | None
     for i, (r, e) in enumerate(zip(recs, entries)):
         y = n - 1 - i
         now_s, base_s = r.values["speed"], e.tokens_per_s if e else None
-        status, _ = _status(now_s, base_s, tol.speed, lower_is_worse=True)
+        speed, memory = case_checks(r, e, tol)
+        status = speed.status
         if base_s is not None:
             if tol.speed is not None:
                 ax_s.fill_betweenx([y - 0.42, y + 0.42], base_s * (1 - tol.speed), base_s * (1 + tol.speed),
@@ -148,7 +151,7 @@ def compare_figure(group: str, recs: Sequence[Record], base: BaselineFile | None
                           fontsize=7, color=COLORS["fail"])
         now_m = number(r.info.get("peak_allocated_bytes"))
         base_m = e.peak_allocated_bytes if e else None
-        status, _ = _status(now_m, base_m, tol.memory, lower_is_worse=False)
+        status = memory.status
         if base_m is not None:
             b = in_unit(base_m, unit)
             ax_m.fill_betweenx([y - 0.42, y + 0.42], b * (1 - tol.memory), b * (1 + tol.memory), color=COLORS["band"],
@@ -349,9 +352,10 @@ def _case_rows(recs: Sequence[Record], base: BaselineFile | None, tol: Tolerance
     rows = []
     for r in recs:
         e = base.entries.get(r.name) if base else None
-        s_status, s_delta = _status(r.values["speed"], e.tokens_per_s if e else None, tol.speed, True)
-        m_now = number(r.info.get("peak_allocated_bytes"))
-        m_status, m_delta = _status(m_now, e.peak_allocated_bytes if e else None, tol.memory, False)
+        speed, memory = case_checks(r, e, tol)
+        s_status, m_status = speed.status, memory.status
+        s_delta, m_delta = delta_text(speed.delta, s_status), delta_text(memory.delta, m_status)
+        m_now = memory.measured
         busy = (f'<span class="busy">busy (cpu_share {r.info["cpu_share"]:.2f})</span>' if r.busy else "")
         cells = [html.escape(r.name), f"{r.values['speed']:,.0f}" if r.values["speed"] is not None else "—",
                  f"{r.speed_iqr:,.0f}" if r.speed_iqr is not None else "—",

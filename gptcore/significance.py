@@ -1,6 +1,7 @@
 """The statistics of an A/B comparison, pure functions: Mann-Whitney U (exact for small samples without ties),
-the Hodges-Lehmann interval of the ratio B/A on log tokens/s, the speed verdict, and the exact memory and loss
-checks of two runs (as the gate makes them). Deterministic: no random numbers."""
+the Hodges-Lehmann interval of the ratio B/A on log tokens/s and the speed verdict. (Memory and loss of two runs
+are judged by the gate's own checks, ``baselines.memory_check`` and ``baselines.loss_check``.) Deterministic: no
+random numbers."""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-from .baselines import Tolerances
 
 SLOWER, FASTER, SAME = "slower", "faster", "same"
 
@@ -118,40 +117,3 @@ def speed_verdict(a: Sequence[float], b: Sequence[float], threshold: float = 0.0
     elif low is not None and low > 1 and ratio > 1 + threshold:
         verdict = FASTER
     return Speed(median_a, median_b, ratio, hl, low, high, p, verdict)
-
-
-@dataclass
-class Exact:
-    """Peak memory or loss of B against A, judged as the gate judges a measurement against its baseline."""
-
-    metric: str
-    a: float | None
-    b: float | None
-    delta: float | None
-    """Relative for peak memory, in nats for the loss."""
-    status: str
-    """'ok', 'changed' (memory moved within tolerance), 'better', 'FAIL' or 'n/a'."""
-    note: str = ""
-
-    @property
-    def failed(self) -> bool:
-        return self.status == "FAIL"
-
-
-def memory_check(a: int | None, b: int | None, tol: Tolerances) -> Exact:
-    """Any change is reported; above +tol.memory fails, below -tol.memory is 'better'."""
-    if a is None or b is None or a == 0:
-        return Exact("peak memory", a, b, None, "n/a", "no figure to compare")
-    d = b / a - 1
-    status = "FAIL" if d > tol.memory else "better" if d < -tol.memory else "changed" if d else "ok"
-    return Exact("peak memory", a, b, d, status, f"{b - a:+,} B, tolerance +{tol.memory:.0%}")
-
-
-def loss_check(a: float | None, b: float | None, precision: str, tol: Tolerances, same_step: bool = True) -> Exact:
-    """Two-sided, absolute, at the same step, with the gate's tolerance for the precision (same CPU model)."""
-    if a is None or b is None:
-        return Exact("loss", a, b, None, "n/a", "no figure to compare")
-    if not same_step:
-        return Exact("loss", a, b, b - a, "n/a", "read at different steps")
-    limit = tol.loss_tolerance(precision, other_cpu=False)
-    return Exact("loss", a, b, b - a, "FAIL" if abs(b - a) > limit else "ok", f"tolerance ±{limit:g} nats")

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptcore.baselines import Tolerances
+from gptcore.baselines import Tolerances, loss_check, memory_check
 from gptcore.cli import main
 from gptcore.compare import CompareError, Options, keyword_match, run_worker, select_cases, write_worker
-from gptcore.significance import (FASTER, SAME, SLOWER, hodges_lehmann_ratio, loss_check, mann_whitney, memory_check,
-                                  speed_verdict, u_distribution)
+from gptcore.significance import (FASTER, SAME, SLOWER, hodges_lehmann_ratio, mann_whitney, speed_verdict,
+                                  u_distribution)
 
 pytestmark = pytest.mark.cpu
 
@@ -80,13 +80,16 @@ def test_too_few_rounds_give_no_interval_and_no_verdict():
 
 def test_memory_and_loss_are_judged_as_the_gate_judges_them():
     tol = Tolerances.default_for("cpu")
-    assert memory_check(1000, 1000, tol).status == "ok"
-    assert memory_check(1000, 1010, tol).status == "changed"  # reported, within +2%
-    assert memory_check(1000, 1030, tol).failed
-    assert memory_check(1000, 900, tol).status == "better"
-    assert not loss_check(3.0, 3.0 + 5e-7, "fp32", tol).failed
-    assert loss_check(3.0, 3.0 + 5e-6, "fp32", tol).failed
-    assert not loss_check(3.0, 3.0 + 4e-4, "bf16", tol).failed
+    changed = dict(report_change=True)  # compare reports a move within tolerance; the gate does not
+    assert memory_check(1000, 1000, tol, **changed).status == "ok"
+    assert memory_check(1010, 1000, tol, **changed).status == "changed"  # reported, within +2%
+    assert memory_check(1010, 1000, tol).status == "ok"
+    assert memory_check(1030, 1000, tol, **changed).failed
+    assert memory_check(900, 1000, tol, **changed).status == "better"
+    loss = lambda b, a, precision: loss_check(b, a, tol.loss_tolerance(precision, other_cpu=False))  # noqa: E731
+    assert not loss(3.0 + 5e-7, 3.0, "fp32").failed
+    assert loss(3.0 + 5e-6, 3.0, "fp32").failed
+    assert not loss(3.0 + 4e-4, 3.0, "bf16").failed
 
 
 def test_k_selects_cases_like_pytest():

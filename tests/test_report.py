@@ -376,3 +376,45 @@ def test_html_judges_each_expected_effect_as_the_gate_does(pages: dict[str, Path
               "ckpt-bf16 vs ckpt-fp32")
     assert shown == judged and set(judged) == {f"cpu-small {claim}: peak memory lower" for claim in claims}
     assert set(judged.values()) == {"ok"}
+
+
+def test_html_status_of_each_case_is_the_gates(tmp_path: Path) -> None:
+    """The page judges tokens/s and memory with the gate's own checks: on a run moved both ways around the
+    tolerances (speed gated at 5% here), every case's status and Δ cell on the page equal the gate's verdict and
+    its end-table cell."""
+    import dataclasses
+    import itertools
+    from types import SimpleNamespace
+
+    from gptcore import baselines
+    from gptcore.gate import _pct
+    from gptcore.measure import Measurement
+    from gptcore.report_html import build_html
+
+    base = baselines.load(BASELINES / "cpu.json")
+    tol = dataclasses.replace(base.tolerances, speed=0.05)
+    data = base.to_json() | {"tolerances": dataclasses.asdict(tol)}
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "cpu.json").write_text(json.dumps(data))
+    run = json.loads(CPU_RUN.read_text())
+    moves = itertools.cycle([(1.0, 1.0), (1.03, 0.90), (0.97, 1.10), (1.01, 0.97), (1.02, 1.05)])
+    for bench, (memory, speed) in zip(run["benchmarks"], moves):
+        info = bench["extra_info"]
+        info["peak_allocated_bytes"] = round(info["peak_allocated_bytes"] * memory)
+        info["tokens_per_s"] *= speed
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    doc = Elements(build_html(tmp_path / "run.json", baselines_dir=tmp_path / "base"))
+    seen = set()
+    blank = {f.name: None for f in dataclasses.fields(Measurement)}
+    for bench in run["benchmarks"]:
+        info, name = bench["extra_info"], bench["name"]
+        measured = baselines.Entry.from_measurement(SimpleNamespace(**(blank | info)), precision=info["precision"],
+                                                    cpu_model=None)
+        baseline = base.entries[name]
+        gate = {c.metric: c.status for c in baselines.compare(name, measured, baseline, tol).checks}
+        cells = doc.rows[name]
+        assert (cells[5], cells[9]) == (gate["tokens/s"], gate["peak memory"]), name
+        assert cells[4] == _pct(measured.tokens_per_s, baseline.tokens_per_s, gate["tokens/s"])
+        assert cells[8] == _pct(measured.peak_allocated_bytes, baseline.peak_allocated_bytes, gate["peak memory"])
+        seen |= {gate["tokens/s"], gate["peak memory"]}
+    assert seen == {"ok", "FAIL", "better"}  # every outcome was met, both metrics

@@ -13,7 +13,8 @@ import torch
 from gptcore.config import MODELS, RECIPES, Recipe, Schedule, Study
 from gptcore.convergence import Convergence, converge
 from gptcore.measure import Measurement, run_case
-from gptcore import baselines, memory
+from gptcore import memory
+from gptcore.gate import Outcome
 from gptcore.train import unsupported_reason
 
 
@@ -103,12 +104,12 @@ def measure(benchmark, gate, request: pytest.FixtureRequest, study: Study, model
 
     m = run_case(cfg, recipe, device, warmup=warmup, rounds=rounds, steps_per_round=steps_per_round,
                  timed_loop=timed_loop)
-    verdict = gate.check(request.node, m, precision=recipe.precision, estimate=estimate,
-                         estimate_by_category=estimate_by_category)
+    outcome = gate.judge(request.node, m, model=model, recipe=recipe_name, precision=recipe.precision,
+                         estimate=estimate, estimate_by_category=estimate_by_category)
     benchmark.extra_info.update(model=model, recipe=recipe_name, precision=recipe.precision,
                                 batch=recipe.batch_size(cfg), block_size=cfg.block_size, estimate_bytes=estimate,
-                                verdict=verdict.summary() if verdict else None, **m.to_dict())
-    conclude(gate, request, m.error, verdict, device, gate.expect(model, recipe_name, m, estimate))
+                                verdict=outcome.verdict.summary() if outcome.verdict else None, **m.to_dict())
+    conclude(outcome)
     return m
 
 
@@ -135,32 +136,20 @@ def converge_case(benchmark, gate, request: pytest.FixtureRequest, study: Study,
         peak = torch.cuda.max_memory_allocated() if device == "cuda" else 0
         error = f"out of memory (peak allocated {peak:,} B)"
     run = out.get("run")
-    verdict = gate.check_convergence(request.node, run, device=device, precision=recipe.precision, error=error)
+    outcome = gate.judge_convergence(request.node, run, device=device, precision=recipe.precision, error=error)
     benchmark.extra_info.update(model=model, recipe=recipe_name, precision=recipe.precision, device=device,
                                 batch=recipe.batch_size(cfg), block_size=cfg.block_size,
                                 tokens_per_s=run.tokens_per_s if run else None,
                                 convergence=run.to_json() if run else None, error=error,
-                                verdict=verdict.summary() if verdict else None)
-    conclude(gate, request, error, verdict, device)
+                                verdict=outcome.verdict.summary() if outcome.verdict else None)
+    conclude(outcome)
     return run
 
 
-def conclude(gate, request: pytest.FixtureRequest, error: str | None, verdict, device: str,
-             unmet: list[str] = ()) -> None:
-    """Fail the case on an error, a failed check or an unmet expectation, with one line each; warn (fail under
-    --baseline-strict) when it has no baseline."""
-    failures = [f"{request.node.name}: {error}"] if error else []
-    failures += [verdict.failure_message()] if verdict is not None and verdict.failed else []
-    failures += [f"{request.node.name}: expected effect not met: {line}" for line in unmet]
-    if failures:
-        gate.failures += failures
-        pytest.fail("\n".join(failures), pytrace=False)
-    if verdict is None:
-        return
-    if verdict.missing:
-        message = f"{request.node.name}: no baseline for {baselines.device_slug(device)}; record it with: " \
-                  f"{gate.record_command(request.node.nodeid)}"
-        if gate.strict:
-            gate.failures.append(message + " (--baseline-strict)")
-            pytest.fail(message + " (--baseline-strict)", pytrace=False)
-        warnings.warn(message, BaselineMissing, stacklevel=1)
+def conclude(outcome: Outcome) -> None:
+    """Fail the case with the gate's failure lines (an error, a failed check, an unmet expectation, a missing
+    baseline under --baseline-strict); warn when it only has no baseline."""
+    if outcome.failures:
+        pytest.fail("\n".join(outcome.failures), pytrace=False)
+    if outcome.missing:
+        warnings.warn(outcome.missing, BaselineMissing, stacklevel=1)

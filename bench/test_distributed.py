@@ -89,10 +89,11 @@ def test_distributed(benchmark, gate, request, tmp_path, model: str, recipe: str
     ranks = benchmark.pedantic(launch, args=(model, recipe, world, device, tmp_path, counts), rounds=1,
                                iterations=1, warmup_rounds=0)
     m = combine(ranks)
-    verdict = gate.check(request.node, m, precision=r.precision, estimate=estimate)
+    outcome = gate.judge(request.node, m, model=model, recipe=recipe, precision=r.precision, estimate=estimate,
+                         world=world)
     benchmark.extra_info.update(model=model, recipe=recipe, world_size=world, precision=r.precision,
                                 batch=r.batch_size(cfg), block_size=cfg.block_size, estimate_bytes=estimate,
                                 peak_bytes_per_rank=[x["peak_allocated_bytes"] for x in ranks],
                                 tokens_per_s_per_rank=[x["tokens_per_s"] for x in ranks],
-                                verdict=verdict.summary() if verdict else None, **m.to_dict())
-    conclude(gate, request, m.error, verdict, device, gate.expect(model, recipe, m, estimate, world))
+                                verdict=outcome.verdict.summary() if outcome.verdict else None, **m.to_dict())
+    conclude(outcome)

@@ -297,7 +297,8 @@ def decide(result: CaseResult, threshold: float, tol: Tolerances) -> CaseResult:
                                  report_change=True)
     result.loss = loss_check(_first(result.rounds_b, "loss"), _first(result.rounds_a, "loss"),
                              tol.loss_tolerance(result.precision, other_cpu=False),
-                             step=_first(result.rounds_b, "loss_step"), before_step=_first(result.rounds_a, "loss_step"))
+                             step=_first(result.rounds_b, "loss_step"),
+                             before_step=_first(result.rounds_a, "loss_step"))
     result.work = ledger_changes(_first(result.rounds_a, "work"), _first(result.rounds_b, "work"))
     return result
 

@@ -117,7 +117,7 @@ class Figures:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class EffectResult:
     """One expectation judged on one model and device."""
 
     expectation: Expectation
@@ -140,7 +140,7 @@ def applies(e: Expectation, device_type: str) -> bool:
     return device_type in e.devices
 
 
-def judge(e: Expectation, model: str, now: Figures, ref: Figures) -> Outcome:
+def judge_effect(e: Expectation, model: str, now: Figures, ref: Figures) -> EffectResult:
     """``e`` for ``model``, given the case's and the reference's figures."""
     if e.metric == "peak memory":
         return _judge_memory(e, model, now, ref)
@@ -151,10 +151,10 @@ def _ratio(a: float, b: float) -> str:
     return f"{a / b:.3f}x" if b else "—"
 
 
-def _judge_memory(e: Expectation, model: str, now: Figures, ref: Figures) -> Outcome:
+def _judge_memory(e: Expectation, model: str, now: Figures, ref: Figures) -> EffectResult:
     if now.peak is None or ref.peak is None:
         missing = e.recipe if now.peak is None else e.reference
-        return Outcome(e, model, "not measured", "—", "—",
+        return EffectResult(e, model, "not measured", "—", "—",
                        f"{e.recipe}: peak memory of {missing} not measured on this device")
     unit = unit_for(now.peak, ref.peak)
     predicted = (now.estimate / ref.estimate if isinstance(now.estimate, int) and isinstance(ref.estimate, int)
@@ -174,12 +174,12 @@ def _judge_memory(e: Expectation, model: str, now: Figures, ref: Figures) -> Out
         verb = "is above"
     measured = f"{now_text} vs {ref_text} ({_ratio(now.peak, ref.peak)})"
     line = f"{e.recipe}: peak {now_text} {verb} {e.reference}'s {ref_text} (expected {expected})"
-    return Outcome(e, model, "FAIL" if failed else "ok", measured, expected, line if failed else "")
+    return EffectResult(e, model, "FAIL" if failed else "ok", measured, expected, line if failed else "")
 
 
-def _judge_speed(e: Expectation, model: str, now: Figures, ref: Figures) -> Outcome:
+def _judge_speed(e: Expectation, model: str, now: Figures, ref: Figures) -> EffectResult:
     if now.tokens_per_s is None or ref.tokens_per_s is None:
-        return Outcome(e, model, "not measured", "—", "—", f"{e.recipe}: tokens/s not measured")
+        return EffectResult(e, model, "not measured", "—", "—", f"{e.recipe}: tokens/s not measured")
     ratio = _ratio(now.tokens_per_s, ref.tokens_per_s)
     measured = f"{now.tokens_per_s:,.0f} vs {ref.tokens_per_s:,.0f} tok/s ({ratio})"
     if e.direction == "higher":
@@ -192,7 +192,7 @@ def _judge_speed(e: Expectation, model: str, now: Figures, ref: Figures) -> Outc
         expected = f"at least {ref.tokens_per_s - noise:,.0f} tok/s (noise: sum of IQRs, floor {SPEED_FLOOR:.0%})"
         line = (f"{e.recipe}: {now.tokens_per_s:,.0f} tok/s is below {e.reference}'s {ref.tokens_per_s:,.0f} by "
                 f"more than the noise bound {noise:,.0f} (sum of IQRs, floor {SPEED_FLOOR:.0%})")
-    return Outcome(e, model, "FAIL" if failed else "ok", measured, expected, line if failed else "")
+    return EffectResult(e, model, "FAIL" if failed else "ok", measured, expected, line if failed else "")
 
 
 @dataclass
@@ -201,14 +201,14 @@ class Session:
     ``record`` judges each expectation whose pair of cases is complete with this case."""
 
     ran: dict[tuple[str, str, int, str], Figures]
-    outcomes: list[Outcome]
+    outcomes: list[EffectResult]
 
     def __init__(self, expectations: tuple[Expectation, ...] = EXPECTATIONS) -> None:
         self.expectations = expectations
         self.ran = {}
         self.outcomes = []
 
-    def record(self, model: str, recipe: str, device_type: str, figures: Figures, world: int = 1) -> list[Outcome]:
+    def record(self, model: str, recipe: str, device_type: str, figures: Figures, world: int = 1) -> list[EffectResult]:
         """Keep this case's figures; judge what it completes (as the claim or as the reference)."""
         self.ran[(model, recipe, world, device_type)] = figures
         judged = []
@@ -218,11 +218,11 @@ class Session:
             now = self.ran.get((model, e.recipe, world, device_type))
             ref = self.ran.get((model, e.reference, world, device_type))
             if now is not None and ref is not None:
-                judged.append(judge(e, model, now, ref))
+                judged.append(judge_effect(e, model, now, ref))
         self.outcomes += judged
         return judged
 
-    def record_info(self, info: dict) -> list[Outcome]:
+    def record_info(self, info: dict) -> list[EffectResult]:
         """``record`` from a benchmark's extra_info (model, recipe, device, world_size, peak_allocated_bytes,
         tokens_per_s, tokens_per_s_iqr, estimate_bytes), as the report reads a saved run."""
         figures = Figures(info.get("peak_allocated_bytes"), info.get("tokens_per_s"), info.get("tokens_per_s_iqr"),

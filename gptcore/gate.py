@@ -26,7 +26,7 @@ from tabulate import tabulate
 
 from gptcore import baselines, expectations
 from gptcore.baselines import BaselineError, BaselineFile, Entry, Tolerances, Verdict
-from gptcore.expectations import Figures, Outcome
+from gptcore.expectations import EffectResult, Figures
 from gptcore.rules import delta, delta_text
 from gptcore.units import common_unit, format_bytes
 
@@ -134,6 +134,17 @@ class Row:
 
 
 @dataclass
+class Outcome:
+    """What the gate concluded of one case: the verdict against its baseline (None when it was recorded or it
+    failed to run), the failure lines (an error, failed checks, unmet expected effects, a missing baseline under
+    --baseline-strict) and, when it has no baseline, the line that says how to record it."""
+
+    verdict: Verdict | None
+    failures: list[str] = field(default_factory=list)
+    missing: str | None = None
+
+
+@dataclass
 class Gate:
     """Session state of the baselines gate: the files per device, what ran, what to record."""
 
@@ -229,24 +240,42 @@ class Gate:
             notes.append(self.history_note)
         return notes + self.regressions
 
-    def check(self, node: pytest.Item, m: Measurement, *, precision: str, estimate: int | str | None,
-              estimate_by_category: dict[str, int] | None = None) -> Verdict | None:
-        """Compare a Measurement with its baseline (None when recording or when the case failed) and keep a row.
-        ``estimate_by_category``: the estimate's peak by category, kept to say where a memory change is."""
+    def judge(self, node: pytest.Item, m: Measurement, *, model: str, recipe: str, precision: str,
+              estimate: int | str | None, estimate_by_category: dict[str, int] | None = None,
+              world: int = 1) -> Outcome:
+        """The one hand-over of a benchmark case: its Measurement against the baseline (a row of the end table, or
+        recorded under --update-baselines), then the expected effects it completes. ``estimate_by_category``: the
+        estimate's peak by category, kept to say where a memory change is."""
         measured = Entry.from_measurement(m, precision=precision, cpu_model=self.cpu_model,
                                           estimate_by_category=estimate_by_category)
-        return self.judge_entry(node, measured, m.device, estimate=estimate, error=m.error, mfu=_mfu_cell(m))
+        verdict = self.judge_entry(node, measured, m.device, estimate=estimate, error=m.error, mfu=_mfu_cell(m))
+        unmet = [] if m.error else self._expect(model, recipe, m, estimate, world)
+        return self._outcome(node, m.device, m.error, verdict, unmet)
 
-    def check_convergence(self, node: pytest.Item, run: Convergence | None, *, device: str, precision: str,
-                          error: str | None = None) -> Verdict | None:
-        """Compare a convergence run (gptcore.convergence) with its baseline and keep a row; as ``check``. ``run``
-        is None when the case failed with ``error``."""
+    def judge_convergence(self, node: pytest.Item, run: Convergence | None, *, device: str, precision: str,
+                          error: str | None = None) -> Outcome:
+        """The hand-over of a convergence case (gptcore.convergence); ``run`` is None when it failed with
+        ``error``."""
         device_type = device.split(":")[0]
         measured = Entry(tokens_per_s=run and run.tokens_per_s, tokens_per_s_iqr=None, peak_allocated_bytes=None,
                          peak_reserved_bytes=None, loss=None, loss_step=run.steps[-1] if run else 0,
                          precision=precision,
                          cpu_model=self.cpu_model if device_type == "cpu" else None, convergence=run)
-        return self.judge_entry(node, measured, device, error=error)
+        return self._outcome(node, device, error, self.judge_entry(node, measured, device, error=error), [])
+
+    def _outcome(self, node: pytest.Item, device: str, error: str | None, verdict: Verdict | None,
+                 unmet: list[str]) -> Outcome:
+        failures = [f"{node.name}: {error}"] if error else []
+        failures += [verdict.failure_message()] if verdict is not None and verdict.failed else []
+        failures += [f"{node.name}: expected effect not met: {line}" for line in unmet]
+        missing = None
+        if not failures and verdict is not None and verdict.missing:
+            missing = (f"{node.name}: no baseline for {baselines.device_slug(device)}; record it with: "
+                       f"{self.record_command(node.nodeid)}")
+            if self.strict:
+                failures.append(missing + " (--baseline-strict)")
+        self.failures += failures
+        return Outcome(verdict, failures, missing)
 
     def judge_entry(self, node: pytest.Item, measured: Entry, device: str, *, estimate: int | str | None = None,
                     error: str | None = None, mfu: str = "—") -> Verdict | None:
@@ -282,11 +311,9 @@ class Gate:
                              work=_work_cell(verdict), mfu=mfu))
         return verdict
 
-    def expect(self, model: str, recipe: str, m: Measurement, estimate: int | str | None,
-               world: int = 1) -> list[str]:
+    def _expect(self, model: str, recipe: str, m: Measurement, estimate: int | str | None,
+                world: int = 1) -> list[str]:
         """Judge the expectations this case completes (gptcore.expectations); the failures' lines."""
-        if m.error:
-            return []
         figures = Figures(m.peak_allocated_bytes, m.tokens_per_s, m.tokens_per_s_iqr, estimate)
         judged = self.expected.record(model, recipe, m.device.split(":")[0], figures, world)
         return [o.line for o in judged if o.status == "FAIL"]
@@ -531,7 +558,7 @@ def convergence_table(rows: Sequence[Row], tablefmt: str = "simple") -> str:
     return tabulate(table, headers=headers, disable_numparse=True, stralign="right", tablefmt=tablefmt)
 
 
-def expectations_table(outcomes: Sequence[Outcome], tablefmt: str = "simple") -> str:
+def expectations_table(outcomes: Sequence[EffectResult], tablefmt: str = "simple") -> str:
     """One line per expectation judged: the model, the claim, the case against its reference, the bound (with the
     estimate's prediction for memory) and the status."""
     rows = [[o.model, o.claim, o.measured, o.expected, o.status] for o in outcomes]

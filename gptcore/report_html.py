@@ -422,8 +422,8 @@ def build_html(run: str | Path, *, baselines_dir: str | Path = "baselines", hist
             body += [_figure(png, "convergence", f"{group}: validation loss over training, now vs baseline"),
                      "</section>"]
             continue
-        body.append(_figure(compare_figure(group, recs, base, tol), "compare",
-                            f"{group}: each case now (blue; red: FAIL) vs its baseline (grey), with the tolerance band"))
+        caption = f"{group}: each case now (blue; red: FAIL) vs its baseline (grey), with the tolerance band"
+        body.append(_figure(compare_figure(group, recs, base, tol), "compare", caption))
         png = breakdown_figure(group, recs)
         if png:
             body.append(_figure(png, "breakdown", f"{group}: the analytic estimate's memory at the peak, by category"))

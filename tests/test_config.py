@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from gptcore.config import (CHAR_VOCAB, LADDER, MEMORY_RECIPES, MODEL_NOTES, MODELS, RECIPE_NOTES, RECIPES,
-                            RENAMED_RECIPES, STUDIES, GPTConfig, Recipe, get_model, get_recipe)
+                            RENAMED_RECIPES, STUDIES, Recipe, get_model, get_recipe)
 from gptcore.data import CORPORA, load_corpus
 from gptcore.train import UnsupportedRecipe, check_runnable
 

@@ -11,7 +11,7 @@ import re
 import pytest
 
 from gptcore.config import RECIPES, STUDIES
-from gptcore.expectations import EXPECTATIONS, Expectation, Figures, Session, judge
+from gptcore.expectations import EXPECTATIONS, Expectation, Figures, Session, judge_effect
 
 from .test_gate import ENV_DROP, ENV_SET, ROOT
 
@@ -34,30 +34,30 @@ def speed(median: float, iqr: float) -> Figures:
 
 def test_lower_memory_is_below_the_reference_and_within_the_estimates_ratio_plus_2_percent() -> None:
     fp32 = mem(35.5, 35.5)
-    assert judge(CHECKPOINT, "m", mem(19.7, 19.7), fp32).status == "ok"
-    broken = judge(CHECKPOINT, "m", mem(35.5, 19.7), fp32)  # checkpointing that saves nothing
+    assert judge_effect(CHECKPOINT, "m", mem(19.7, 19.7), fp32).status == "ok"
+    broken = judge_effect(CHECKPOINT, "m", mem(35.5, 19.7), fp32)  # checkpointing that saves nothing
     assert broken.status == "FAIL"
     assert broken.line == ("checkpoint: peak 35.50 MiB is not below fp32's 35.50 MiB "
                            "(expected at most 20.41 MiB: estimate 0.555x + 2%)")
-    half = judge(CHECKPOINT, "m", mem(25.0, 19.7), fp32)  # saves, but far less than predicted
+    half = judge_effect(CHECKPOINT, "m", mem(25.0, 19.7), fp32)  # saves, but far less than predicted
     assert half.status == "FAIL" and "saves less than the estimate" in half.line
-    assert judge(CHECKPOINT, "m", mem(20.3, 19.7), fp32).status == "ok"  # within 0.555 + 0.02
-    assert judge(CHECKPOINT, "m", mem(20.0), mem(35.5)).status == "ok"  # no estimate: below is enough
+    assert judge_effect(CHECKPOINT, "m", mem(20.3, 19.7), fp32).status == "ok"  # within 0.555 + 0.02
+    assert judge_effect(CHECKPOINT, "m", mem(20.0), mem(35.5)).status == "ok"  # no estimate: below is enough
 
 
 def test_not_higher_allows_2_percent_and_says_when_a_peak_was_not_measured() -> None:
-    assert judge(IN_BWD, "m", mem(36.1), mem(35.5)).status == "ok"  # +1.7%
-    assert judge(IN_BWD, "m", mem(36.3), mem(35.5)).status == "FAIL"  # +2.3%
-    compiled = judge(IN_BWD, "m", Figures(None, 1.0, 0.0, None), mem(35.5))
+    assert judge_effect(IN_BWD, "m", mem(36.1), mem(35.5)).status == "ok"  # +1.7%
+    assert judge_effect(IN_BWD, "m", mem(36.3), mem(35.5)).status == "FAIL"  # +2.3%
+    compiled = judge_effect(IN_BWD, "m", Figures(None, 1.0, 0.0, None), mem(35.5))
     assert compiled.status == "not measured" and "optim-in-bwd not measured" in compiled.line
 
 
 def test_a_ladder_rung_is_slower_only_beyond_the_sum_of_iqrs() -> None:
-    assert judge(RUNG_3, "gpt2", speed(95_000, 3_000), speed(100_000, 3_000)).status == "ok"  # 5k < 6k of noise
-    slower = judge(RUNG_3, "gpt2", speed(93_000, 3_000), speed(100_000, 3_000))
+    assert judge_effect(RUNG_3, "gpt2", speed(95_000, 3_000), speed(100_000, 3_000)).status == "ok"  # 5k < 6k of noise
+    slower = judge_effect(RUNG_3, "gpt2", speed(93_000, 3_000), speed(100_000, 3_000))
     assert slower.status == "FAIL" and "noise bound 6,000" in slower.line
-    assert judge(RUNG_3, "gpt2", speed(97_000, 0), speed(100_000, 0)).status == "FAIL"  # tight runs: the 2% floor
-    assert judge(RUNG_3, "gpt2", speed(150_000, 0), speed(100_000, 0)).status == "ok"
+    assert judge_effect(RUNG_3, "gpt2", speed(97_000, 0), speed(100_000, 0)).status == "FAIL"  # tight runs: the 2% floor
+    assert judge_effect(RUNG_3, "gpt2", speed(150_000, 0), speed(100_000, 0)).status == "ok"
 
 
 def test_the_session_judges_a_pair_when_its_second_case_runs_and_names_what_it_could_not_check() -> None:

@@ -145,8 +145,9 @@ from gptcore.measure import Measurement
 
 def test_trivial(benchmark, gate, request):
     benchmark.pedantic(sum, args=(range(100),), rounds=20, iterations=100)
-    gate.check(request.node, Measurement(device="cpu", tokens_per_step=1, steps_per_round=1, tokens_per_s=1e3,
-                                         peak_allocated_bytes=3 * 2**20, loss=1.0), precision="fp32", estimate=None)
+    gate.judge(request.node, Measurement(device="cpu", tokens_per_step=1, steps_per_round=1, tokens_per_s=1e3,
+                                         peak_allocated_bytes=3 * 2**20, loss=1.0), model="trivial",
+               recipe="trivial", precision="fp32", estimate=None)
 """
 TIME_STATS = ("min", "max", "mean", "stddev", "median", "iqr", "q1", "q3", "ld15iqr", "hd15iqr", "total")
 

@@ -11,7 +11,7 @@ from gptcore.config import MODELS, GPTConfig, Recipe
 from gptcore.data import markov_source
 from gptcore.train import Trainer
 
-from .helpers import TINY, batches, trainer
+from .helpers import batches, trainer
 
 pytestmark = pytest.mark.cpu
 

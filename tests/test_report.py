@@ -370,7 +370,7 @@ def test_html_judges_each_expected_effect_as_the_gate_does(pages: dict[str, Path
     for bench in json.loads(CPU_RUN.read_text())["benchmarks"]:
         info = bench["extra_info"]
         m = Measurement(**{k: v for k, v in info.items() if k in names})
-        gate.expect(info["model"], info["recipe"], m, info["estimate_bytes"])
+        gate._expect(info["model"], info["recipe"], m, info["estimate_bytes"])
     judged = {f"{o.model} {o.claim}": o.status for o in gate.expected.outcomes}
     claims = ("checkpoint vs fp32", "ckpt-half-batch vs ckpt-fp32", "ckpt-grad-accum-2 vs ckpt-fp32",
               "ckpt-bf16 vs ckpt-fp32")

@@ -53,8 +53,14 @@ def main() -> int:
         finals = [run["val_loss"][-1] for run in runs if (run["schedule"], run["model"], run["recipe"]) == (s, m, r)]
         summary[f"{s} {m}-{r}"] = {"final_val_loss": finals, "range": max(finals) - min(finals),
                                    "stdev": statistics.stdev(finals)}
+    import torch
+
+    from gptcore.baselines import cpu_model
+
+    what = (f"scripts/convergence_spread.py: {len(runs)} runs, one thread each, on {cpu_model()}, torch "
+            f"{torch.__version__}")
     with open(args.out, "w") as out:
-        json.dump({"seeds": SEEDS, "summary": summary, "runs": runs}, out, indent=1)
+        json.dump({"what": what, "seeds": SEEDS, "summary": summary, "runs": runs}, out, indent=1)
     for name, s in summary.items():
         print(f"{name}: {', '.join(f'{v:.4f}' for v in s['final_val_loss'])}; range {s['range']:.4f}, "
               f"stdev {s['stdev']:.4f}")

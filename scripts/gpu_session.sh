@@ -4,9 +4,12 @@
 #   record   device facts, measured matmul peak, the whole GPU tier once with --update-baselines (wall time)
 #   verify   the whole GPU tier again against the baselines just written: a false failure shows here
 #   profile  the top ladder rung under torch.profiler, and the report tables of the verify run
+#   converge the GPU convergence tier with --update-baselines: the char-shape study at 5,000 steps (about 1-2
+#            minutes a case on an H100: split it over calls with CONVERGE_K, e.g. CONVERGE_K=char-ctx2), then the
+#            memory recipes' quality on real text (not part of `all`)
 # Usage: bash scripts/gpu_session.sh STAGE [OUT_DIR]   (OUT_DIR defaults to $OUT, else out/gpu)
 set -uo pipefail
-stage=${1:?stage: record, verify, profile or all}
+stage=${1:?stage: record, verify, profile, converge or all}
 out=${2:-${OUT:-out/gpu}}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
@@ -36,10 +39,19 @@ profile() {
   done
 }
 
+converge() {
+  start=$(date +%s)
+  pytest bench/test_convergence_char_shape.py bench/test_convergence_memory_recipes.py --require-gpu \
+    --update-baselines -k "${CONVERGE_K:-convergence}" --benchmark-json "$out/converge.json" 2>&1 | tee "$out/converge.log"
+  echo "convergence tier wall time: $(( $(date +%s) - start )) s" | tee -a "$out/converge.log"
+  cp baselines/nvidia-*.json "$out/" 2>/dev/null
+}
+
 case "$stage" in
+  converge) converge ;;
   record) record ;;
   verify) verify ;;
   profile) profile ;;
   all) record; verify; profile ;;
-  *) echo "unknown stage $stage: record, verify, profile or all" >&2; exit 2 ;;
+  *) echo "unknown stage $stage: record, verify, profile, converge or all" >&2; exit 2 ;;
 esac

@@ -38,6 +38,25 @@ def statuses(now: Entry, before: Entry | None, tol: float = 0.02) -> dict[str, s
     return {c.metric: c.status for c in verdict.checks}
 
 
+def test_the_val_loss_tolerance_is_three_standard_deviations_of_a_reseed_as_measured():
+    """The tolerance's evidence (scripts/convergence_spread.py): pooled over the cases, the seed-to-seed standard
+    deviation of the final validation loss; two runs differ by sqrt(2) of it; the gate allows 3 of those, and
+    every measured case's spread (max - min over its seeds) lies within the tolerance."""
+    data = json.loads((ROOT / "tests" / "data" / "convergence_spread_cpu.json").read_text())
+    finals: dict[tuple, list[float]] = {}
+    for r in data["runs"]:
+        finals.setdefault((r["schedule"], r["model"], r["recipe"]), []).append(r["val_loss"][-1])
+    assert len(finals) == 6 and all(len(v) == 3 for v in finals.values())
+    assert {k[2] for k in finals} == {"ckpt-fp32", "ckpt-half-batch", "ckpt-grad-accum-2", "ckpt-sgd-cosine",
+                                      "ckpt-bf16"}  # fp32, small batch, accumulation, SGD, bf16
+    squares = sum((x - sum(v) / len(v)) ** 2 for v in finals.values() for x in v)
+    pooled = (squares / sum(len(v) - 1 for v in finals.values())) ** 0.5
+    assert baselines.VAL_LOSS_TOLERANCE == pytest.approx(3 * pooled * 2 ** 0.5, abs=1e-3)
+    assert all(max(v) - min(v) < baselines.VAL_LOSS_TOLERANCE for v in finals.values())
+    assert Tolerances.default_for("cpu").val_loss == baselines.VAL_LOSS_TOLERANCE
+    assert baselines.load(ROOT / "baselines" / "cpu.json").tolerances.val_loss == baselines.VAL_LOSS_TOLERANCE
+
+
 def test_time_to_loss_is_the_first_evaluation_at_or_below_the_target():
     c = run([4.3, 2.5, 2.0, 1.9])
     assert c.time_to_loss() == (200, 200 * 768, 2.0)  # 2.0 <= 2.0: reached at the evaluation that equals it
@@ -140,3 +159,16 @@ def test_a_schedule_that_decays_too_early_fails_the_convergence_gate_and_no_step
     assert val.status == "FAIL", val.note
     print(f"planted early decay: final val {planted.final_val_loss:.4f} vs baseline "
           f"{before.convergence.final_val_loss:.4f} (+{val.delta:.4f} nats, tolerance {file.tolerances.val_loss})")
+
+
+def test_the_end_tables_show_a_convergence_case():
+    from gptcore.gate import Row, convergence_table, gate_table
+
+    now, before = entry(run([4.3, 2.5, 2.0, 1.93])), entry(run([4.3, 2.5, 2.0, 1.90]))
+    verdict = compare("case", now, before, Tolerances.default_for("cpu"))
+    row = Row("test_convergence[cpu-small-ckpt-fp32]", now, before, verdict.summary(),
+              status={c.metric: c.status for c in verdict.checks})
+    main = gate_table([row])
+    assert "val 1.9300" in main and "+0.0300" in main and "FAIL: val loss +0.0300 nats" in main
+    table = convergence_table([row])
+    assert "1.9300 @300" in table and "200 (153,600 tok, 2 s)" in table and "1.9000" in table

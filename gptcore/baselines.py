@@ -327,7 +327,7 @@ def _work(data: Any, where: str) -> WorkLedger | None:
 
 @dataclass
 class BaselineFile:
-    """A device's baselines: header fields and one Entry per benchmark name (e.g. 'test_cpu_matrix[cpu-small-fp32]')."""
+    """A device's baselines: header fields and one Entry per benchmark name (e.g. 'test_cpu_shape[cpu-small-ckpt-fp32]')."""
 
     path: Path
     slug: str

@@ -1,6 +1,6 @@
 """gptcore.report and `python -m gptcore report`: tables from a real CPU --benchmark-json run
-(tests/data/cpu-run.json: `pytest bench -m cpu -k "cpu-small or cpu-layers2" --bench-warmup 1 --bench-rounds 3
---bench-steps 2 --benchmark-json ...`), the derived tables' definitions, bad input, the axis labels of every plot,
+(tests/data/cpu-run.json: `pytest bench -m cpu -k "test_cpu_shape and (cpu-small or cpu-layers2)" --bench-warmup 1
+--bench-rounds 3 --bench-steps 2 --benchmark-json ...`), the derived tables' definitions, bad input, the axis labels of every plot,
 and the HTML page (gptcore.report_html), opened in a real headless browser.
 
 HTML test data: tests/data/cpu-report-run.json and the two saved runs under tests/data/history/cpu/ are real (`pytest
@@ -35,7 +35,7 @@ CPU_RUN, LADDER_RUN = DATA / "cpu-report-run.json", DATA / "gpu-ladder-synthetic
 HISTORY = DATA / "history" / "cpu"
 BASELINES = DATA.parent.parent / "baselines"
 INSTALL_BROWSER = "apt-get update && apt-get install -y --no-install-recommends chromium"
-RECIPES = ["fp32", "small-batch", "grad-accum", "sgd-cosine", "bf16"]
+RECIPES = ["ckpt-fp32", "ckpt-half-batch", "ckpt-grad-accum-2", "ckpt-sgd-cosine", "ckpt-bf16"]
 
 
 def test_load_run_reads_every_gptcore_case_with_its_metrics() -> None:
@@ -50,7 +50,7 @@ def test_load_run_reads_every_gptcore_case_with_its_metrics() -> None:
 def test_pivot_is_shape_by_recipe_in_run_order() -> None:
     shapes, recipes, table = report.pivot(report.load_run(RUN), "memory")
     assert shapes == ["cpu-small", "cpu-layers2"] and recipes == RECIPES
-    assert table["cpu-layers2"]["fp32"] > table["cpu-small"]["fp32"]  # twice the layers, more memory
+    assert table["cpu-layers2"]["ckpt-fp32"] > table["cpu-small"]["ckpt-fp32"]  # twice the layers, more memory
 
 
 def test_pct_change_is_against_the_fp32_default_of_the_same_shape() -> None:
@@ -75,11 +75,11 @@ def test_base_shape_is_the_one_the_others_extend() -> None:
 def test_cli_report_prints_the_three_tables_per_metric(capsys: pytest.CaptureFixture) -> None:
     assert main(["report", str(RUN)]) == 0
     out = capsys.readouterr().out
-    assert "=== seed001-cpu-matrix ===" in out
+    assert "=== cpu-shape study ===" in out
     for title in ("peak allocated memory, MiB", "tokens/s (median over rounds)", "loss at the last timed step, nats"):
         assert f"\n{title}\n" in out
-        assert f"{title}: % change vs fp32 of the same shape" in out
-        assert f"{title}: deviation from additivity, % of cpu-small/fp32" in out
+        assert f"{title}: % change vs ckpt-fp32 of the same shape" in out
+        assert f"{title}: deviation from additivity, % of cpu-small/ckpt-fp32" in out
     assert "peak reserved" not in out  # no figure on CPU, no table
     for corner in ("shape \\ recipe (MiB)", "shape \\ recipe (tok/s)", "shape \\ recipe (nats)", "shape \\ recipe (%)"):
         assert corner in out  # each table names its axes and its unit
@@ -114,7 +114,7 @@ def test_plot_without_matplotlib_is_a_clear_error(monkeypatch: pytest.MonkeyPatc
 def test_plot_writes_a_png_per_metric_and_additivity(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     written = report.plot(report.load_run(RUN), tmp_path)
-    assert {p.name for p in written} == {f"seed001-cpu-matrix-{m}{s}.png" for m in ("memory", "speed", "loss")
+    assert {p.name for p in written} == {f"cpu-shape-study-{m}{s}.png" for m in ("memory", "speed", "loss")
                                          for s in ("", "-additivity")}
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in written)
 

@@ -45,7 +45,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--bench-steps", type=int, metavar="N", help="override every case's steps per round")
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    # before pytest-benchmark's pytest_configure (trylast), which builds its session from the options that
+    # gate.configure rewrites (the storage split per device, --benchmark-compare turned off without a saved run)
     config.stash[GATE] = gate_mod.configure(config)
 
 

@@ -577,7 +577,7 @@ def loss_check(now: float | None, before: float | None, tolerance: float, *, ste
                  f"{now:.7f} vs {before:.7f}{at}, tolerance ±{tolerance:g} nats{where}")
 
 
-def compare(case: str, measured: Entry, baseline: Entry | None, tol: Tolerances) -> Verdict:
+def verdict_of(case: str, measured: Entry, baseline: Entry | None, tol: Tolerances) -> Verdict:
     """Verdicts of ``measured`` against ``baseline`` (None: no baseline recorded) under ``tol``."""
     if measured.convergence is not None:
         return Verdict(case, _convergence_checks(measured, baseline, tol))
@@ -615,7 +615,7 @@ def _work_checks(now: WorkLedger | None, before: WorkLedger | None, tol: float) 
         a, b = figures_now.get(metric), figures_before.get(metric)
         if a is None or b is None or a == b:
             continue
-        status, _ = judge(a, b, tol, worse="higher", relative=True)
+        status, _ = judge(a, b, b * tol, worse="higher", relative=False)  # relative tol, yet a zero count compares
         note = f"{a:,} vs {b:,}"
         if metric in _PER_PHASE:
             field = _PER_PHASE[metric]

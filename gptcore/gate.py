@@ -292,7 +292,7 @@ class Gate:
             what = "recorded" if self.update else f"loss reference of {self.cpu_model} recorded"
             self.rows.append(Row(node.name, measured, baseline, what, estimate))
             return None
-        verdict = baselines.compare(node.name, measured, baseline, self.tolerances(file, device_type))
+        verdict = baselines.verdict_of(node.name, measured, baseline, self.tolerances(file, device_type))
         if baseline is not None and device_type == "cpu":
             model = baseline.loss_reference(measured.cpu_model)[1]
             other = "" if model == measured.cpu_model else ", another CPU model: the wider tolerance"
@@ -382,34 +382,16 @@ def finish(session: pytest.Session) -> None:
         except (BaselineError, OSError) as err:
             gate.notes.append(f"baselines: NOT written: {err}")
             failed = True
-    gate.regressions = compare_fail_lines(session.config)
+    gate.regressions = regression_lines(session.config)
     if (failed or gate.regressions) and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-def compare_fail_lines(config: pytest.Config) -> list[str]:
-    """'FAIL: <case>: median +912.3% vs saved run 0001 (--benchmark-compare-fail=median:5%)', one per failed
-    check, from the comparison pytest-benchmark made in its session finish."""
+def regression_lines(config: pytest.Config) -> list[str]:
+    """One 'FAIL: <case> (<saved run>): <pytest-benchmark's own message>' line per --benchmark-compare-fail check
+    that failed, as pytest-benchmark found them in its session finish (nothing recomputed here)."""
     bench = getattr(config, "_benchmarksession", None)
-    found = list(getattr(bench, "performance_regressions", None) or [])
-    if not found:
-        return []
-    checks = list(bench.compare_fail or [])
-    benches = [b for _, group in (bench.groups or []) for b in group]
-    now = {b["fullname"]: b for b in benches if b.get("path") is None}
-    lines = []
-    for saved in benches:
-        current = now.get(saved["fullname"]) if saved.get("path") else None
-        for check in checks if current else []:
-            value = check.compute(current, saved)
-            if value > check.threshold:
-                percent = type(check).__name__.startswith("Percentage")
-                change = f"{value:+.1f}%" if percent else f"{value:+.6g} s"
-                run = Path(saved["path"]).stem.split("_")[0]
-                lines.append(f"FAIL: {saved['name']}: {check.field} {change} vs saved run {run} "
-                             f"(--benchmark-compare-fail={check.field}:{check.threshold:g}{'%' if percent else ''})")
-    # the plugin's own wording if its data is not what we read above
-    return lines or [f"FAIL: {name}: {message}" for name, message in found]
+    return [f"FAIL: {name}: {message}" for name, message in getattr(bench, "performance_regressions", None) or []]
 
 
 def write_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:

@@ -122,7 +122,7 @@ def case_checks(r: Record, e: Entry | None, tol: Tolerances) -> tuple[Check, Che
 
 
 
-def compare_figure(group: str, recs: Sequence[Record], base: BaselineFile | None, tol: Tolerances) -> str:
+def now_vs_baseline_figure(group: str, recs: Sequence[Record], base: BaselineFile | None, tol: Tolerances) -> str:
     """tokens/s (IQR error bars) and peak memory, now against baseline, with the tolerance bands; one row a case."""
     plt = _pyplot()
     from matplotlib.patches import Patch
@@ -423,7 +423,7 @@ def build_html(run: str | Path, *, baselines_dir: str | Path = "baselines", hist
                      "</section>"]
             continue
         caption = f"{group}: each case now (blue; red: FAIL) vs its baseline (grey), with the tolerance band"
-        body.append(_figure(compare_figure(group, recs, base, tol), "compare", caption))
+        body.append(_figure(now_vs_baseline_figure(group, recs, base, tol), "compare", caption))
         png = breakdown_figure(group, recs)
         if png:
             body.append(_figure(png, "breakdown", f"{group}: the analytic estimate's memory at the peak, by category"))

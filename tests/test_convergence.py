@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gptcore import baselines, train
-from gptcore.baselines import BaselineError, Entry, Tolerances, compare
+from gptcore.baselines import BaselineError, Entry, Tolerances, verdict_of
 from gptcore.config import CPU_SHAPE_SHORT, Schedule, get_model, get_recipe
 from gptcore.convergence import Convergence, converge, schedule_recipe, torch_threads
 from gptcore.train import Trainer
@@ -34,7 +34,7 @@ def entry(c: Convergence, cpu: str = "cpu A") -> Entry:
 
 
 def statuses(now: Entry, before: Entry | None, tol: float = 0.02) -> dict[str, str]:
-    verdict = compare("case", now, before, dataclasses.replace(Tolerances.default_for("cpu"), val_loss=tol))
+    verdict = verdict_of("case", now, before, dataclasses.replace(Tolerances.default_for("cpu"), val_loss=tol))
     return {c.metric: c.status for c in verdict.checks}
 
 
@@ -154,7 +154,7 @@ def test_a_schedule_that_decays_too_early_fails_the_convergence_gate_and_no_step
     planted = converge(cfg, get_recipe("ckpt-fp32"), CPU_SHAPE_SHORT, threads=1)
     file = baselines.load(ROOT / "baselines" / "cpu.json", expect_slug="cpu")
     before = file.entries[SHORT_CASE]
-    verdict = compare(SHORT_CASE, entry(planted, cpu=baselines.cpu_model()), before, file.tolerances)
+    verdict = verdict_of(SHORT_CASE, entry(planted, cpu=baselines.cpu_model()), before, file.tolerances)
     val = next(c for c in verdict.checks if c.metric == "val loss")
     assert val.status == "FAIL", val.note
     print(f"planted early decay: final val {planted.final_val_loss:.4f} vs baseline "
@@ -165,7 +165,7 @@ def test_the_end_tables_show_a_convergence_case():
     from gptcore.gate import Row, convergence_table, gate_table
 
     now, before = entry(run([4.3, 2.5, 2.0, 1.93])), entry(run([4.3, 2.5, 2.0, 1.90]))
-    verdict = compare("case", now, before, Tolerances.default_for("cpu"))
+    verdict = verdict_of("case", now, before, Tolerances.default_for("cpu"))
     row = Row("test_convergence[cpu-small-ckpt-fp32]", now, before, verdict.summary(),
               status={c.metric: c.status for c in verdict.checks})
     main = gate_table([row])

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from gptcore import baselines
-from gptcore.baselines import BaselineError, Entry, Tolerances, compare
+from gptcore.baselines import BaselineError, Entry, Tolerances, verdict_of
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.cpu
@@ -176,7 +176,7 @@ def test_benchmark_compare_fail_prints_the_end_table_and_a_line_per_regression(
         "*= gptcore benchmark gate =*",
         "*case*tok/s*peak*verdict*",
         "*test_trivial*3.00 MiB*no baseline*",
-        "FAIL: test_trivial: median +*% vs saved run 0001 (--benchmark-compare-fail=median:5%)",
+        "FAIL: test_trivial (0001_*): Field 'median' has failed PercentageRegressionCheck: * > 5.000000000",
         "*1 passed*",
     ])
 
@@ -267,17 +267,17 @@ def test_a_memory_failure_names_the_categories_that_moved() -> None:
     base = dataclasses.replace(BASE, peak_allocated_bytes=24 * mib, peak_by_category=before)
     # CPU: the tracker's breakdown
     now = measured(peak_allocated_bytes=40 * mib, peak_by_category=before | {"activations": 32 * mib})
-    verdict = compare("c", now, base, CPU)
+    verdict = verdict_of("c", now, base, CPU)
     assert "activations +16.00 MiB, everything else =" in verdict.failure_message()
     # GPU: no tracker categories; the estimate's breakdown says where
     base_gpu = dataclasses.replace(base, peak_by_category=None, estimate_by_category=before)
     now_gpu = measured(peak_allocated_bytes=40 * mib, estimate_by_category=before | {"gradients": 0,
                                                                                      "activations": 36 * mib})
-    message = compare("c", now_gpu, base_gpu, GPU).failure_message()
+    message = verdict_of("c", now_gpu, base_gpu, GPU).failure_message()
     assert "estimate: activations +20.00 MiB, gradients -4.00 MiB, everything else =" in message
     # nothing to say without both breakdowns, and nothing said when memory passes
-    assert ";" not in compare("c", measured(peak_allocated_bytes=40 * mib), base_gpu, GPU).failure_message()
-    assert "everything else" not in str(compare("c", measured(peak_allocated_bytes=24 * mib), base, CPU).checks)
+    assert ";" not in verdict_of("c", measured(peak_allocated_bytes=40 * mib), base_gpu, GPU).failure_message()
+    assert "everything else" not in str(verdict_of("c", measured(peak_allocated_bytes=24 * mib), base, CPU).checks)
 
 
 def test_a_breakdown_round_trips_through_the_baseline_file(tmp_path: Path) -> None:
@@ -289,7 +289,7 @@ def test_a_breakdown_round_trips_through_the_baseline_file(tmp_path: Path) -> No
 
 @pytest.mark.parametrize(("bytes_", "expected"), [(1_019_000, "ok"), (1_021_000, "FAIL"), (979_000, "better")])
 def test_memory_fails_above_2pct_and_leaner_asks_for_a_refresh(bytes_: int, expected: str) -> None:
-    verdict = compare("c", measured(peak_allocated_bytes=bytes_), BASE, GPU)
+    verdict = verdict_of("c", measured(peak_allocated_bytes=bytes_), BASE, GPU)
     assert status(verdict, "peak memory") == expected
     if expected == "better":
         assert verdict.summary().startswith("ok (refresh the baseline: peak memory -2.1%")
@@ -297,44 +297,44 @@ def test_memory_fails_above_2pct_and_leaner_asks_for_a_refresh(bytes_: int, expe
 
 @pytest.mark.parametrize(("speed", "expected"), [(960.0, "ok"), (940.0, "FAIL"), (1060.0, "better")])
 def test_gpu_speed_fails_below_5pct_and_faster_asks_for_a_refresh(speed: float, expected: str) -> None:
-    assert status(compare("c", measured(tokens_per_s=speed), BASE, GPU), "tokens/s") == expected
+    assert status(verdict_of("c", measured(tokens_per_s=speed), BASE, GPU), "tokens/s") == expected
 
 
 def test_cpu_speed_is_reported_not_gated_unless_asked_for() -> None:
-    slow = compare("c", measured(tokens_per_s=100.0), BASE, CPU)  # 10x slower: a busy neighbour, not a verdict
+    slow = verdict_of("c", measured(tokens_per_s=100.0), BASE, CPU)  # 10x slower: a busy neighbour, not a verdict
     assert status(slow, "tokens/s") == "not gated" and not slow.failed
     assert "gate it with --speed-tol" in slow.checks[1].note
     forced = dataclasses.replace(CPU, speed=0.05)  # --speed-tol 0.05
-    assert status(compare("c", measured(tokens_per_s=900.0), BASE, forced), "tokens/s") == "FAIL"
+    assert status(verdict_of("c", measured(tokens_per_s=900.0), BASE, forced), "tokens/s") == "FAIL"
 
 
 def test_loss_is_gated_both_ways_by_precision_and_only_at_the_same_step() -> None:
     # one CPU model: fp32 within 1e-6 (repeated runs are bit-identical), bf16 within 5e-4
-    assert status(compare("c", measured(loss=2.5 + 5e-7), BASE, CPU), "loss") == "ok"
-    assert status(compare("c", measured(loss=2.5 - 3e-6), BASE, CPU), "loss") == "FAIL"  # a small math change
+    assert status(verdict_of("c", measured(loss=2.5 + 5e-7), BASE, CPU), "loss") == "ok"
+    assert status(verdict_of("c", measured(loss=2.5 - 3e-6), BASE, CPU), "loss") == "FAIL"  # a small math change
     bf16 = dataclasses.replace(BASE, precision="bf16")
-    assert status(compare("c", measured(loss=2.5003, precision="bf16"), bf16, CPU), "loss") == "ok"
-    assert status(compare("c", measured(loss=2.501, precision="bf16"), bf16, CPU), "loss") == "FAIL"
-    assert status(compare("c", measured(loss=9.0, loss_step=12), BASE, CPU), "loss") == "not gated"
+    assert status(verdict_of("c", measured(loss=2.5003, precision="bf16"), bf16, CPU), "loss") == "ok"
+    assert status(verdict_of("c", measured(loss=2.501, precision="bf16"), bf16, CPU), "loss") == "FAIL"
+    assert status(verdict_of("c", measured(loss=9.0, loss_step=12), BASE, CPU), "loss") == "not gated"
 
 
 def test_a_baseline_from_another_cpu_model_gets_the_wider_loss_tolerance() -> None:
     other = measured(cpu_model="CPU B", loss=2.5 + 5e-5)  # fp32 moved 2.9e-5 between two CPU models
-    verdict = compare("c", other, BASE, CPU)
+    verdict = verdict_of("c", other, BASE, CPU)
     loss = next(c for c in verdict.checks if c.metric == "loss")
     assert loss.status == "ok" and "no reference for this CPU model: held to CPU A's" in loss.note
-    assert status(compare("c", measured(cpu_model="CPU B", loss=2.5 + 2e-4), BASE, CPU), "loss") == "FAIL"
+    assert status(verdict_of("c", measured(cpu_model="CPU B", loss=2.5 + 2e-4), BASE, CPU), "loss") == "FAIL"
     bf16 = dataclasses.replace(BASE, precision="bf16")
-    assert status(compare("c", measured(cpu_model="CPU B", loss=2.51, precision="bf16"), bf16, CPU), "loss") == "ok"
+    assert status(verdict_of("c", measured(cpu_model="CPU B", loss=2.51, precision="bf16"), bf16, CPU), "loss") == "ok"
 
 
 def test_no_baseline_is_reported_not_failed() -> None:
-    verdict = compare("c", BASE, None, GPU)
+    verdict = verdict_of("c", BASE, None, GPU)
     assert verdict.missing and not verdict.failed and verdict.summary() == "no baseline"
 
 
 def test_failure_message_names_case_metric_and_numbers() -> None:
-    verdict = compare("test_x[a-b]", measured(peak_allocated_bytes=1_100_000, tokens_per_s=500.0), BASE, GPU)
+    verdict = verdict_of("test_x[a-b]", measured(peak_allocated_bytes=1_100_000, tokens_per_s=500.0), BASE, GPU)
     message = verdict.failure_message()
     assert message.startswith("test_x[a-b]: peak memory +10.0%")
     assert "tokens/s -50.0%" in message and "1,100,000 B vs 1,000,000 B" in message

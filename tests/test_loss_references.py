@@ -21,7 +21,7 @@ def entry(loss: float, cpu: str, precision: str = "fp32", **kw) -> Entry:
 
 
 def loss_check(measured: Entry, baseline: Entry):
-    verdict = baselines.compare("case", measured, baseline, TOL)
+    verdict = baselines.verdict_of("case", measured, baseline, TOL)
     return next(c for c in verdict.checks if c.metric == "loss")
 
 

@@ -411,7 +411,7 @@ def test_html_status_of_each_case_is_the_gates(tmp_path: Path) -> None:
         measured = baselines.Entry.from_measurement(SimpleNamespace(**(blank | info)), precision=info["precision"],
                                                     cpu_model=None)
         baseline = base.entries[name]
-        gate = {c.metric: c.status for c in baselines.compare(name, measured, baseline, tol).checks}
+        gate = {c.metric: c.status for c in baselines.verdict_of(name, measured, baseline, tol).checks}
         cells = doc.rows[name]
         assert (cells[5], cells[9]) == (gate["tokens/s"], gate["peak memory"]), name
         assert cells[4] == _pct(measured.tokens_per_s, baseline.tokens_per_s, gate["tokens/s"])

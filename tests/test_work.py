@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 import torch
 
-from gptcore.baselines import Entry, Tolerances, compare
+from gptcore.baselines import Entry, Tolerances, verdict_of
 from gptcore.config import RECIPES, Recipe
 from gptcore.measure import run_case
 from gptcore.model import GPT
@@ -40,7 +40,7 @@ def entry(work: dict, peak: int | None = None) -> Entry:
 
 
 def failed_metrics(now: dict, before: dict) -> set[str]:
-    return {c.metric for c in compare("case", entry(now), entry(before), CPU).failed}
+    return {c.metric for c in verdict_of("case", entry(now), entry(before), CPU).failed}
 
 
 def plant(monkeypatch: pytest.MonkeyPatch, change) -> None:
@@ -151,7 +151,7 @@ def test_an_extra_clone_of_an_activation_fails_on_allocation_traffic_and_a_kept_
     activation = TINY.batch_size * TINY.block_size * TINY.n_embd * 4
     assert now.work["allocated_bytes"] - before.work["allocated_bytes"] == activation
     assert now.peak_allocated_bytes > before.peak_allocated_bytes  # kept: the tracked peak grows too
-    verdict = compare("case", entry(now.work, now.peak_allocated_bytes), entry(before.work, before.peak_allocated_bytes),
+    verdict = verdict_of("case", entry(now.work, now.peak_allocated_bytes), entry(before.work, before.peak_allocated_bytes),
                       dataclasses.replace(CPU, memory=0.0))
     assert "peak memory" in {c.metric for c in verdict.failed}
 
@@ -159,7 +159,7 @@ def test_an_extra_clone_of_an_activation_fails_on_allocation_traffic_and_a_kept_
 def test_less_work_passes_with_a_refresh_note():
     before = ledger_of(RECIPES["checkpoint"])  # recomputes every block in backward
     now = ledger_of(RECIPES["fp32"])
-    verdict = compare("case", entry(now), entry(before), CPU)
+    verdict = verdict_of("case", entry(now), entry(before), CPU)
     assert not verdict.failed and "refresh the baseline" in verdict.summary() and "flops" in verdict.summary()
 
 

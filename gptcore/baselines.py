@@ -30,9 +30,6 @@ import dataclasses
 import datetime as _dt
 import json
 import os
-import platform
-import re
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,68 +56,6 @@ the arithmetic moves it; another CPU model's rounding moves it by less than a re
 
 class BaselineError(ValueError):
     """A baseline file that cannot be used; the message names the file and the field."""
-
-
-# -- devices -------------------------------------------------------------------------------------------------------
-
-
-def slugify(name: str) -> str:
-    """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3' (lowercase, runs of non-alphanumerics -> '-')."""
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-
-
-def cpu_model(cpuinfo: str | None = None) -> str:
-    """The host CPU's identity for loss references: its model string, and on x86 Linux its family and model
-    numbers, e.g. 'AMD EPYC (family 25, model 17)'. The string alone is not enough: 'AMD EPYC' names Zen 3
-    (no AVX-512, bf16 emulated) and Zen 4 (AVX-512 BF16) alike, and their bf16 arithmetic differs.
-    ``cpuinfo``: the text of /proc/cpuinfo (default: read it)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text() if cpuinfo is None else cpuinfo
-    except OSError:
-        text = ""
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if not sep:
-            if fields:
-                break  # the first processor's block is enough
-            continue
-        fields.setdefault(key.strip().lower(), value.strip())
-    name = fields.get("model name")
-    if name is None:
-        return platform.processor() or platform.machine() or "unknown"
-    if "cpu family" in fields and "model" in fields:
-        return f"{name} (family {fields['cpu family']}, model {fields['model']})"
-    return name
-
-
-def device_slug(device: Any) -> str:
-    """File stem of a device's baselines: the slugified CUDA device name, or 'cpu'."""
-    import torch
-
-    device = torch.device(device)
-    if device.type == "cuda":
-        return slugify(torch.cuda.get_device_name(device))
-    return "cpu"
-
-
-def device_name(device: Any) -> str:
-    import torch
-
-    device = torch.device(device)
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
-
-
-def git_commit(cwd: str | Path | None = None) -> str | None:
-    """HEAD's sha, with '+dirty' when the working tree has changes; None outside git."""
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
-                               capture_output=True, text=True, check=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return sha + ("+dirty" if dirty else "")
 
 
 # -- schema ----------------------------------------------------------------------------------------------------------
@@ -327,7 +262,8 @@ def _work(data: Any, where: str) -> WorkLedger | None:
 
 @dataclass
 class BaselineFile:
-    """A device's baselines: header fields and one Entry per benchmark name (e.g. 'test_cpu_shape[cpu-small-ckpt-fp32]')."""
+    """A device's baselines: header fields and one Entry per benchmark name (e.g.
+    'test_cpu_shape[cpu-small-ckpt-fp32]')."""
 
     path: Path
     slug: str

@@ -15,8 +15,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .baselines import Check, Tolerances, loss_check, memory_check
-from .compare import (METRICS, CompareError, Options, WorkerError, compare_trees, git, local_device, repo_root,
-                      resolve, run_worker, select_cases, subject, worktree, write_worker)
+from .compare import METRICS, CompareError, DriverError, Options, compare_trees, run_driver, select_cases, write_driver
+from .identity import local_device
+from .revisions import commit_of, git, repo_root, subject, worktree
 from .config import RECIPES
 from .significance import SLOWER
 
@@ -46,7 +47,7 @@ def _bad_by_exact(metric: str, good: dict, now: dict, precision: str, tol: Toler
 
 
 def measure_commit(tree: Path, spec: BisectSpec, workdir: Path) -> tuple[bool, dict]:
-    """(bad, figures) of the checkout ``tree`` against GOOD; WorkerError when it cannot run a case."""
+    """(bad, figures) of the checkout ``tree`` against GOOD; DriverError when it cannot run a case."""
     options = Options(**spec.options)
     tol = Tolerances.default_for(options.device)
     bad, figures = False, {}
@@ -55,14 +56,14 @@ def measure_commit(tree: Path, spec: BisectSpec, workdir: Path) -> tuple[bool, d
                                 threshold=spec.threshold, options=options, workdir=workdir)
         for r in results:
             if r.error:
-                raise WorkerError(r.error)
+                raise DriverError(r.error)
             figures[r.case] = asdict(r.speed)
             bad = bad or r.speed.verdict == SLOWER
         return bad, figures
-    script = write_worker(workdir)
+    script = write_driver(workdir)
     for model, recipe in spec.cases:
         case = f"{model}-{recipe}"
-        now = run_worker(tree, model, recipe, options, script, memory=spec.metric == "peak_memory")
+        now = run_driver(tree, model, recipe, options, script, memory=spec.metric == "peak_memory")
         check = _bad_by_exact(spec.metric, spec.good[case], now, RECIPES[recipe].precision, tol)
         figures[case] = asdict(check)
         bad = bad or check.failed
@@ -77,7 +78,7 @@ def bisect_step(spec_path: str) -> int:
     with tempfile.TemporaryDirectory(prefix="gptcore-bisect-step-") as tmp:
         try:
             bad, figures = measure_commit(tree, spec, Path(tmp))
-        except WorkerError as err:
+        except DriverError as err:
             bad, figures = None, {"error": str(err)}
     with open(spec.log, "a") as log:
         log.write(json.dumps({"sha": sha, "bad": bad, "figures": figures}) + "\n")
@@ -104,7 +105,7 @@ def bisect(good: str, bad: str, expr: str, *, metric: str = "tokens_per_s", roun
     if metric not in METRICS:
         raise CompareError(f"--metric: unknown {metric!r}; choose from {', '.join(METRICS)}")
     repo = repo_root(cwd)
-    good_sha, bad_sha = resolve(repo, good), resolve(repo, bad)
+    good_sha, bad_sha = commit_of(repo, good), commit_of(repo, bad)
     if good_sha == bad_sha or subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", good_sha,
                                               bad_sha]).returncode:
         raise CompareError(f"GOOD {good!r} must be an ancestor of BAD {bad!r}")
@@ -114,15 +115,15 @@ def bisect(good: str, bad: str, expr: str, *, metric: str = "tokens_per_s", roun
     with tempfile.TemporaryDirectory(prefix="gptcore-bisect-") as tmp:
         tmp_path = Path(tmp)
         with worktree(repo, good_sha, tmp_path) as good_tree, worktree(repo, bad_sha, tmp_path) as bad_tree:
-            script = write_worker(tmp_path)
+            script = write_driver(tmp_path)
             good_figures = {}
             if metric != "tokens_per_s":
                 say(f"measuring GOOD {good_sha[:10]}")
                 for model, recipe in cases:
                     try:
-                        good_figures[f"{model}-{recipe}"] = run_worker(good_tree, model, recipe, options, script,
+                        good_figures[f"{model}-{recipe}"] = run_driver(good_tree, model, recipe, options, script,
                                                                        memory=metric == "peak_memory")
-                    except WorkerError as err:
+                    except DriverError as err:
                         raise CompareError(f"GOOD {good!r} cannot run {err}") from None
             spec = BisectSpec(str(good_tree), [list(c) for c in cases], metric, rounds, threshold, asdict(options),
                               good_figures, str(tmp_path / "steps.jsonl"))
@@ -131,7 +132,7 @@ def bisect(good: str, bad: str, expr: str, *, metric: str = "tokens_per_s", roun
             say(f"checking that BAD {bad_sha[:10]} is worse than GOOD on {metric}")
             try:
                 is_bad, bad_figures = measure_commit(bad_tree, spec, tmp_path)
-            except WorkerError as err:
+            except DriverError as err:
                 raise CompareError(f"BAD {bad!r} cannot run {err}") from None
             if not is_bad:
                 raise CompareError(f"BAD {bad!r} is not worse than GOOD {good!r} on {metric}: nothing to bisect")

@@ -2,10 +2,11 @@
 interpreters (two virtual environments: another torch, CUDA or driver stack), case by case, interleaved in fresh
 processes (``gptcore.bisection`` builds ``bisect`` on it).
 
-Each round runs one process per revision (A B, then B A, and so on): a small driver script (:data:`WORKER`) with the revision's checkout on
-PYTHONPATH builds the revision's own Trainer, warms up, times K steps and prints one JSON line. Only the stable
-API is used (``gptcore.config.get_model``/``get_recipe`` or ``MODELS``/``RECIPES``, ``gptcore.train.Trainer``,
-``.step()``, ``.tokens_per_step``), so older revisions run too.
+Each round runs one process per revision (A B, then B A, and so on): the driver (``gptcore/compare_driver.py``, run
+as a script with the revision's checkout on PYTHONPATH) builds the revision's own Trainer, warms up, times K steps
+and prints one JSON line. It uses only what every revision with a benchmark tier has (``gptcore.config``,
+``gptcore.train.Trainer``, ``gptcore.measure.StepTimer`` and ``cpu_peak_bytes``; the work ledger where there is
+one).
 
 Speed is judged on tokens/s per round: the ratio of the medians B/A, and a Hodges-Lehmann interval of the ratio
 with its Mann-Whitney test (exact for small samples, on log tokens/s). A case is slower or faster only when the
@@ -28,7 +29,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .baselines import Check, Tolerances, loss_check, memory_check
+from .compare_driver import MARK
 from .config import RECIPES, STUDIES
+from .identity import local_device
+from .revisions import commit_of, repo_root, snapshot, worktree
 from .significance import SLOWER, Speed, speed_verdict
 
 METRICS = ("tokens_per_s", "peak_memory", "loss")
@@ -72,144 +76,15 @@ def select_cases(expr: str, device_type: str) -> list[tuple[str, str]]:
     return chosen
 
 
-def local_device() -> str:
-    """'cuda' when torch sees a GPU, else 'cpu' (imports torch)."""
-    import torch
+# -- the driver ----------------------------------------------------------------------------------------------------
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-# -- git -----------------------------------------------------------------------------------------------------------
+DRIVER = Path(__file__).with_name("compare_driver.py")
+"""The driver each round runs in a fresh process (copied out, then run with one revision's checkout first on
+PYTHONPATH, so that it imports that revision's gptcore)."""
 
 
-def git(repo: str | Path, *args: str) -> str:
-    """stdout of ``git -C repo args``; CompareError with git's first line on failure."""
-    out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
-    if out.returncode:
-        first = (out.stderr.strip().splitlines() or [f"git {' '.join(args)} failed"])[0]
-        raise CompareError(first)
-    return out.stdout.strip()
-
-
-def repo_root(cwd: str | Path | None = None) -> Path:
-    """The top of the git working tree holding ``cwd``."""
-    try:
-        return Path(git(cwd or os.getcwd(), "rev-parse", "--show-toplevel"))
-    except CompareError:
-        raise CompareError(f"not a git repository: {Path(cwd or os.getcwd()).resolve()}") from None
-
-
-def resolve(repo: Path, rev: str) -> str:
-    """The commit sha ``rev`` names in ``repo``."""
-    try:
-        return git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
-    except CompareError:
-        raise CompareError(f"unknown revision {rev!r} in {repo}") from None
-
-
-def subject(repo: Path, sha: str) -> str:
-    return git(repo, "log", "-1", "--format=%s", sha)
-
-
-@contextlib.contextmanager
-def worktree(repo: Path, sha: str, parent: Path) -> Iterator[Path]:
-    """A detached ``git worktree`` of ``sha`` under ``parent``, removed afterwards (errors and Ctrl-C included)."""
-    path = Path(tempfile.mkdtemp(prefix=f"{sha[:8]}-", dir=parent))
-    git(repo, "worktree", "add", "--detach", "--quiet", str(path), sha)
-    try:
-        yield path
-    finally:
-        subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(path)], capture_output=True)
-        shutil.rmtree(path, ignore_errors=True)
-        subprocess.run(["git", "-C", str(repo), "worktree", "prune"], capture_output=True)
-
-
-def snapshot(repo: Path, parent: Path) -> Path:
-    """A copy of the working tree as it is (tracked and untracked files, not ignored ones) under ``parent``, so
-    that edits made while the comparison runs do not reach it."""
-    path = Path(tempfile.mkdtemp(prefix="worktree-", dir=parent))
-    for name in git(repo, "ls-files", "-z", "-co", "--exclude-standard").split("\0"):
-        source = repo / name
-        if name and source.is_file():
-            (path / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, path / name)
-    return path
-
-
-# -- the worker ----------------------------------------------------------------------------------------------------
-
-MARK = "GPTCORE-COMPARE "
-
-#: The driver run in each fresh process, with one revision's checkout first on PYTHONPATH. Stable API only.
-WORKER = r'''
-import json, sys, time
-from pathlib import Path
-
-spec = json.loads(sys.argv[1])
-import gptcore
-
-root, where = Path(spec["root"]).resolve(), Path(gptcore.__file__).resolve()
-if root not in where.parents:
-    sys.exit(f"gptcore was imported from {where}, not from the checkout {root}")
-from gptcore import config
-from gptcore.train import Trainer
-import gc, torch  # after the check: the checkout's gptcore, then torch
-
-get_model = getattr(config, "get_model", None) or config.MODELS.__getitem__
-get_recipe = getattr(config, "get_recipe", None) or config.RECIPES.__getitem__
-cfg, recipe, device = get_model(spec["model"]), get_recipe(spec["recipe"]), torch.device(spec["device"])
-trainer = Trainer(cfg, recipe, device)
-loss = None
-for _ in range(spec["warmup"]):
-    loss = trainer.step()
-share = None
-if device.type == "cuda":
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(spec["steps"]):
-        loss = trainer.step()
-    end.record()
-    end.synchronize()
-    seconds = start.elapsed_time(end) / 1000.0
-else:
-    c0, t0 = time.process_time(), time.perf_counter()
-    for _ in range(spec["steps"]):
-        loss = trainer.step()
-    seconds = time.perf_counter() - t0
-    share = (time.process_time() - c0) / (seconds * torch.get_num_threads())
-tokens_per_step = trainer.tokens_per_step
-tokens_per_step = tokens_per_step() if callable(tokens_per_step) else tokens_per_step
-out = {"gptcore": str(where.parent), "seconds": seconds, "tokens_per_s": spec["steps"] * tokens_per_step / seconds,
-       "loss": float(loss.item() if hasattr(loss, "item") else loss), "loss_step": spec["warmup"] + spec["steps"],
-       "cpu_share": share, "peak_memory": None, "threads": torch.get_num_threads(), "torch": torch.__version__,
-       "python": sys.executable, "work": None}
-if device.type == "cuda":
-    out["peak_memory"] = torch.cuda.max_memory_allocated(device)  # before the ledger's step allocates
-if spec["memory"]:  # the first round: the work ledger of one more step, where this revision has one
-    try:
-        from gptcore.work import count_step
-    except ImportError:
-        count_step = None
-    if count_step is not None:
-        ledger = count_step(trainer).to_json()
-        out["work"] = {k: ledger[k] for k in ("flops", "op_calls", "syncs", "allocations", "allocated_bytes")}
-if device.type != "cuda" and spec["memory"] and not getattr(recipe, "compile", False):
-    trainer = loss = None
-    gc.collect()
-    try:
-        from gptcore.measure import cpu_peak_bytes
-    except ImportError:
-        cpu_peak_bytes = None
-    if cpu_peak_bytes is not None:
-        out["peak_memory"] = cpu_peak_bytes(cfg, recipe)
-print("''' + MARK + r'''" + json.dumps(out), flush=True)
-'''
-
-
-class WorkerError(RuntimeError):
-    """A worker process failed: the revision could not run the case."""
+class DriverError(RuntimeError):
+    """A driver process failed: the revision could not run the case."""
 
 
 @dataclass
@@ -223,7 +98,7 @@ class Options:
     timeout: float = 900.0
 
 
-def run_worker(tree: Path, model: str, recipe: str, options: Options, script: Path, memory: bool,
+def run_driver(tree: Path, model: str, recipe: str, options: Options, script: Path, memory: bool,
                python: str = sys.executable) -> dict:
     """One fresh process of the interpreter ``python`` measuring ``model``/``recipe`` with the code of the
     checkout ``tree``."""
@@ -234,17 +109,18 @@ def run_worker(tree: Path, model: str, recipe: str, options: Options, script: Pa
         out = subprocess.run([python, str(script), json.dumps(spec)], cwd=tree, env=env, capture_output=True,
                              text=True, timeout=options.timeout)
     except subprocess.TimeoutExpired:
-        raise WorkerError(f"{model}-{recipe}: no answer in {options.timeout:.0f} s") from None
+        raise DriverError(f"{model}-{recipe}: no answer in {options.timeout:.0f} s") from None
     lines = [line for line in out.stdout.splitlines() if line.startswith(MARK)]
     if out.returncode or not lines:
         last = (out.stderr.strip().splitlines() or [f"exit code {out.returncode}"])[-1]
-        raise WorkerError(f"{model}-{recipe}: {last}")
+        raise DriverError(f"{model}-{recipe}: {last}")
     return json.loads(lines[-1][len(MARK):])
 
 
-def write_worker(directory: Path) -> Path:
-    path = directory / "gptcore_compare_worker.py"
-    path.write_text(WORKER)
+def write_driver(directory: Path) -> Path:
+    """A copy of the driver in ``directory`` (outside any checkout, so that every revision runs the same one)."""
+    path = directory / "gptcore_compare_driver.py"
+    path.write_text(DRIVER.read_text())
     return path
 
 
@@ -327,7 +203,7 @@ def compare_trees(tree_a: Path, tree_b: Path, cases: Sequence[tuple[str, str]], 
                   options: Options, workdir: Path, progress: Progress | None = None,
                   python_a: str = sys.executable, python_b: str = sys.executable) -> list[CaseResult]:
     """Each case: ``rounds`` rounds of A then B, each in a fresh process of its interpreter; the verdicts."""
-    script = write_worker(workdir)
+    script = write_driver(workdir)
     tol = Tolerances.default_for(options.device)
     results = []
     for model, recipe in cases:
@@ -340,10 +216,10 @@ def compare_trees(tree_a: Path, tree_b: Path, cases: Sequence[tuple[str, str]], 
                 # "slower" at 0.13x)
                 order = ((tree_a, python_a, result.rounds_a), (tree_b, python_b, result.rounds_b))
                 for tree, python, records in order if i % 2 == 0 else order[::-1]:
-                    records.append(run_worker(tree, model, recipe, options, script, memory, python))
+                    records.append(run_driver(tree, model, recipe, options, script, memory, python))
                 if progress:
                     progress(result, i + 1, rounds)
-        except WorkerError as err:
+        except DriverError as err:
             result.error = str(err)
         results.append(decide(result, threshold, tol))
     return results
@@ -372,8 +248,8 @@ def checkout(repo: Path, rev: Revision, parent: Path) -> Iterator[Path]:
 
 def revisions(repo: Path, base: str, head: str | None) -> tuple[Revision, Revision]:
     """BASE and HEAD resolved (HEAD None: the working tree, uncommitted changes included)."""
-    a = Revision(base, resolve(repo, base))
-    b = Revision("working tree", None) if head is None else Revision(head, resolve(repo, head))
+    a = Revision(base, commit_of(repo, base))
+    b = Revision("working tree", None) if head is None else Revision(head, commit_of(repo, head))
     return a, b
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import platform
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,7 @@ import pytest
 from pytest_benchmark.session import PerformanceRegression
 from tabulate import tabulate
 
-from gptcore import baselines, expectations
+from gptcore import baselines, expectations, identity
 from gptcore.baselines import BaselineError, BaselineFile, Entry, Tolerances, Verdict
 from gptcore.expectations import EffectResult, Figures
 from gptcore.rules import delta, delta_text
@@ -44,18 +43,7 @@ PLUGIN_DEFAULT_STORAGE = "file://./.benchmarks"
 SECTION = "gptcore benchmark gate"
 
 
-def cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def session_slug() -> str:
-    """The device this session benchmarks on: CUDA device 0 when present, else the CPU."""
-    return baselines.device_slug("cuda" if cuda_available() else "cpu")
-
-
-def _xdist_worker() -> bool:
+def _under_xdist() -> bool:
     return bool(os.environ.get("PYTEST_XDIST_WORKER"))
 
 
@@ -64,14 +52,14 @@ def _xdist_worker() -> bool:
 
 def configure(config: pytest.Config) -> Gate:
     """Check --require-gpu, set up pytest-benchmark's storage and comparison, and build the session's Gate."""
-    if config.getoption("require_gpu") and not cuda_available():
+    if config.getoption("require_gpu") and not identity.cuda_available():
         import torch
 
         raise pytest.UsageError(f"--require-gpu: CUDA is not available (torch {torch.__version__}, built for CUDA "
                                 f"{torch.version.cuda}); this job must run on a GPU runner")
     notes: list[str] = []
     history = None
-    if config.pluginmanager.hasplugin("benchmark") and not _xdist_worker():
+    if config.pluginmanager.hasplugin("benchmark") and not _under_xdist():
         history = _split_storage_per_device(config)
         notes += _disable_compare_without_history(config)
     gate = Gate.from_config(config, notes)
@@ -84,7 +72,7 @@ def _split_storage_per_device(config: pytest.Config) -> str | None:
     the note that says where it went (None when the storage was left as given)."""
     passed = any(arg.startswith("--benchmark-storage") for arg in config.invocation_params.args)
     if not passed and config.option.benchmark_storage == PLUGIN_DEFAULT_STORAGE:
-        config.option.benchmark_storage = f"{PLUGIN_DEFAULT_STORAGE}/{session_slug()}"
+        config.option.benchmark_storage = f"{PLUGIN_DEFAULT_STORAGE}/{identity.session_slug()}"
         path = config.option.benchmark_storage.removeprefix("file://./")
         return f"pytest-benchmark history for this device: {path} (pytest-benchmark list/compare need --storage {path})"
     return None
@@ -171,7 +159,7 @@ class Gate:
     """The one-line failure of each case that failed (a check, an unmet expectation, an error), in run order."""
     markdown: Path | None = None
     """--gate-markdown: where to write the verdict as markdown."""
-    cpu_model: str = field(default_factory=baselines.cpu_model)
+    cpu_model: str = field(default_factory=identity.cpu_model)
     history_note: str | None = None
     """Where pytest-benchmark's history of this device is, when the gate split its storage (shown when cases ran)."""
     expected: expectations.Session = field(default_factory=expectations.Session)
@@ -270,7 +258,7 @@ class Gate:
         failures += [f"{node.name}: expected effect not met: {line}" for line in unmet]
         missing = None
         if not failures and verdict is not None and verdict.missing:
-            missing = (f"{node.name}: no baseline for {baselines.device_slug(device)}; record it with: "
+            missing = (f"{node.name}: no baseline for {identity.device_slug(device)}; record it with: "
                        f"{self.record_command(node.nodeid)}")
             if self.strict:
                 failures.append(missing + " (--baseline-strict)")
@@ -281,7 +269,7 @@ class Gate:
                     error: str | None = None, mfu: str = "—") -> Verdict | None:
         """Record (under --update-baselines) or judge ``measured`` against the device's baseline, and keep a row."""
         device_type = device.split(":")[0]
-        slug = baselines.device_slug(device)
+        slug = identity.device_slug(device)
         file = self.load(slug)
         baseline = file.entries.get(node.name) if file else None
         if error:
@@ -332,10 +320,10 @@ class Gate:
                              + (f"; skipped {len(skipped)} (no entry, or a loss read at another step)"
                                 if skipped else ""))
                 continue
-            baselines.update(path, slug, entries, device_name=baselines.device_name(device), device_type=device,
+            baselines.update(path, slug, entries, device_name=identity.device_name(device), device_type=device,
                              torch_version=torch.__version__, cuda=torch.version.cuda,
-                             driver=driver_version() if device == "cuda" else None,
-                             commit=baselines.git_commit(self.root))
+                             driver=identity.driver_version() if device == "cuda" else None,
+                             commit=identity.git_commit(self.root))
             lines.append(f"baselines: recorded {len(entries)} case(s) into {path}")
         self.pending.clear()
         return lines
@@ -350,7 +338,7 @@ def preload(config: pytest.Config, items: list[pytest.Item]) -> None:
     bench = [item for item in items if "gate" in getattr(item, "fixturenames", ())]
     if not bench:
         return
-    if _xdist_worker():
+    if _under_xdist():
         skip = pytest.mark.skip(reason="pytest-benchmark is disabled under xdist: run bench/ without -n")
         for item in bench:
             item.add_marker(skip)
@@ -360,8 +348,8 @@ def preload(config: pytest.Config, items: list[pytest.Item]) -> None:
         return any(item.get_closest_marker(name) for item in bench for name in names)
 
     slugs = {"cpu"} if marked("cpu", "convergence") else set()
-    if cuda_available() and marked("gpu", "convergence"):
-        slugs.add(baselines.device_slug("cuda"))
+    if identity.cuda_available() and marked("gpu", "convergence"):
+        slugs.add(identity.device_slug("cuda"))
     try:
         for slug in sorted(slugs):
             gate.load(slug)
@@ -553,30 +541,20 @@ def expectations_table(outcomes: Sequence[EffectResult], tablefmt: str = "simple
 # -- pytest-benchmark machine_info ---------------------------------------------------------------------------------
 
 
-def driver_version() -> str | None:
-    """The NVIDIA driver version from nvidia-smi (None without one)."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.strip().splitlines()[0] if out.strip() else None
-
-
 def update_machine_info(machine_info: dict) -> None:
     """GPU name, compute capability, torch, CUDA and driver versions (pytest-benchmark's machine id ignores them)."""
     import torch
 
     machine_info["torch"] = torch.__version__
     machine_info["cuda"] = torch.version.cuda
-    machine_info["cpu_model"] = baselines.cpu_model()
+    machine_info["cpu_model"] = identity.cpu_model()
     machine_info["torch_threads"] = torch.get_num_threads()
-    machine_info["device_slug"] = session_slug()
+    machine_info["device_slug"] = identity.session_slug()
     machine_info["python_implementation"] = platform.python_implementation()
     if torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability(0)
         machine_info["gpu"] = {"name": torch.cuda.get_device_name(0), "compute_capability": f"{major}.{minor}",
-                               "count": torch.cuda.device_count(), "driver": driver_version(),
+                               "count": torch.cuda.device_count(), "driver": identity.driver_version(),
                                "cudnn": torch.backends.cudnn.version()}
     else:
         machine_info["gpu"] = None

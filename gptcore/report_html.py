@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import baselines, expectations
+from . import baselines, expectations, identity
 from .baselines import BaselineFile, Check, Entry, Tolerances, memory_check, speed_check
 from .config import RECIPE_NOTES, get_model, get_recipe
 from .convergence import Convergence
@@ -55,7 +55,7 @@ def device_slug(data: dict, records: Sequence[Record]) -> str:
         return info["device_slug"]
     gpu = info.get("gpu")
     if any(str(r.info.get("device", "")).startswith("cuda") for r in records) and isinstance(gpu, dict):
-        return baselines.slugify(str(gpu.get("name", "cuda")))
+        return identity.slugify(str(gpu.get("name", "cuda")))
     return "cpu"
 
 

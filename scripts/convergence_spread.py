@@ -55,7 +55,7 @@ def main() -> int:
                                    "stdev": statistics.stdev(finals)}
     import torch
 
-    from gptcore.baselines import cpu_model
+    from gptcore.identity import cpu_model
 
     what = (f"scripts/convergence_spread.py: {len(runs)} runs, one thread each, on {cpu_model()}, torch "
             f"{torch.__version__}")

@@ -15,7 +15,7 @@ import torch
 
 from gptcore.baselines import Tolerances, loss_check, memory_check
 from gptcore.cli import main
-from gptcore.compare import CompareError, Options, keyword_match, run_worker, select_cases, write_worker
+from gptcore.compare import CompareError, Options, keyword_match, run_driver, select_cases, write_driver
 from gptcore.significance import (FASTER, SAME, SLOWER, hodges_lehmann_ratio, mann_whitney, speed_verdict,
                                   u_distribution)
 
@@ -115,7 +115,7 @@ def test_rounds_alternate_which_revision_runs_first(monkeypatch, tmp_path):
         return {"tokens_per_s": 1000.0 if tree.name == "a" else 800.0, "loss": 4.0, "loss_step": 2,
                 "peak_memory": 100 if memory else None, "cpu_share": 1.0}
 
-    monkeypatch.setattr(compare, "run_worker", fake_worker)
+    monkeypatch.setattr(compare, "run_driver", fake_worker)
     [result] = compare.compare_trees(tmp_path / "a", tmp_path / "b", [("cpu-small", "ckpt-fp32")], rounds=4,
                                      threshold=0.05, options=Options(), workdir=tmp_path, python_a="python-a",
                                      python_b="python-b")
@@ -226,7 +226,7 @@ def test_compare_one_revision_under_two_interpreters(repo, tmp_path, monkeypatch
 
 def test_the_worker_refuses_a_checkout_whose_gptcore_it_did_not_import(tmp_path):
     with pytest.raises(RuntimeError, match="not from the checkout"):
-        run_worker(tmp_path, "cpu-small", "ckpt-fp32", Options(warmup=1, steps=1), write_worker(tmp_path), False)
+        run_driver(tmp_path, "cpu-small", "ckpt-fp32", Options(warmup=1, steps=1), write_driver(tmp_path), False)
 
 
 @pytest.mark.slow  # 6 worker processes: ~20 s on 2 idle cores, minutes on a busy one

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptcore import baselines, train
+from gptcore import baselines, identity, train
 from gptcore.baselines import BaselineError, Entry, Tolerances, verdict_of
 from gptcore.config import CPU_SHAPE_SHORT, Schedule, get_model, get_recipe
 from gptcore.convergence import Convergence, converge, schedule_recipe, torch_threads
@@ -154,7 +154,7 @@ def test_a_schedule_that_decays_too_early_fails_the_convergence_gate_and_no_step
     planted = converge(cfg, get_recipe("ckpt-fp32"), CPU_SHAPE_SHORT, threads=1)
     file = baselines.load(ROOT / "baselines" / "cpu.json", expect_slug="cpu")
     before = file.entries[SHORT_CASE]
-    verdict = verdict_of(SHORT_CASE, entry(planted, cpu=baselines.cpu_model()), before, file.tolerances)
+    verdict = verdict_of(SHORT_CASE, entry(planted, cpu=identity.cpu_model()), before, file.tolerances)
     val = next(c for c in verdict.checks if c.metric == "val loss")
     assert val.status == "FAIL", val.note
     print(f"planted early decay: final val {planted.final_val_loss:.4f} vs baseline "

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gptcore import baselines
+from gptcore import baselines, identity
 from gptcore.baselines import BaselineError, Entry, Tolerances, verdict_of
 
 pytest_plugins = ["pytester"]
@@ -361,9 +361,9 @@ def test_end_table_says_where_mfu_flops_come_from_and_what_work_moved() -> None:
 
 
 def test_slug_of_a_cuda_device_name() -> None:
-    assert baselines.slugify("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
-    assert baselines.slugify("NVIDIA A100-SXM4-40GB") == "nvidia-a100-sxm4-40gb"
-    assert baselines.device_slug("cpu") == "cpu"
+    assert identity.slugify("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    assert identity.slugify("NVIDIA A100-SXM4-40GB") == "nvidia-a100-sxm4-40gb"
+    assert identity.device_slug("cpu") == "cpu"
 
 
 def _write(path: Path, data: dict) -> None:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gptcore import baselines
+from gptcore import baselines, identity
 from gptcore.baselines import FAIL, OK, Entry, Tolerances
 
 pytestmark = pytest.mark.cpu
@@ -92,6 +92,6 @@ ZEN4 = ZEN3.replace("model\t\t: 1", "model\t\t: 17")
 
 def test_two_cpu_generations_with_one_model_name_are_two_cpu_models():
     """'AMD EPYC' names Zen 3 (bf16 emulated) and Zen 4 (AVX-512 BF16): their loss references must not mix."""
-    assert baselines.cpu_model(ZEN3) == "AMD EPYC (family 25, model 1)"
-    assert baselines.cpu_model(ZEN4) == "AMD EPYC (family 25, model 17)"
-    assert baselines.cpu_model("model name\t: Some ARM core\n") == "Some ARM core"
+    assert identity.cpu_model(ZEN3) == "AMD EPYC (family 25, model 1)"
+    assert identity.cpu_model(ZEN4) == "AMD EPYC (family 25, model 17)"
+    assert identity.cpu_model("model name\t: Some ARM core\n") == "Some ARM core"

@@ -1,6 +1,7 @@
 """gptcore.report and `python -m gptcore report`: tables from a real CPU --benchmark-json run
 (tests/data/cpu-run.json: `pytest bench -m cpu -k "test_cpu_shape and (cpu-small or cpu-layers2)" --bench-warmup 1
---bench-rounds 3 --bench-steps 2 --benchmark-json ...`), the derived tables' definitions, bad input, the axis labels of every plot,
+--bench-rounds 3 --bench-steps 2 --benchmark-json ...`), the derived tables' definitions, bad input, the axis labels
+of every plot,
 and the HTML page (gptcore.report_html), opened in a real headless browser.
 
 HTML test data: tests/data/cpu-report-run.json and the two saved runs under tests/data/history/cpu/ are real (`pytest
@@ -338,9 +339,9 @@ def test_a_real_browser_loads_the_page_runs_its_script_and_finds_every_case(
 
 
 def test_gate_says_where_pytest_benchmark_history_is_when_it_split_the_storage(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gptcore import gate
+    from gptcore import gate, identity
 
-    monkeypatch.setattr(gate, "session_slug", lambda: "cpu")
+    monkeypatch.setattr(identity, "session_slug", lambda: "cpu")
     config = SimpleNamespace(invocation_params=SimpleNamespace(args=()),
                              option=SimpleNamespace(benchmark_storage=gate.PLUGIN_DEFAULT_STORAGE))
     note = gate._split_storage_per_device(config)

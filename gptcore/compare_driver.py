@@ -1,0 +1,64 @@
+"""The driver of one ``compare`` round: run as a script (``python compare_driver.py SPEC_JSON``) in a fresh process
+whose PYTHONPATH starts with one revision's checkout, it measures one case with that revision's code and prints one
+line, ``GPTCORE-COMPARE {json}``. It imports only what every revision with a benchmark tier has (gptcore.config,
+Trainer, StepTimer, cpu_peak_bytes), and the work ledger where the revision has one; it checks that the gptcore it
+imported is the checkout's, never this one's."""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+from pathlib import Path
+
+MARK = "GPTCORE-COMPARE "  # gptcore.compare.MARK (this file runs apart from the package: no import of it)
+
+
+def main(spec: dict) -> dict:
+    """Warm up, time ``steps`` optimizer steps of the case, and read its peak memory and work ledger if asked."""
+    import gptcore
+
+    root, where = Path(spec["root"]).resolve(), Path(gptcore.__file__).resolve()
+    if root not in where.parents:
+        sys.exit(f"gptcore was imported from {where}, not from the checkout {root}")
+    import torch  # after the check: the checkout's gptcore, then torch
+
+    from gptcore import config
+    from gptcore.measure import StepTimer, cpu_peak_bytes
+    from gptcore.train import Trainer
+
+    cfg, recipe = config.get_model(spec["model"]), config.get_recipe(spec["recipe"])
+    device = torch.device(spec["device"])
+    trainer = Trainer(cfg, recipe, device)
+    loss = None
+    for _ in range(spec["warmup"]):
+        loss = trainer.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    with StepTimer(device) as timer:
+        for _ in range(spec["steps"]):
+            loss = trainer.step()
+    out = {"gptcore": str(where.parent), "seconds": timer.seconds,
+           "tokens_per_s": spec["steps"] * trainer.tokens_per_step / timer.seconds, "loss": float(loss.item()),
+           "loss_step": spec["warmup"] + spec["steps"], "cpu_share": timer.cpu_share, "peak_memory": None,
+           "threads": torch.get_num_threads(), "torch": torch.__version__, "python": sys.executable, "work": None}
+    if device.type == "cuda":
+        out["peak_memory"] = torch.cuda.max_memory_allocated(device)  # before the ledger's step allocates
+    if spec["memory"]:  # the first round: the work ledger of one more step, where this revision has one
+        try:
+            from gptcore.work import count_step
+        except ImportError:
+            count_step = None
+        if count_step is not None:
+            ledger = count_step(trainer).to_json()
+            out["work"] = {k: ledger[k] for k in ("flops", "op_calls", "syncs", "allocations", "allocated_bytes")}
+    if device.type != "cuda" and spec["memory"] and not recipe.compile:
+        trainer = loss = None
+        gc.collect()
+        out["peak_memory"] = cpu_peak_bytes(cfg, recipe)
+    return out
+
+
+if __name__ == "__main__":
+    print(MARK + json.dumps(main(json.loads(sys.argv[1]))), flush=True)

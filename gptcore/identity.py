@@ -1,0 +1,96 @@
+"""The one place a device and a revision are identified: the CUDA device or the CPU a run measures on, their
+names and the slug of their baseline file, the CPU model the loss references are kept per, the NVIDIA driver, and the
+git commit a baseline was recorded from. torch is imported inside the functions that need it."""
+
+from __future__ import annotations
+
+import platform
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+
+def slugify(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3' (lowercase, runs of non-alphanumerics -> '-')."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The host CPU's identity for loss references: its model string, and on x86 Linux its family and model
+    numbers, e.g. 'AMD EPYC (family 25, model 17)'. The string alone is not enough: 'AMD EPYC' names Zen 3
+    (no AVX-512, bf16 emulated) and Zen 4 (AVX-512 BF16) alike, and their bf16 arithmetic differs.
+    ``cpuinfo``: the text of /proc/cpuinfo (default: read it)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text() if cpuinfo is None else cpuinfo
+    except OSError:
+        text = ""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            if fields:
+                break  # the first processor's block is enough
+            continue
+        fields.setdefault(key.strip().lower(), value.strip())
+    name = fields.get("model name")
+    if name is None:
+        return platform.processor() or platform.machine() or "unknown"
+    if "cpu family" in fields and "model" in fields:
+        return f"{name} (family {fields['cpu family']}, model {fields['model']})"
+    return name
+
+
+def device_slug(device: Any) -> str:
+    """File stem of a device's baselines: the slugified CUDA device name, or 'cpu'."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return slugify(torch.cuda.get_device_name(device))
+    return "cpu"
+
+
+def device_name(device: Any) -> str:
+    import torch
+
+    device = torch.device(device)
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
+
+
+def git_commit(cwd: str | Path | None = None) -> str | None:
+    """HEAD's sha, with '+dirty' when the working tree has changes; None outside git."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                               capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sha + ("+dirty" if dirty else "")
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def session_slug() -> str:
+    """The device this session benchmarks on: CUDA device 0 when present, else the CPU."""
+    return device_slug(local_device())
+
+
+def local_device() -> str:
+    """'cuda' when torch sees a GPU, else 'cpu'."""
+    return "cuda" if cuda_available() else "cpu"
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver version from nvidia-smi (None without one)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.strip().splitlines()[0] if out.strip() else None

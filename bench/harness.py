@@ -1,5 +1,6 @@
-"""What every benchmark case shares: the study's grid with readable ids, a RunIf-style skip helper, and
-``measure`` (skip what the device cannot run, time the case with benchmark.pedantic, gate it against baselines)."""
+"""What every benchmark case shares: the study's grid with readable ids, a RunIf-style skip helper,
+``benchmark_case`` (skip what the device cannot run, time the case with benchmark.pedantic, gate it against
+baselines) and ``converge_case`` (a whole training run of the convergence tier, gated on what it learned)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ class BaselineMissing(UserWarning):
 
 
 @dataclass(frozen=True)
-class Counts:
+class Timing:
     """How a study's cases are timed: warm-up steps (compile and optimizer state happen there), timed rounds, and
     optimizer steps per round."""
 
@@ -86,15 +87,15 @@ def skip_if_it_cannot_fit(estimate: int | str, device: str) -> None:
                     f"{torch.cuda.get_device_name()}")
 
 
-def measure(benchmark, gate, request: pytest.FixtureRequest, study: Study, model: str, recipe_name: str,
-            counts: Counts) -> Measurement:
+def benchmark_case(benchmark, gate, request: pytest.FixtureRequest, study: Study, model: str, recipe_name: str,
+            timing: Timing) -> Measurement:
     """Run one case of ``study`` under benchmark.pedantic and gate it; skip (with the reason) what the device
     cannot run."""
     recipe, device = RECIPES[recipe_name], study.device
     reason = unsupported_reason(recipe, device)
     if reason:
         pytest.skip(reason)
-    warmup, rounds, steps_per_round = gate.counts(counts.warmup, counts.rounds, counts.steps_per_round)
+    warmup, rounds, steps_per_round = gate.timing(timing.warmup, timing.rounds, timing.steps_per_round)
     cfg = MODELS[model]
     estimate, estimate_by_category = estimate_of(model, recipe, device)
     skip_if_it_cannot_fit(estimate, device)

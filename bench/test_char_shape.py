@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from bench.harness import Counts, grid, measure
+from bench.harness import Timing, grid, benchmark_case
 from gptcore.config import STUDIES
 
 STUDY = STUDIES["char-shape"]
-COUNTS = Counts(warmup=5, rounds=10, steps_per_round=10)
+TIMING = Timing(warmup=5, rounds=10, steps_per_round=10)
 
 pytestmark = pytest.mark.gpu
 
@@ -17,4 +17,4 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.benchmark(group="char-shape study")
 @pytest.mark.parametrize(("model", "recipe"), grid(STUDY))
 def test_char_shape(benchmark, gate, request, model: str, recipe: str) -> None:
-    measure(benchmark, gate, request, STUDY, model, recipe, COUNTS)
+    benchmark_case(benchmark, gate, request, STUDY, model, recipe, TIMING)

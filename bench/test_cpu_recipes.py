@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from bench.harness import Counts, grid, measure
+from bench.harness import Timing, grid, benchmark_case
 from gptcore.config import STUDIES
 
 STUDY = STUDIES["cpu-recipe"]
-COUNTS = Counts(warmup=2, rounds=5, steps_per_round=2)  # compile happens in the warm-up, outside the timing
+TIMING = Timing(warmup=2, rounds=5, steps_per_round=2)  # compile happens in the warm-up, outside the timing
 
 pytestmark = pytest.mark.cpu
 
@@ -19,4 +19,4 @@ pytestmark = pytest.mark.cpu
 @pytest.mark.benchmark(group="cpu-recipe study")
 @pytest.mark.parametrize(("model", "recipe"), grid(STUDY))
 def test_cpu_recipes(benchmark, gate, request, model: str, recipe: str) -> None:
-    measure(benchmark, gate, request, STUDY, model, recipe, COUNTS)
+    benchmark_case(benchmark, gate, request, STUDY, model, recipe, TIMING)

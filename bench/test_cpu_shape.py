@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from bench.harness import Counts, grid, measure
+from bench.harness import Timing, grid, benchmark_case
 from gptcore.config import STUDIES
 
 STUDY = STUDIES["cpu-shape"]
-COUNTS = Counts(warmup=3, rounds=11, steps_per_round=4)
+TIMING = Timing(warmup=3, rounds=11, steps_per_round=4)
 
 pytestmark = pytest.mark.cpu
 
@@ -20,4 +20,4 @@ pytestmark = pytest.mark.cpu
 @pytest.mark.benchmark(group="cpu-shape study")
 @pytest.mark.parametrize(("model", "recipe"), grid(STUDY))
 def test_cpu_shape(benchmark, gate, request, model: str, recipe: str) -> None:
-    measure(benchmark, gate, request, STUDY, model, recipe, COUNTS)
+    benchmark_case(benchmark, gate, request, STUDY, model, recipe, TIMING)

@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness import Counts, conclude, needs_of, run_if
+from bench.harness import Timing, conclude, needs_of, run_if
 from gptcore.config import MODELS, RECIPES
 from gptcore.measure import Measurement
 from gptcore.memory import resolve
 from gptcore.memory.parallel import estimate_per_rank
 
 ROOT = Path(__file__).resolve().parents[1]
-COUNTS = {"cpu": Counts(warmup=2, rounds=5, steps_per_round=2), "cuda": Counts(warmup=5, rounds=10, steps_per_round=5)}
+TIMING = {"cpu": Timing(warmup=2, rounds=5, steps_per_round=2), "cuda": Timing(warmup=5, rounds=10, steps_per_round=5)}
 LAUNCH_TIMEOUT_S = 300
 WORLD = 2
 
@@ -80,7 +80,7 @@ def combine(ranks: list[dict]) -> Measurement:
 @pytest.mark.parametrize(("model", "recipe", "world", "device"), CASES)
 def test_distributed(benchmark, gate, request, tmp_path, model: str, recipe: str, world: int, device: str) -> None:
     cfg, r = MODELS[model], RECIPES[recipe]
-    counts = gate.counts(*dataclasses.astuple(COUNTS[device]))
+    counts = gate.timing(*dataclasses.astuple(TIMING[device]))
     try:
         estimate: int | str = estimate_per_rank(resolve(cfg, r, device=device), world).total_bytes
     except Exception:  # noqa: BLE001 (an estimate column never fails a case)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from bench.harness import Counts, grid, measure
+from bench.harness import Timing, grid, benchmark_case
 from gptcore.config import STUDIES
 
 STUDY = STUDIES["ladder"]
-COUNTS = Counts(warmup=5, rounds=7, steps_per_round=5)
+TIMING = Timing(warmup=5, rounds=7, steps_per_round=5)
 
 pytestmark = pytest.mark.gpu
 
@@ -21,4 +21,4 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.benchmark(group="ladder")
 @pytest.mark.parametrize(("model", "recipe"), grid(STUDY))
 def test_ladder(benchmark, gate, request, model: str, recipe: str) -> None:
-    measure(benchmark, gate, request, STUDY, model, recipe, COUNTS)
+    benchmark_case(benchmark, gate, request, STUDY, model, recipe, TIMING)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from bench.harness import Counts, grid, measure
+from bench.harness import Timing, grid, benchmark_case
 from gptcore.config import STUDIES
 
 STUDY = STUDIES["memory-recipe"]
 # compile (the budget recipes) happens in the warm-up, outside the timing
-COUNTS = Counts(warmup=3, rounds=5, steps_per_round=3)
+TIMING = Timing(warmup=3, rounds=5, steps_per_round=3)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -17,4 +17,4 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 @pytest.mark.benchmark(group="memory-recipe study")
 @pytest.mark.parametrize(("model", "recipe"), grid(STUDY))
 def test_memory_recipes(benchmark, gate, request, model: str, recipe: str) -> None:
-    measure(benchmark, gate, request, STUDY, model, recipe, COUNTS)
+    benchmark_case(benchmark, gate, request, STUDY, model, recipe, TIMING)

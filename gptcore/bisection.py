@@ -14,8 +14,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .baselines import Check, Tolerances, loss_check, memory_check
-from .compare import METRICS, CompareError, DriverError, Options, compare_trees, run_driver, select_cases, write_driver
+from .baselines import Tolerances
+from .verdicts import Check, loss_check, memory_check
+from .compare import (BISECT_METRICS, CompareError, DriverError, Options, compare_trees, run_driver, select_cases,
+                      write_driver)
 from .identity import local_device
 from .revisions import commit_of, git, repo_root, subject, worktree
 from .config import RECIPES
@@ -46,7 +48,7 @@ def _bad_by_exact(metric: str, good: dict, now: dict, precision: str, tol: Toler
                       step=now.get("loss_step"), before_step=good.get("loss_step"))
 
 
-def measure_commit(tree: Path, spec: BisectSpec, workdir: Path) -> tuple[bool, dict]:
+def judge_commit(tree: Path, spec: BisectSpec, workdir: Path) -> tuple[bool, dict]:
     """(bad, figures) of the checkout ``tree`` against GOOD; DriverError when it cannot run a case."""
     options = Options(**spec.options)
     tol = Tolerances.default_for(options.device)
@@ -77,7 +79,7 @@ def bisect_step(spec_path: str) -> int:
     sha = git(tree, "rev-parse", "HEAD")
     with tempfile.TemporaryDirectory(prefix="gptcore-bisect-step-") as tmp:
         try:
-            bad, figures = measure_commit(tree, spec, Path(tmp))
+            bad, figures = judge_commit(tree, spec, Path(tmp))
         except DriverError as err:
             bad, figures = None, {"error": str(err)}
     with open(spec.log, "a") as log:
@@ -102,8 +104,8 @@ def bisect(good: str, bad: str, expr: str, *, metric: str = "tokens_per_s", roun
            progress: Callable[[str], None] | None = None) -> BisectResult:
     """The first commit between ``good`` and ``bad`` that is worse than ``good`` on ``metric``, found by
     ``git bisect run`` in a temporary worktree (the user's checkout is not touched)."""
-    if metric not in METRICS:
-        raise CompareError(f"--metric: unknown {metric!r}; choose from {', '.join(METRICS)}")
+    if metric not in BISECT_METRICS:
+        raise CompareError(f"--metric: unknown {metric!r}; choose from {', '.join(BISECT_METRICS)}")
     repo = repo_root(cwd)
     good_sha, bad_sha = commit_of(repo, good), commit_of(repo, bad)
     if good_sha == bad_sha or subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", good_sha,
@@ -131,7 +133,7 @@ def bisect(good: str, bad: str, expr: str, *, metric: str = "tokens_per_s", roun
             spec_path.write_text(json.dumps(asdict(spec)))
             say(f"checking that BAD {bad_sha[:10]} is worse than GOOD on {metric}")
             try:
-                is_bad, bad_figures = measure_commit(bad_tree, spec, tmp_path)
+                is_bad, bad_figures = judge_commit(bad_tree, spec, tmp_path)
             except DriverError as err:
                 raise CompareError(f"BAD {bad!r} cannot run {err}") from None
             if not is_bad:

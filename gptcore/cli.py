@@ -337,7 +337,7 @@ def _interval(speed) -> str:  # noqa: ANN001 (gptcore.compare.Speed)
     return f"95% CI {speed.low:.3f}-{speed.high:.3f}"
 
 
-def _exact_text(check) -> str:  # noqa: ANN001 (gptcore.baselines.Check: B measured against A)
+def _exact_text(check) -> str:  # noqa: ANN001 (gptcore.verdicts.Check: B measured against A)
     a, b = check.baseline, check.measured
     if a is None or b is None:
         return f"{check.metric} n/a"
@@ -417,7 +417,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
             print(f"  {case}: {figures['median_b']:,.0f} tok/s vs GOOD's {figures['median_a']:,.0f} "
                   f"(B/A {figures['ratio']:.3f}, {figures['verdict']})")
         else:
-            from .baselines import Check
+            from .verdicts import Check
 
             print(f"  {case}: {_exact_text(Check(**figures))} (GOOD -> first bad)")
     return 0

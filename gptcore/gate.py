@@ -24,7 +24,9 @@ from pytest_benchmark.session import PerformanceRegression
 from tabulate import tabulate
 
 from gptcore import baselines, expectations, identity
-from gptcore.baselines import BaselineError, BaselineFile, Entry, Tolerances, Verdict
+from gptcore import verdicts
+from gptcore.baselines import BaselineError, BaselineFile, Entry, Tolerances
+from gptcore.verdicts import Verdict
 from gptcore.expectations import EffectResult, Figures
 from gptcore.rules import delta, delta_text
 from gptcore.units import common_unit, format_bytes
@@ -140,7 +142,7 @@ class Gate:
     update: bool
     strict: bool
     overrides: dict[str, float]
-    counts_override: tuple[int | None, int | None, int | None]
+    timing_override: tuple[int | None, int | None, int | None]
     root: Path = Path(".")
     """Where the git commit recorded with the baselines is read."""
     notes: list[str] = field(default_factory=list)
@@ -183,12 +185,12 @@ class Gate:
         return cls(directory=Path(config.getoption("baselines_dir")), update=config.getoption("update_baselines"),
                    markdown=Path(markdown) if markdown else None,
                    update_loss=config.getoption("update_loss_references"),
-                   strict=config.getoption("baseline_strict"), overrides=overrides, counts_override=counts,
+                   strict=config.getoption("baseline_strict"), overrides=overrides, timing_override=counts,
                    root=config.rootpath, notes=notes)
 
-    def counts(self, warmup: int, rounds: int, steps: int) -> tuple[int, int, int]:
+    def timing(self, warmup: int, rounds: int, steps: int) -> tuple[int, int, int]:
         """The case's (warm-up, rounds, steps per round), with the command-line overrides applied."""
-        w, r, s = self.counts_override
+        w, r, s = self.timing_override
         return (warmup if w is None else w, rounds if r is None else r, steps if s is None else s)
 
     def path_for(self, slug: str) -> Path:
@@ -280,7 +282,7 @@ class Gate:
             what = "recorded" if self.update else f"loss reference of {self.cpu_model} recorded"
             self.rows.append(Row(node.name, measured, baseline, what, estimate))
             return None
-        verdict = baselines.verdict_of(node.name, measured, baseline, self.tolerances(file, device_type))
+        verdict = verdicts.verdict_of(node.name, measured, baseline, self.tolerances(file, device_type))
         if baseline is not None and device_type == "cpu":
             model = baseline.loss_reference(measured.cpu_model)[1]
             other = "" if model == measured.cpu_model else ", another CPU model: the wider tolerance"
@@ -291,7 +293,7 @@ class Gate:
             summary += " (strict: FAIL)" if self.strict else ""
             self.missing.append(node.nodeid)
         for c in verdict.checks:
-            if c.status == baselines.NOT_GATED and c.delta is not None:
+            if c.status == verdicts.NOT_GATED and c.delta is not None:
                 reason = f"{c.metric} not gated: {c.note}"
                 self.not_gated[reason] = self.not_gated.get(reason, 0) + 1
         self.rows.append(Row(node.name, measured, baseline, summary, estimate,
@@ -445,11 +447,11 @@ def _mfu_cell(m: Measurement) -> str:
 
 
 def _work_cell(verdict: Verdict) -> str:
-    moved = [c for c in verdict.checks if c.metric in baselines.WORK_METRICS]
+    moved = [c for c in verdict.checks if c.metric in verdicts.WORK_METRICS]
     if moved:
         return ", ".join(f"{c.metric} {int(c.delta):+,}" for c in moved)
     work = next((c for c in verdict.checks if c.metric == "work"), None)
-    return "=" if work is not None and work.status == baselines.OK else "—"
+    return "=" if work is not None and work.status == verdicts.OK else "—"
 
 
 def _pct(measured: float | None, baseline: float | None, status: str | None = None) -> str:

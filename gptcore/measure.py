@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from .config import GPTConfig, Recipe
-from .work import compile_counts, count_step
+from .work import compile_stats, count_step
 
 
 def process_peak_memory(device: torch.device) -> tuple[int, str]:
@@ -210,7 +210,7 @@ class CaseRunner:
         """Build the Trainer and run the warm-up steps; then reset the CUDA peak-memory stats."""
         from .train import Trainer
 
-        with compile_counts() as self.compiled:  # compilation happens while building and warming up
+        with compile_stats() as self.compiled:  # compilation happens while building and warming up
             t0 = time.perf_counter()
             self.trainer = Trainer(self.cfg, self.recipe, self.device)
             self.m.setup_seconds = time.perf_counter() - t0
@@ -272,7 +272,7 @@ class CaseRunner:
         they differ from the analytic formula."""
         trainer, m = self.trainer, self.m
         try:
-            with compile_counts() as again:
+            with compile_stats() as again:
                 ledger = count_step(trainer)
         except torch.OutOfMemoryError as err:
             self.out_of_memory(err)

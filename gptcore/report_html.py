@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from . import baselines, expectations, identity
-from .baselines import BaselineFile, Check, Entry, Tolerances, memory_check, speed_check
+from .baselines import BaselineFile, Entry, Tolerances
+from .verdicts import Check, memory_check, speed_check
 from .config import RECIPE_NOTES, get_model, get_recipe
 from .convergence import Convergence
 from .memory import CATEGORIES, estimate, resolve
@@ -30,7 +31,7 @@ from .report import BUSY_SHARE, Record, load_run, number, recorded_busy
 from .rules import Status, delta_text
 from .units import common_unit, in_unit
 
-LADDER = re.compile(r"^ladder-(\d+)$")
+LADDER_RUNG = re.compile(r"^ladder-(\d+)$")
 COLORS = {"now": "#1f77b4", "fail": "#d62728", "better": "#2ca02c", "base": "#9e9e9e", "band": "#2ca02c"}
 
 
@@ -111,7 +112,7 @@ def _pyplot() -> Any:
 
 
 def case_checks(r: Record, e: Entry | None, tol: Tolerances) -> tuple[Check, Check]:
-    """The case's tokens/s and peak memory checks, made by the gate's own rules (``baselines.speed_check`` and
+    """The case's tokens/s and peak memory checks, made by the gate's own rules (``verdicts.speed_check`` and
     ``memory_check``), so that the page cannot disagree with the gate; 'no baseline' without an entry."""
     if e is None:
         return (Check("tokens/s", r.values["speed"], None, None, Status.NO_BASELINE),
@@ -179,7 +180,7 @@ def now_vs_baseline_figure(group: str, recs: Sequence[Record], base: BaselineFil
     return _png(fig)
 
 
-def breakdown(r: Record) -> tuple[dict[str, int], str] | str:
+def estimate_at_peak(r: Record) -> tuple[dict[str, int], str] | str:
     """The analytic estimate at the peak for a case: (bytes per category, phase), or why there is none."""
     try:
         cfg = get_model(r.model)
@@ -192,7 +193,7 @@ def breakdown(r: Record) -> tuple[dict[str, int], str] | str:
 
 def breakdown_figure(group: str, recs: Sequence[Record]) -> str | None:
     """Stacked bars of the estimate's categories at the peak, one per case, with the measured peak marked."""
-    found = [(r, b) for r in recs for b in [breakdown(r)] if not isinstance(b, str)]
+    found = [(r, b) for r in recs for b in [estimate_at_peak(r)] if not isinstance(b, str)]
     if not found:
         return None
     plt = _pyplot()
@@ -220,7 +221,7 @@ def ladders(recs: Sequence[Record]) -> dict[str, list[tuple[int, Record]]]:
     """Ladder cases by model, in rung order; only models with two rungs or more."""
     out: dict[str, list[tuple[int, Record]]] = {}
     for r in recs:
-        match = LADDER.match(r.recipe)
+        match = LADDER_RUNG.match(r.recipe)
         if match and r.values["speed"] is not None:
             out.setdefault(r.model, []).append((int(match.group(1)), r))
     return {m: sorted(rungs, key=lambda x: x[0]) for m, rungs in out.items() if len(rungs) > 1}

@@ -1,6 +1,6 @@
 """The statistics of an A/B comparison, pure functions: Mann-Whitney U (exact for small samples without ties),
 the Hodges-Lehmann interval of the ratio B/A on log tokens/s and the speed verdict. (Memory and loss of two runs
-are judged by the gate's own checks, ``baselines.memory_check`` and ``baselines.loss_check``.) Deterministic: no
+are judged by the gate's own checks, ``verdicts.memory_check`` and ``verdicts.loss_check``.) Deterministic: no
 random numbers."""
 
 from __future__ import annotations

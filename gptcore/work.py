@@ -40,7 +40,7 @@ TOP_OPS = 8
 
 
 @dataclass
-class CompileCounts:
+class CompileStats:
     """What torch.compile did while a Trainer warmed up (and how often it compiled again afterwards)."""
 
     graphs: int
@@ -65,7 +65,7 @@ class WorkLedger:
     """Their bytes (CUDA: rounded to the caching allocator's 512-byte blocks)."""
     top_ops: list[tuple[str, int]] = field(default_factory=list)
     """The most called operators and their counts (reported, not gated)."""
-    compile: CompileCounts | None = None
+    compile: CompileStats | None = None
     """Compiled recipes only."""
 
     def gated(self) -> dict[str, int]:
@@ -84,14 +84,14 @@ class WorkLedger:
 
     @classmethod
     def from_json(cls, data: dict) -> WorkLedger:
-        compile_counts = data.get("compile")
+        compile_stats = data.get("compile")
         return cls(flops=dict(data["flops"]), op_calls=dict(data["op_calls"]), syncs=data["syncs"],
                    allocations=data["allocations"], allocated_bytes=data["allocated_bytes"],
                    top_ops=[tuple(pair) for pair in data.get("top_ops", [])],
-                   compile=CompileCounts(**compile_counts) if compile_counts else None)
+                   compile=CompileStats(**compile_stats) if compile_stats else None)
 
 
-class _Counts(TorchDispatchMode):
+class _OpCounter(TorchDispatchMode):
     """Counts FLOPs, operator calls and syncs per phase (the phase is read from the tracker's hooks)."""
 
     def __init__(self, tracker: LiveBytes, host_counters: set[int]) -> None:
@@ -141,7 +141,7 @@ def count_step(trainer, batch: tuple[torch.Tensor, torch.Tensor] | None = None) 
         micro = [trainer._next_batch() for _ in range(trainer.accum)]
         batch = (torch.cat([x for x, _ in micro]), torch.cat([y for _, y in micro]))
     tracker = LiveBytes(round_to=512 if trainer.device.type == "cuda" else 1)
-    counts = _Counts(tracker, _host_step_counters(trainer.optimizers))
+    counts = _OpCounter(tracker, _host_step_counters(trainer.optimizers))
     with phases(tracker, trainer.model, trainer.optimizers):
         before, before_bytes = tracker.allocations, tracker.allocated_bytes
         with tracker, counts:
@@ -153,7 +153,7 @@ def count_step(trainer, batch: tuple[torch.Tensor, torch.Tensor] | None = None) 
 
 
 @contextmanager
-def compile_counts() -> Iterator[CompileCounts]:
+def compile_stats() -> Iterator[CompileStats]:
     """Dynamo's and inductor's counters over the block: graphs compiled, graph breaks, recompilations (frames
     compiled again after the first compile of a code object) and generated kernels."""
     from torch._dynamo.utils import counters
@@ -163,7 +163,7 @@ def compile_counts() -> Iterator[CompileCounts]:
         return (counters["stats"]["unique_graphs"], sum(counters["graph_break"].values()),
                 sum(counters["recompiles"].values()), metrics.generated_kernel_count)
 
-    result = CompileCounts(0, 0, 0, 0)
+    result = CompileStats(0, 0, 0, 0)
     start = snapshot()
     try:
         yield result

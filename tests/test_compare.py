@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptcore.baselines import Tolerances, loss_check, memory_check
+from gptcore.baselines import Tolerances
+from gptcore.verdicts import loss_check, memory_check
 from gptcore.cli import main
 from gptcore.compare import CompareError, Options, keyword_match, run_driver, select_cases, write_driver
 from gptcore.significance import (FASTER, SAME, SLOWER, hodges_lehmann_ratio, mann_whitney, speed_verdict,

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from gptcore import baselines, identity, train
-from gptcore.baselines import BaselineError, Entry, Tolerances, verdict_of
+from gptcore.baselines import BaselineError, Entry, Tolerances
+from gptcore.verdicts import verdict_of
 from gptcore.config import CPU_SHAPE_SHORT, Schedule, get_model, get_recipe
 from gptcore.convergence import Convergence, converge, schedule_recipe, torch_threads
 from gptcore.train import Trainer

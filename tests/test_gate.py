@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from gptcore import baselines, identity
-from gptcore.baselines import BaselineError, Entry, Tolerances, verdict_of
+from gptcore import baselines, identity, verdicts
+from gptcore.baselines import BaselineError, Entry, Tolerances
+from gptcore.verdicts import verdict_of
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.cpu
@@ -257,7 +258,7 @@ def measured(**fields) -> Entry:
     return Entry(**{**BASE.__dict__, **fields})
 
 
-def status(verdict: baselines.Verdict, metric: str) -> str:
+def status(verdict: verdicts.Verdict, metric: str) -> str:
     return next(c.status for c in verdict.checks if c.metric == metric)
 
 

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from gptcore import baselines, identity
-from gptcore.baselines import FAIL, OK, Entry, Tolerances
+from gptcore import baselines, identity, verdicts
+from gptcore.baselines import Entry, Tolerances
+from gptcore.verdicts import FAIL, OK
 
 pytestmark = pytest.mark.cpu
 XEON, EPYC, OTHER = "Intel(R) Xeon(R) Processor", "AMD EPYC", "Some ARM core"
@@ -21,7 +22,7 @@ def entry(loss: float, cpu: str, precision: str = "fp32", **kw) -> Entry:
 
 
 def loss_check(measured: Entry, baseline: Entry):
-    verdict = baselines.verdict_of("case", measured, baseline, TOL)
+    verdict = verdicts.verdict_of("case", measured, baseline, TOL)
     return next(c for c in verdict.checks if c.metric == "loss")
 
 

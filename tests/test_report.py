@@ -254,10 +254,10 @@ def test_busy_flag_only_below_the_cpu_share_threshold(tmp_path: Path) -> None:
 
 
 def test_memory_breakdown_is_the_estimate_the_gate_recorded() -> None:
-    from gptcore.report_html import breakdown
+    from gptcore.report_html import estimate_at_peak
 
     for r in report.load_run(CPU_RUN) + report.load_run(LADDER_RUN):
-        cats, phase = breakdown(r)
+        cats, phase = estimate_at_peak(r)
         assert sum(cats.values()) == r.info["estimate_bytes"] and phase in ("forward", "backward", "optimizer")
 
 
@@ -352,7 +352,7 @@ def test_gate_says_where_pytest_benchmark_history_is_when_it_split_the_storage(m
                             option=SimpleNamespace(benchmark_storage="file://x"))
     assert gate._split_storage_per_device(given) is None  # the user's storage: left alone, no note
     g = gate.Gate(directory=Path("baselines"), update=False, strict=False, overrides={},
-                  counts_override=(None, None, None), history_note=note, cpu_model="test")
+                  timing_override=(None, None, None), history_note=note, cpu_model="test")
     assert note not in g.summary_notes()  # no case ran (pytest tests): no section for it
     g.rows.append(gate.Row("test_x[a-b]", None, None, "ok"))
     assert g.summary_notes()[-1] == note
@@ -366,7 +366,7 @@ def test_html_judges_each_expected_effect_as_the_gate_does(pages: dict[str, Path
 
     text = pages["cpu"].read_text()
     shown = dict(re.findall(r'<tr data-expectation="([^"]+)">.*?<td class="[^"]*">([^<]+)</td></tr>', text))
-    gate = Gate(directory=Path("."), update=False, strict=False, overrides={}, counts_override=(None,) * 3)
+    gate = Gate(directory=Path("."), update=False, strict=False, overrides={}, timing_override=(None,) * 3)
     names = {f.name for f in dataclasses.fields(Measurement)}
     for bench in json.loads(CPU_RUN.read_text())["benchmarks"]:
         info = bench["extra_info"]
@@ -387,7 +387,7 @@ def test_html_status_of_each_case_is_the_gates(tmp_path: Path) -> None:
     import itertools
     from types import SimpleNamespace
 
-    from gptcore import baselines
+    from gptcore import baselines, verdicts
     from gptcore.gate import _pct
     from gptcore.measure import Measurement
     from gptcore.report_html import build_html
@@ -412,7 +412,7 @@ def test_html_status_of_each_case_is_the_gates(tmp_path: Path) -> None:
         measured = baselines.Entry.from_measurement(SimpleNamespace(**(blank | info)), precision=info["precision"],
                                                     cpu_model=None)
         baseline = base.entries[name]
-        gate = {c.metric: c.status for c in baselines.verdict_of(name, measured, baseline, tol).checks}
+        gate = {c.metric: c.status for c in verdicts.verdict_of(name, measured, baseline, tol).checks}
         cells = doc.rows[name]
         assert (cells[5], cells[9]) == (gate["tokens/s"], gate["peak memory"]), name
         assert cells[4] == _pct(measured.tokens_per_s, baseline.tokens_per_s, gate["tokens/s"])

@@ -11,7 +11,8 @@ import dataclasses
 import pytest
 import torch
 
-from gptcore.baselines import Entry, Tolerances, verdict_of
+from gptcore.baselines import Entry, Tolerances
+from gptcore.verdicts import verdict_of
 from gptcore.config import RECIPES, Recipe
 from gptcore.measure import run_case
 from gptcore.model import GPT

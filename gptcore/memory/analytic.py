@@ -3,7 +3,7 @@
 
 ``estimate`` (about a millisecond for GPT-2 XL) walks one steady-state training step (optimizer state already
 allocated) through the tensors that ``gptcore.model`` and ``gptcore.train`` create and free, op by op and in order
-(``ledger_ops``), and keeps the peak of their sum, its phase and what was live at that moment. It does not see
+(``tally_ops``), and keeps the peak of their sum, its phase and what was live at that moment. It does not see
 workspaces allocated inside one kernel (cuBLAS, flash-attention's fp32 dq accumulator) nor inside a compiled graph:
 compiled recipes are answered as their eager equivalent, and say so in their notes.
 """
@@ -17,8 +17,8 @@ from ..config import GPTConfig, Recipe
 from ..units import common_unit, in_unit
 from .categories import (BUFFERS, CATEGORIES, GRADIENTS, OPTIMIZER_STATE, OPTIMIZER_TEMPORARIES, OTHER, PARAMETERS,
                          WEIGHT_COPIES, PeakReport, ordered)
-from .ledger import Gradients, Ledger, Run, step_temporaries
-from .ledger_ops import gpt_backward, gpt_forward
+from .tally import Gradients, Tally, Run, step_temporaries
+from .tally_ops import gpt_backward, gpt_forward
 
 
 @dataclass(frozen=True)
@@ -156,39 +156,39 @@ def estimate(question: Question) -> Estimate:
     cfg, recipe = question.cfg, question.recipe
     run = _run(question)
     param_bytes = run.param_bytes
-    ledger = Ledger(512 if run.cuda else 1)
+    tally = Tally(512 if run.cuda else 1)
     shapes = param_shapes(cfg, recipe)
     n_state = 2 if recipe.optimizer == "adamw" else 1
     for _, n, _ in shapes:
-        ledger.new(n * param_bytes, PARAMETERS)
+        tally.new(n * param_bytes, PARAMETERS)
         for _ in range(n_state):
-            ledger.new(n * param_bytes, OPTIMIZER_STATE)
+            tally.new(n * param_bytes, OPTIMIZER_STATE)
         if recipe.optimizer == "adamw":
-            ledger.new(4, OPTIMIZER_TEMPORARIES)  # the 0-dim step count (the tracker tags only tensors with dims)
+            tally.new(4, OPTIMIZER_TEMPORARIES)  # the 0-dim step count (the tracker tags only tensors with dims)
     for _ in range(cfg.n_layer if run.attention == "manual" else 0):
-        ledger.new(cfg.block_size ** 2, BUFFERS)  # the causal mask of each attention module
-    ledger.new(2 * 8 * run.B * run.accum_steps * run.T, OTHER)  # the step's input and target token ids
-    ledger.new(4, OTHER)  # the running loss
-    grads = Gradients(run, ledger, shapes)
+        tally.new(cfg.block_size ** 2, BUFFERS)  # the causal mask of each attention module
+    tally.new(2 * 8 * run.B * run.accum_steps * run.T, OTHER)  # the step's input and target token ids
+    tally.new(4, OTHER)  # the running loss
+    grads = Gradients(run, tally, shapes)
     at_forward_end = {}
     for _ in range(run.accum_steps):
-        ledger.phase = "forward"
-        logits, blocks, head = gpt_forward(run, ledger)
-        at_forward_end = +ledger.live
-        ledger.free(logits)  # `loss = self.forward(x, y)[1]`: the logits die with the forward's output tuple
-        ledger.phase = "backward"
-        gpt_backward(run, ledger, grads, blocks, head)
-    at_backward_end = +ledger.live
+        tally.phase = "forward"
+        logits, blocks, head = gpt_forward(run, tally)
+        at_forward_end = +tally.live
+        tally.free(logits)  # `loss = self.forward(x, y)[1]`: the logits die with the forward's output tuple
+        tally.phase = "backward"
+        gpt_backward(run, tally, grads, blocks, head)
+    at_backward_end = +tally.live
     if not recipe.optim_in_backward:
-        ledger.phase = "optimizer"
+        tally.phase = "optimizer"
         temporaries = step_temporaries(run, [(n, decayed) for _, n, decayed in shapes])
-        ledger.free(*[ledger.new(nbytes, OPTIMIZER_TEMPORARIES) for nbytes in temporaries])
+        tally.free(*[tally.new(nbytes, OPTIMIZER_TEMPORARIES) for nbytes in temporaries])
     n_params = sum(n for _, n, _ in shapes)
     linear = sum(n for name, n, _ in shapes if ".c_" in name or name == "lm_head.weight")
     if recipe.tie_weights:
         linear += shapes[0][1]  # lm_head's weight is wte's
     states = {PARAMETERS: n_params * param_bytes, GRADIENTS: n_params * param_bytes,
               OPTIMIZER_STATE: n_state * n_params * param_bytes, WEIGHT_COPIES: 2 * linear if run.autocast else 0}
-    return Estimate(total_bytes=ledger.peak, phase=ledger.peak_phase, by_category=ordered(ledger.at_peak),
+    return Estimate(total_bytes=tally.peak, phase=tally.peak_phase, by_category=ordered(tally.at_peak),
                     at_forward_end=ordered(at_forward_end), at_backward_end=ordered(at_backward_end),
                     states=states, num_params=n_params, device=question.device, notes=question.notes)

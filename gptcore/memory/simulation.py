@@ -171,7 +171,7 @@ def _extrapolated(cfg: GPTConfig, recipe: Recipe, cuda: bool) -> Simulation | No
 
     best = max(two, key=at_n)
     (_, event2, tracker2), (_, event3, tracker3) = two[best], three[best]
-    by2, by3 = tracker2.breakdown(event2), tracker3.breakdown(event3)
+    by2, by3 = tracker2.live_at(event2), tracker3.live_at(event3)
     by = {c: by2.get(c, 0) + (n - 2) * (by3.get(c, 0) - by2.get(c, 0)) for c in CATEGORIES}
     return Simulation(at_n(best), best[2], best[0], ordered(by), method="extrapolated from 2 and 3 layers")
 

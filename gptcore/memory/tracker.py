@@ -179,14 +179,14 @@ class LiveBytes(TorchDispatchMode):
             self._copying_weight = False
         return out
 
-    def breakdown(self, event: int) -> dict[str, int]:
+    def live_at(self, event: int) -> dict[str, int]:
         """Live bytes per category just after ``event``."""
         return breakdown(self._records, event)
 
     def report(self) -> PeakReport:
         """Peak bytes, where they happened, and what was live at that event by category."""
         phase, step = self.peak_where
-        return PeakReport(self.peak, phase, step, self.breakdown(self.peak_event))
+        return PeakReport(self.peak, phase, step, self.live_at(self.peak_event))
 
 
 @contextlib.contextmanager

@@ -1,10 +1,10 @@
-"""The bookkeeping of the analytic estimate: the ledger of live bytes by category through a symbolic training step,
+"""The bookkeeping of the analytic estimate: the tally of live bytes by category through a symbolic training step,
 what the step is (shapes, element sizes, switches), the parameters' gradients as autograd accumulates them, the
-optimizer step's temporaries, and the small ops the walk of ``ledger_ops`` is made of (autocast's weight copies,
+optimizer step's temporaries, and the small ops the walk of ``tally_ops`` is made of (autocast's weight copies,
 LayerNorm's statistics, dropout, and the backward of Linear, LayerNorm and dropout). Arithmetic only.
 
-A tensor is a handle from ``Ledger.new``; ``None`` stands for a tensor that is not there (no bias, no dropout) or
-one that is another's view, and ``Ledger.free`` ignores it.
+A tensor is a handle from ``Tally.new``; ``None`` stands for a tensor that is not there (no bias, no dropout) or
+one that is another's view, and ``Tally.free`` ignores it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 Handle = int | None
 
 
-class Ledger:
+class Tally:
     """Live bytes by category through a symbolic run; keeps the peak, its phase and the breakdown at it."""
 
     def __init__(self, round_to: int) -> None:
@@ -132,8 +132,8 @@ class Gradients:
     the optimizer in backward each parameter is stepped and its gradient freed at once. A tied lm_head's gradient
     waits in AccumulateGrad's input buffer until the embedding's arrives."""
 
-    def __init__(self, run: Run, ledger: Ledger, shapes: list[tuple[str, int, bool]]) -> None:
-        self.run, self.ledger = run, ledger
+    def __init__(self, run: Run, tally: Tally, shapes: list[tuple[str, int, bool]]) -> None:
+        self.run, self.tally = run, tally
         self.numel = {name: n for name, n, _ in shapes}
         self.decayed = {name: decayed for name, _, decayed in shapes}
         self.numel.setdefault("lm_head.weight", self.numel["transformer.wte.weight"])
@@ -143,24 +143,24 @@ class Gradients:
     def incoming(self, name: str) -> Handle:
         """Allocate the gradient arriving for ``name``: .grad to be (the first micro-batch's), else a temporary."""
         becomes_grad = name not in self.held and not (name == "lm_head.weight" and self.run.recipe.tie_weights)
-        return self.ledger.new(self.numel[name] * self.run.param_bytes,
+        return self.tally.new(self.numel[name] * self.run.param_bytes,
                                GRADIENTS if becomes_grad else BACKWARD_TEMPORARIES)
 
     def accumulate(self, name: str, handle: Handle) -> None:
         """AccumulateGrad, after the node that made ``handle`` has released its saved tensors."""
-        ledger, run = self.ledger, self.run
+        tally, run = self.tally, self.run
         if name == "lm_head.weight" and run.recipe.tie_weights:
             self.tied_head = handle
         elif name in self.held:
-            ledger.free(handle)
+            tally.free(handle)
         elif not run.recipe.optim_in_backward:
             self.held[name] = handle
         else:
-            phase, ledger.phase = ledger.phase, "optimizer"
+            phase, tally.phase = tally.phase, "optimizer"
             temporaries = step_temporaries(run, [(self.numel[name], self.decayed[name])])
-            ledger.free(*[ledger.new(nbytes, OPTIMIZER_TEMPORARIES) for nbytes in temporaries])
-            ledger.free(handle)
-            ledger.phase = phase
+            tally.free(*[tally.new(nbytes, OPTIMIZER_TEMPORARIES) for nbytes in temporaries])
+            tally.free(handle)
+            tally.phase = phase
 
 
 def step_temporaries(run: Run, params: list[tuple[int, bool]]) -> list[int]:
@@ -188,32 +188,32 @@ def step_temporaries(run: Run, params: list[tuple[int, bool]]) -> list[int]:
 # Small ops, forward
 
 
-def weight_copy(run: Run, ledger: Ledger, weight_numel: int, bias_numel: int, cache: list, keep: bool) -> Handle:
+def weight_copy(run: Run, tally: Tally, weight_numel: int, bias_numel: int, cache: list, keep: bool) -> Handle:
     """Autocast's bf16 copies of a Linear's weight and bias. Both sit in autocast's cache until the forward ends;
     the weight's is also saved for backward (returned when ``keep``)."""
     if not run.autocast:
         return None
-    cache.append(ledger.new(2 * bias_numel * run.bias, WEIGHT_COPIES))
-    weight = ledger.new(2 * weight_numel, WEIGHT_COPIES)
+    cache.append(tally.new(2 * bias_numel * run.bias, WEIGHT_COPIES))
+    weight = tally.new(2 * weight_numel, WEIGHT_COPIES)
     if keep:
         return weight
     cache.append(weight)
     return None
 
 
-def layernorm_stats(run: Run, ledger: Ledger) -> tuple[Handle, Handle]:
+def layernorm_stats(run: Run, tally: Tally) -> tuple[Handle, Handle]:
     """LayerNorm's mean and rstd, saved for backward."""
-    return ledger.activation(run.stat_bytes * run.BT), ledger.activation(run.stat_bytes * run.BT)
+    return tally.activation(run.stat_bytes * run.BT), tally.activation(run.stat_bytes * run.BT)
 
 
-def dropout(run: Run, ledger: Ledger, x: Handle, numel: int, elem_bytes: int) -> tuple[Handle, Handle]:
+def dropout(run: Run, tally: Tally, x: Handle, numel: int, elem_bytes: int) -> tuple[Handle, Handle]:
     """nn.Dropout in training on ``numel`` elements of ``elem_bytes``: a mask (saved: bool on CUDA, the input's
     dtype on the CPU) and a new output; the input dies. Returns (output, mask); identity when p == 0."""
     if not run.dropout:
         return x, None
-    mask = ledger.activation(numel * (1 if run.cuda else elem_bytes))
-    out = ledger.activation(numel * elem_bytes)
-    ledger.free(x)
+    mask = tally.activation(numel * (1 if run.cuda else elem_bytes))
+    out = tally.activation(numel * elem_bytes)
+    tally.free(x)
     return out, mask
 
 
@@ -221,46 +221,46 @@ def dropout(run: Run, ledger: Ledger, x: Handle, numel: int, elem_bytes: int) ->
 # Small ops, backward
 
 
-def linear_backward(run: Run, ledger: Ledger, grads: Gradients, name: str, d_in: int, bias: bool, free: tuple,
+def linear_backward(run: Run, tally: Tally, grads: Gradients, name: str, d_in: int, bias: bool, free: tuple,
                     cast_input: bool) -> Handle:
     """A Linear's backward: the input's gradient (``d_in`` elements) and the weight's and bias's; the tensors in
     ``free`` die. Under autocast the weight gradients arrive in bf16 and are cast to fp32, and so is the input's
     gradient when the input was an fp32 tensor cast for the matmul (``cast_input``). Returns the input gradient."""
-    d_input = ledger.temporary(run.matmul_bytes * d_in)
+    d_input = tally.temporary(run.matmul_bytes * d_in)
     names = [f"{name}.weight"] + ([f"{name}.bias"] if bias and run.bias else [])
     if not run.autocast:
         incoming = [grads.incoming(pname) for pname in names]
-        ledger.free(*free)
+        tally.free(*free)
         for pname, handle in zip(names, incoming):
             grads.accumulate(pname, handle)
         return d_input
-    low = [ledger.temporary(2 * grads.numel[pname]) for pname in names]
-    ledger.free(*free)
+    low = [tally.temporary(2 * grads.numel[pname]) for pname in names]
+    tally.free(*free)
     if cast_input:
-        d_input = ledger.replace(d_input, 4 * d_in)
+        d_input = tally.replace(d_input, 4 * d_in)
     for pname, handle in zip(names, low):
         grad = grads.incoming(pname)
-        ledger.free(handle)
+        tally.free(handle)
         grads.accumulate(pname, grad)
     return d_input
 
 
-def layernorm_backward(run: Run, ledger: Ledger, grads: Gradients, name: str, free: tuple) -> Handle:
+def layernorm_backward(run: Run, tally: Tally, grads: Gradients, name: str, free: tuple) -> Handle:
     """A LayerNorm's backward: the input's gradient and the weight's and bias's; the tensors in ``free`` die."""
-    d_input = ledger.temporary(run.param_bytes * run.BTC)
+    d_input = tally.temporary(run.param_bytes * run.BTC)
     names = [f"{name}.weight"] + ([f"{name}.bias"] if run.bias else [])
     incoming = [grads.incoming(pname) for pname in names]
-    ledger.free(*free)
+    tally.free(*free)
     for pname, handle in zip(names, incoming):
         grads.accumulate(pname, handle)
     return d_input
 
 
-def dropout_backward(ledger: Ledger, d: Handle, upstream: Handle, mask: Handle, nbytes: int) -> Handle:
+def dropout_backward(tally: Tally, d: Handle, upstream: Handle, mask: Handle, nbytes: int) -> Handle:
     """Dropout's backward of ``d`` (``nbytes``): a new gradient; the mask dies, and ``d`` unless it is
     ``upstream`` (still needed). ``d`` itself when there was no dropout."""
     if mask is None:
         return d
-    out = ledger.temporary(nbytes)
-    ledger.free(mask, d if d != upstream else None)
+    out = tally.temporary(nbytes)
+    tally.free(mask, d if d != upstream else None)
     return out

@@ -1,0 +1,241 @@
+"""Verdicts: a measurement's baseline entry against the recorded one, metric by metric, each check judged by the one
+rule of ``gptcore.rules``.
+
+Gate rules (defaults per device type, stored in each file's ``tolerances`` and overridable per run):
+
+* peak memory (allocated bytes) fails above +``memory`` (2%); on CPU the tracked bytes are exact and
+  deterministic, so any change there is real;
+* tokens/s fails below -``speed`` (5%) on a GPU; on CPU it is reported, not gated, unless a run asks for it
+  with --speed-tol;
+* the loss of the last timed step must stay within ``loss`` nats (fp32/tf32) or ``loss_amp`` nats (fp16/bf16),
+  either way, and only when it was read at the same optimizer step. A CPU entry keeps a loss reference per CPU
+  model (``loss.by_cpu``; the model that recorded the entry is always one): on a CPU model that has a reference
+  the loss is held to that reference with the same-CPU tolerances; on any other model, to the recorded loss
+  within ``loss_other_cpu`` / ``loss_amp_other_cpu`` (see ``Tolerances.default_for``). ``--update-loss-references``
+  adds this CPU model's references and changes nothing else;
+* every count of the work ledger (gptcore.work) fails above its baseline: they are exact;
+* a convergence case (a whole training run, gptcore.convergence) is judged on what it learned instead: its final
+  validation loss fails when worse than the baseline's by more than ``val_loss`` nats (what changing the seed
+  moves it by), and its time-to-loss in steps fails when later than the baseline's (exactly on the CPU model that
+  recorded it; by more than one evaluation interval on another);
+* leaner or faster than the baseline beyond tolerance passes with a "refresh the baseline" note.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .baselines import Entry, Tolerances
+from .rules import Status, delta, judge
+from .units import format_bytes
+
+if TYPE_CHECKING:
+    from .work import WorkLedger
+
+# -- checks --------------------------------------------------------------------------------------------------------
+
+OK, FAIL, BETTER, NOT_GATED, NO_BASELINE = Status.OK, Status.FAIL, Status.BETTER, Status.NOT_GATED, Status.NO_BASELINE
+#: the work ledger's gated counts (gptcore.work.WorkLedger.gated); their Check.delta is absolute
+WORK_METRICS = ("flops", "op calls", "syncs", "allocations", "allocated bytes", "graphs", "graph breaks",
+                "recompiles")
+_PER_PHASE = {"flops": "flops", "op calls": "op_calls"}
+
+
+@dataclass
+class Check:
+    """One metric of one case against its reference. ``delta`` is relative for memory and speed, in nats for the
+    losses, absolute for the work ledger's counts and time-to-loss (steps)."""
+
+    metric: str
+    measured: float | None
+    baseline: float | None
+    delta: float | None
+    status: Status
+    note: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.status == FAIL
+
+
+@dataclass
+class Verdict:
+    case: str
+    checks: list[Check]
+
+    @property
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if c.status == FAIL]
+
+    @property
+    def refresh(self) -> list[Check]:
+        return [c for c in self.checks if c.status == BETTER]
+
+    @property
+    def missing(self) -> bool:
+        return any(c.status == NO_BASELINE for c in self.checks)
+
+    def summary(self) -> str:
+        """'FAIL: peak memory +3.1%' / 'ok (refresh the baseline: tokens/s +12%)' / 'no baseline' / 'ok'."""
+        if self.failed:
+            return "FAIL: " + "; ".join(_describe(c) for c in self.failed)
+        if self.missing:
+            return NO_BASELINE
+        if self.refresh:
+            return "ok (refresh the baseline: " + "; ".join(_describe(c) for c in self.refresh) + ")"
+        return OK
+
+    def failure_message(self) -> str:
+        return f"{self.case}: " + "; ".join(f"{_describe(c)} ({c.note})" for c in self.failed)
+
+
+def _describe(c: Check) -> str:
+    if c.delta is None:
+        return c.metric
+    if c.metric == "loss":
+        return f"{c.metric} {c.delta:+.2e} nats"
+    if c.metric == "val loss":
+        return f"{c.metric} {c.delta:+.4f} nats"
+    if c.metric == "time-to-loss":
+        return f"{c.metric} {int(c.delta):+,} steps" if c.delta else c.metric
+    if c.metric in WORK_METRICS:
+        return f"{c.metric} {int(c.delta):+,}"
+    return f"{c.metric} {c.delta:+.1%}"
+
+
+def moved_categories(now: dict[str, int] | None, before: dict[str, int] | None) -> str | None:
+    """Where a peak moved, e.g. 'activations +16.00 MiB, everything else =' (None without both breakdowns)."""
+    if not now or not before:
+        return None
+    deltas = {c: now.get(c, 0) - before.get(c, 0) for c in dict.fromkeys([*before, *now])}
+    moved = sorted(((c, d) for c, d in deltas.items() if d), key=lambda cd: -abs(cd[1]))
+    if not moved:
+        return "no category moved"
+    text = ", ".join(f"{c} {'+' if d > 0 else '-'}{format_bytes(abs(d))}" for c, d in moved)
+    return text + (", everything else =" if len(moved) < len(deltas) else "")
+
+
+def memory_check(now: int | None, before: int | None, tol: Tolerances, *, report_change: bool = False,
+                 where: str | None = None) -> Check:
+    """Peak allocated bytes: FAIL above +tol.memory, better below -tol.memory. ``report_change``: a move within
+    tolerance is 'changed' (compare reports any change); ``where``: the categories that moved, for the note."""
+    status, d = judge(now, before, tol.memory, worse="higher", relative=True, report_change=report_change)
+    if d is None:
+        return Check("peak memory", now, before, None, status, "no figure to compare")
+    note = f"{now:,} B vs {before:,} B ({now - before:+,} B), tolerance +{tol.memory:.0%}"
+    return Check("peak memory", now, before, d, status, note + (f"; {where}" if where else ""))
+
+
+def speed_check(now: float | None, before: float | None, tol: Tolerances) -> Check:
+    """tokens/s: FAIL below -tol.speed, better above +tol.speed; not gated where tol.speed is None (CPU)."""
+    status, d = judge(now, before, tol.speed, worse="lower", relative=True)
+    if d is None:
+        return Check("tokens/s", now, before, None, status, "no figure to compare")
+    if tol.speed is None:
+        return Check("tokens/s", now, before, d, status, "reported only on CPU; gate it with --speed-tol")
+    return Check("tokens/s", now, before, d, status, f"{now:,.0f} vs {before:,.0f} tok/s, tolerance -{tol.speed:.0%}")
+
+
+def loss_check(now: float | None, before: float | None, tolerance: float, *, step: int | None = None,
+               before_step: int | None = None, where: str = "") -> Check:
+    """The loss: two-sided, absolute (nats), only when both were read at the same optimizer step."""
+    status, d = judge(now, before, tolerance, worse="either", relative=False)
+    if d is None:
+        return Check("loss", now, before, None, status, "no figure to compare")
+    if step != before_step:
+        return Check("loss", now, before, d, NOT_GATED, f"read at step {step}, baseline at step {before_step}")
+    at = f" at step {step}" if step is not None else ""
+    return Check("loss", now, before, d, status,
+                 f"{now:.7f} vs {before:.7f}{at}, tolerance ±{tolerance:g} nats{where}")
+
+
+def verdict_of(case: str, measured: Entry, baseline: Entry | None, tol: Tolerances) -> Verdict:
+    """Verdicts of ``measured`` against ``baseline`` (None: no baseline recorded) under ``tol``."""
+    if measured.convergence is not None:
+        return Verdict(case, _convergence_checks(measured, baseline, tol))
+    if baseline is None:
+        return Verdict(case, [Check(metric, None, None, None, NO_BASELINE)
+                              for metric in ("peak memory", "tokens/s", "loss")])
+    memory = memory_check(measured.peak_allocated_bytes, baseline.peak_allocated_bytes, tol)
+    if memory.status in (FAIL, BETTER):  # say where the change is
+        where = moved_categories(measured.peak_by_category, baseline.peak_by_category)
+        estimated = moved_categories(measured.estimate_by_category, baseline.estimate_by_category)
+        where = where or (f"estimate: {estimated}" if estimated else None)
+        memory = memory_check(measured.peak_allocated_bytes, baseline.peak_allocated_bytes, tol, where=where)
+    checks = [memory, speed_check(measured.tokens_per_s, baseline.tokens_per_s, tol)]
+    checks += _work_checks(measured.work, baseline.work, tol.work)
+
+    # the loss: held to this CPU model's reference where there is one, else to the recorded loss, wider when that
+    # was recorded on another CPU model
+    reference, ref_cpu = baseline.loss_reference(measured.cpu_model)
+    other_cpu = bool(measured.cpu_model and ref_cpu and measured.cpu_model != ref_cpu)
+    where = (f", no reference for this CPU model: held to {ref_cpu}'s" if other_cpu
+             else f", reference of {ref_cpu}" if ref_cpu else "")
+    checks.append(loss_check(measured.loss, reference, tol.loss_tolerance(measured.precision, other_cpu),
+                             step=measured.loss_step, before_step=baseline.loss_step, where=where))
+    return Verdict(case, checks)
+
+
+def _work_checks(now: WorkLedger | None, before: WorkLedger | None, tol: float) -> list[Check]:
+    """The work ledger, count by count: more than the baseline (beyond ``tol``, relative) fails with the per-phase
+    delta, less passes with a refresh note; one "work" check when every count is the same."""
+    if now is None or before is None:
+        return [Check("work", None, None, None, NOT_GATED, "no work ledger to compare")]
+    figures_now, figures_before = now.gated(), before.gated()
+    checks = []
+    for metric in WORK_METRICS:
+        a, b = figures_now.get(metric), figures_before.get(metric)
+        if a is None or b is None or a == b:
+            continue
+        status, _ = judge(a, b, b * tol, worse="higher", relative=False)  # relative tol, yet a zero count compares
+        note = f"{a:,} vs {b:,}"
+        if metric in _PER_PHASE:
+            field = _PER_PHASE[metric]
+            phases = [f"{p} {getattr(now, field)[p] - getattr(before, field)[p]:+,}" for p in getattr(now, field)
+                      if getattr(now, field)[p] != getattr(before, field).get(p)]
+            note += f" ({', '.join(phases)})"
+        checks.append(Check(metric, a, b, a - b, status, note + ", gated exactly"))
+    return checks or [Check("work", None, None, 0, OK, "every count the same")]
+
+
+def _convergence_checks(measured: Entry, baseline: Entry | None, tol: Tolerances) -> list[Check]:
+    """A convergence case: tokens/s reported, the final validation loss (one-sided, ``tol.val_loss`` nats) and the
+    time-to-loss in steps (one-sided; exact on the CPU model that recorded the baseline or on a GPU, one
+    evaluation interval of slack on another CPU model, whose rounding moves every loss a little)."""
+    now = measured.convergence
+    if baseline is None or baseline.convergence is None:
+        return [Check(metric, None, None, None, NO_BASELINE) for metric in ("tokens/s", "val loss", "time-to-loss")]
+    before = baseline.convergence
+    checks = [Check("tokens/s", measured.tokens_per_s, baseline.tokens_per_s,
+                    delta(measured.tokens_per_s, baseline.tokens_per_s, relative=True), NOT_GATED,
+                    "reported only for a convergence run (its benchmark tier gates the speed)")]
+    if now.steps != before.steps:
+        return checks + [Check(metric, None, None, None, NOT_GATED,
+                               f"evaluated at other steps ({now.steps[-1]} steps, every {now.eval_every}) than the "
+                               f"baseline ({before.steps[-1]}, every {before.eval_every}): re-record it")
+                         for metric in ("val loss", "time-to-loss")]
+    status, d = judge(now.final_val_loss, before.final_val_loss, tol.val_loss, worse="higher", relative=False)
+    checks.append(Check("val loss", now.final_val_loss, before.final_val_loss, d, status,
+                        f"{now.final_val_loss:.4f} vs {before.final_val_loss:.4f} at step {now.steps[-1]}, "
+                        f"tolerance +{tol.val_loss:g} nats (seed-to-seed spread)"))
+    target = before.target_loss
+    if target is None:
+        return checks + [Check("time-to-loss", None, None, None, NOT_GATED, "the baseline has no target loss")]
+    reached, was = now.time_to_loss(target), before.time_to_loss(target)
+    other_cpu = bool(measured.cpu_model and baseline.cpu_model and measured.cpu_model != baseline.cpu_model)
+    slack = now.eval_every if other_cpu else 0
+    why = (f"one evaluation interval ({slack} steps) of slack: recorded on {baseline.cpu_model}" if other_cpu
+           else "exact")
+    if reached is None and was is None:
+        checks.append(Check("time-to-loss", None, None, None, OK, f"neither run reached {target:g}"))
+    elif reached is None or was is None:
+        checks.append(Check("time-to-loss", reached and reached[0], was and was[0], None,
+                            FAIL if reached is None else BETTER,
+                            f"{'never reached' if reached is None else f'reached at step {reached[0]}'} "
+                            f"{target:g} (baseline: {'never' if was is None else f'step {was[0]}'})"))
+    else:
+        status, d = judge(reached[0], was[0], slack, worse="higher", relative=False)
+        checks.append(Check("time-to-loss", reached[0], was[0], d, status,
+                            f"val loss {target:g} at step {reached[0]} vs {was[0]}, {why}"))
+    return checks

@@ -419,3 +419,25 @@ def test_html_status_of_each_case_is_the_gates(tmp_path: Path) -> None:
         assert cells[8] == _pct(measured.peak_allocated_bytes, baseline.peak_allocated_bytes, gate["peak memory"])
         seen |= {gate["tokens/s"], gate["peak memory"]}
     assert seen == {"ok", "FAIL", "better"}  # every outcome was met, both metrics
+
+
+def test_html_plots_the_validation_curves_of_a_convergence_run_against_the_baseline(tmp_path: Path) -> None:
+    """A convergence case (extra_info as bench/harness.converge_case writes it) gets its group's validation-curve
+    figure, and no memory figures (none is measured in a whole training run)."""
+    pytest.importorskip("matplotlib")
+    from gptcore import baselines
+    from gptcore.convergence import Convergence
+    from gptcore.report_html import build_html
+
+    name = "test_convergence_cpu_shape_short[cpu-small-ckpt-fp32]"
+    before = baselines.load(BASELINES / "cpu.json").entries[name].convergence
+    now = Convergence(before.steps, [v + 0.01 for v in before.val_loss], before.train_loss, before.seconds,
+                      before.tokens_per_step, before.target_loss)
+    info = {"model": "cpu-small", "recipe": "ckpt-fp32", "precision": "fp32", "device": "cpu",
+            "tokens_per_s": now.tokens_per_s, "convergence": now.to_json(), "verdict": "ok"}
+    run = {"machine_info": {"device_slug": "cpu"}, "benchmarks": [
+        {"group": "cpu-shape convergence (400 steps, CI)", "name": name, "extra_info": info}]}
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    doc = Elements(build_html(tmp_path / "run.json", baselines_dir=BASELINES))
+    assert [img["data-plot"] for img in doc.find("img")] == ["convergence"]
+    assert doc.rows[name][9] == "no figure"  # memory: a convergence run measures none

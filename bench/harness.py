@@ -88,7 +88,7 @@ def skip_if_it_cannot_fit(estimate: int | str, device: str) -> None:
 
 
 def benchmark_case(benchmark, gate, request: pytest.FixtureRequest, study: Study, model: str, recipe_name: str,
-            timing: Timing) -> Measurement:
+                   timing: Timing) -> Measurement:
     """Run one case of ``study`` under benchmark.pedantic and gate it; skip (with the reason) what the device
     cannot run."""
     recipe, device = RECIPES[recipe_name], study.device
@@ -133,9 +133,11 @@ def converge_case(benchmark, gate, request: pytest.FixtureRequest, study: Study,
 
     try:
         benchmark.pedantic(whole_run, rounds=1, iterations=1, warmup_rounds=0)
-    except torch.OutOfMemoryError:
+    except torch.OutOfMemoryError:  # a failed case with its numbers; the rest of the suite goes on
         peak = torch.cuda.max_memory_allocated() if device == "cuda" else 0
         error = f"out of memory (peak allocated {peak:,} B)"
+        if device == "cuda":
+            torch.cuda.empty_cache()
     run = out.get("run")
     outcome = gate.judge_convergence(request.node, run, device=device, precision=recipe.precision, error=error)
     benchmark.extra_info.update(model=model, recipe=recipe_name, precision=recipe.precision, device=device,

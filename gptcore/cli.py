@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import statistics
 import sys
 import time
@@ -46,7 +47,9 @@ def _add_case_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipe", default="fp32", help="recipe (see `list`); default fp32")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="assignments",
                         help="change one Recipe field on top of the recipe, e.g. --set checkpoint=true "
-                             "--set grad_accum_steps=4 (repeatable; None/true/false/numbers/names)")
+                             "--set grad_accum_steps=4; a nested field by its dotted name, e.g. "
+                             "--set parallel.fsdp2.reshard_after_forward=false (repeatable; "
+                             "None/true/false/numbers/names)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -143,15 +146,42 @@ def _add_hunt_arguments(parser: argparse.ArgumentParser) -> None:
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
 
+def _types_of(hint: object) -> tuple:
+    """The types an annotation allows: ``X | None`` -> (X, NoneType); any other -> (hint,)."""
+    return typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+
+
+def _group(hint: object) -> type | None:
+    """The nested config (a dataclass) a field holds, None-able or not (Recipe.parallel, Parallel.ddp); None for a
+    plain value."""
+    return next((o for o in _types_of(hint) if dataclasses.is_dataclass(o)), None)
+
+
+def _names(cls: type, prefix: str = "") -> list[str]:
+    """Every FIELD --set takes under ``cls``: its fields, and the nested configs' fields by their dotted names."""
+    names = []
+    for name, hint in typing.get_type_hints(cls).items():
+        names.append(prefix + name)
+        if (group := _group(hint)) is not None:
+            names += _names(group, f"{prefix}{name}.")
+    return names
+
+
 def _convert(field: str, text: str, hint: object) -> object:
-    """``text`` as a value of the annotated type ``hint`` (bool, int, float, a Literal of names, or None-able)."""
-    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    """``text`` as a value of the annotated type ``hint`` (bool, int, float, a Literal of names, or None-able; a
+    None-able nested config is switched on with its defaults by true, off by false or None)."""
+    options = _types_of(hint)
+    group = _group(hint)
+    if group is not None and type(None) not in options:
+        names = ", ".join(f"{field}.{f.name}" for f in dataclasses.fields(group))
+        raise UsageError(f"--set {field}={text}: {field} is a group of fields; set {names}")
     if type(None) in options and text.lower() in ("none", "null"):
         return None
     for option in options:
-        if option is bool:
+        if option is bool or option is group:
             if text.lower() in _TRUE + _FALSE:
-                return text.lower() in _TRUE
+                on = text.lower() in _TRUE
+                return on if option is bool else option() if on else None
         elif option in (int, float):
             try:
                 return option(text)
@@ -159,27 +189,51 @@ def _convert(field: str, text: str, hint: object) -> object:
                 pass
         elif typing.get_origin(option) is typing.Literal or option is str:
             return text  # the Recipe checks the name
-    kinds = " or ".join("true/false" if o is bool else "None" if o is type(None) else getattr(o, "__name__", "a name")
-                        for o in options)
+    kinds = " or ".join("true/false" if o is bool or o is group else "None" if o is type(None)
+                        else getattr(o, "__name__", "a name") for o in options)
     raise UsageError(f"--set {field}={text}: expected {kinds}")
 
 
-def apply_assignments(recipe: Recipe, assignments: Sequence[str]) -> Recipe:
-    """``recipe`` with each FIELD=VALUE applied; the Recipe validates the result (ValueError naming the field)."""
-    import difflib
+def _replaced(config: object, cls: type, changes: dict[str, object]) -> object:
+    """``config`` (None: ``cls`` with its defaults) with ``changes`` applied: a value per field, or for a nested
+    config a dict of its own changes."""
+    base = config if config is not None else cls()
+    hints = typing.get_type_hints(cls)
+    return dataclasses.replace(base, **{
+        name: _replaced(getattr(base, name), _group(hints[name]), change) if isinstance(change, dict) else change
+        for name, change in changes.items()})
 
-    hints = typing.get_type_hints(Recipe)
-    changes = {}
+
+def _not_a_field(field: str) -> UsageError:
+    close = difflib.get_close_matches(field, _names(Recipe), n=1)
+    return UsageError(f"--set {field}: not a Recipe field" + (f"; did you mean {close[0]!r}?" if close else ""))
+
+
+def apply_assignments(recipe: Recipe, assignments: Sequence[str]) -> Recipe:
+    """``recipe`` with each FIELD=VALUE applied, a nested config's field by its dotted name
+    (``parallel.fsdp2.reshard_after_forward=false``); the Recipe validates the result (ValueError naming the
+    field)."""
+    changes: dict[str, object] = {}  # field -> value; nested config -> {its field -> value, ...}
     for item in assignments:
         field, sep, text = item.partition("=")
         field = field.strip()
         if not sep:
             raise UsageError(f"--set {item}: expected FIELD=VALUE")
-        if field not in hints:
-            close = difflib.get_close_matches(field, list(hints), n=1)
-            raise UsageError(f"--set {field}: not a Recipe field" + (f"; did you mean {close[0]!r}?" if close else ""))
-        changes[field] = _convert(field, text.strip(), hints[field])
-    return dataclasses.replace(recipe, **changes) if changes else recipe
+        *path, last = field.split(".")
+        cls, node = Recipe, changes
+        for name in path:  # down to the nested config that holds ``last``
+            group = _group(typing.get_type_hints(cls).get(name))
+            if group is None:
+                raise _not_a_field(field)
+            if not isinstance(node.get(name, {}), dict):  # switched on or off earlier: go on from its fields
+                value = node[name] if node[name] is not None else group()
+                node[name] = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+            cls, node = group, node.setdefault(name, {})
+        hints = typing.get_type_hints(cls)
+        if last not in hints:
+            raise _not_a_field(field)
+        node[last] = _convert(field, text.strip(), hints[last])
+    return _replaced(recipe, Recipe, changes) if changes else recipe
 
 
 def _case(args: argparse.Namespace) -> tuple[GPTConfig, Recipe, str]:
@@ -258,8 +312,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         timing += ", compile included"
     if not main:
         return 0
-    if recipe.parallel != "none":
-        device = f"{world} ranks x {device} ({recipe.parallel}, world size {world}; peak of rank 0)"
+    if recipe.parallel.mode != "none":
+        device = f"{world} ranks x {device} ({recipe.parallel.mode}, world size {world}; peak of rank 0)"
     if val is None:
         what = f"loss {first:.4f} at step 1 -> {losses[-1]:.4f} at step {args.steps}"
     else:

@@ -1,7 +1,9 @@
-"""Model shapes (GPTConfig), training recipes (Recipe), their named presets, and the studies that group them.
+"""Model shapes (GPTConfig), training recipes (Recipe, its data parallelism a nested Parallel), their named
+presets with their notes, and the studies that group them.
 
-Both are frozen keyword-only dataclasses validated in ``__post_init__``: an invalid combination raises
-``ValueError`` naming the field. Variants are made with ``dataclasses.replace``, which re-validates.
+All are frozen keyword-only dataclasses validated in ``__post_init__``: an invalid combination raises
+``ValueError`` naming the field (a nested one by its dotted name, ``parallel.ddp.bucket_cap_mb``). Variants are
+made with ``dataclasses.replace``, which re-validates.
 This module is the bottom of the package: it imports nothing heavy (no torch), so that the command line can
 parse its arguments and list the presets without loading torch.
 """
@@ -12,16 +14,29 @@ import dataclasses
 import difflib
 import warnings
 from dataclasses import dataclass
-from typing import Literal
+from typing import Generic, Literal, TypeVar, get_args
 
+# Each set of names is written once, as a Literal (the fields' type hints); the tuples the checks and messages use
+# are read from it.
 Precision = Literal["fp32", "tf32", "fp16", "bf16", "bf16-pure"]
 Attention = Literal["manual", "sdpa", "flash", "math"]
-PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "bf16-pure")
-ATTENTIONS: tuple[str, ...] = ("manual", "sdpa", "flash", "math")
-Parallel = Literal["none", "ddp", "fsdp2"]
-PARALLELS: tuple[str, ...] = ("none", "ddp", "fsdp2")
+Optimizer = Literal["adamw", "sgd"]
+AdamWImpl = Literal["foreach", "fused", "for-loop"]
+LRSchedule = Literal["constant", "cosine"]
+CompileScope = Literal["model", "blocks"]
+ParallelMode = Literal["none", "ddp", "fsdp2"]
+FSDPParamDtype = Literal["bf16"]
+Dataset = Literal["shakespeare", "markov", "random"]
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
+ATTENTIONS: tuple[Attention, ...] = get_args(Attention)
+OPTIMIZERS: tuple[Optimizer, ...] = get_args(Optimizer)
+ADAMW_IMPLS: tuple[AdamWImpl, ...] = get_args(AdamWImpl)
+LR_SCHEDULES: tuple[LRSchedule, ...] = get_args(LRSchedule)
+COMPILE_SCOPES: tuple[CompileScope, ...] = get_args(CompileScope)
+PARALLELS: tuple[ParallelMode, ...] = get_args(ParallelMode)
+FSDP_PARAM_DTYPES: tuple[FSDPParamDtype, ...] = get_args(FSDPParamDtype)
 #: The corpora gptcore.data can load (gptcore.data.CORPORA is this tuple).
-DATASETS: tuple[str, ...] = ("shakespeare", "markov", "random")
+DATASETS: tuple[Dataset, ...] = get_args(Dataset)
 
 #: Alphabet size of the shipped Shakespeare corpus (tests/test_data.py checks it against the corpus itself).
 CHAR_VOCAB = 77
@@ -31,6 +46,11 @@ GPT2_VOCAB = 50257
 def _check(ok: bool, field: str, message: str) -> None:
     if not ok:
         raise ValueError(f"{field}: {message}")
+
+
+def _choose(names: tuple[str, ...]) -> str:
+    """``names`` as a message lists them: 'a, b or c'."""
+    return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,7 +74,7 @@ class GPTConfig:
     bias: bool = False
     """Biases in Linear and LayerNorm layers: off by default, as in nanoGPT's train.py and its shakespeare_char
     config; the GPT-2 presets turn them on (GPT-2 has them)."""
-    dataset: str = "shakespeare"
+    dataset: Dataset = "shakespeare"
     """Corpus the preset trains on: 'shakespeare' (chars), 'markov' (synthetic, known entropy) or 'random'."""
 
     def __post_init__(self) -> None:
@@ -71,6 +91,62 @@ class GPTConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class DDPOptions:
+    """DistributedDataParallel's options (its own argument names)."""
+
+    gradient_as_bucket_view: bool = False
+    """Gradients are views into the all-reduce buckets (no second copy of the gradients)."""
+    bucket_cap_mb: float = 25.0
+    """All-reduce bucket size in MiB (DDP's default)."""
+
+    def __post_init__(self) -> None:
+        _check(self.gradient_as_bucket_view in (True, False), "parallel.ddp.gradient_as_bucket_view",
+               "must be true or false")
+        _check(self.bucket_cap_mb > 0, "parallel.ddp.bucket_cap_mb", f"must be > 0, got {self.bucket_cap_mb}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FSDP2Options:
+    """FSDP2's options: fully_shard's resharding and its MixedPrecisionPolicy."""
+
+    reshard_after_forward: bool = True
+    """Free each block's gathered parameters after its forward (gather again in backward)."""
+    param_dtype: FSDPParamDtype | None = None
+    """MixedPrecisionPolicy: compute in this dtype (gradients reduced in fp32, fp32 sharded master weights);
+    None keeps fp32. Needs the recipe's precision fp32."""
+
+    def __post_init__(self) -> None:
+        _check(self.reshard_after_forward in (True, False), "parallel.fsdp2.reshard_after_forward",
+               "must be true or false")
+        _check(self.param_dtype is None or self.param_dtype in FSDP_PARAM_DTYPES, "parallel.fsdp2.param_dtype",
+               f"unknown {self.param_dtype!r}; choose None or {_choose(FSDP_PARAM_DTYPES)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Parallel:
+    """Data parallelism under torchrun: DDP or FSDP2, each with its own options, or neither (one process, the
+    default). The world size comes from the launcher, never from here; the batch stays global."""
+
+    ddp: DDPOptions | None = None
+    """DDP: replicated weights, gradients all-reduced in buckets. None: not DDP."""
+    fsdp2: FSDP2Options | None = None
+    """FSDP2: fully_shard per block, then the root (embeddings, ln_f, lm_head); parameters, gradients and optimizer
+    state sharded 1/N. None: not FSDP2."""
+
+    def __post_init__(self) -> None:
+        _check(self.ddp is None or isinstance(self.ddp, DDPOptions), "parallel.ddp",
+               f"must be DDPOptions or None, got {self.ddp!r}")
+        _check(self.fsdp2 is None or isinstance(self.fsdp2, FSDP2Options), "parallel.fsdp2",
+               f"must be FSDP2Options or None, got {self.fsdp2!r}")
+        _check(self.ddp is None or self.fsdp2 is None, "parallel", "DDP and FSDP2 at once; choose one")
+
+    @property
+    def mode(self) -> ParallelMode:
+        """Which one: none, ddp or fsdp2."""
+        return "ddp" if self.ddp is not None else "fsdp2" if self.fsdp2 is not None else "none"
+
+
+@dataclass(frozen=True, kw_only=True)
 class Recipe:
     """How to train: every optimization the studies vary is one field here."""
 
@@ -81,15 +157,15 @@ class Recipe:
     """Divide the model preset's batch by this (the char-shape study's small batch is 64 -> 16, i.e. 4)."""
     grad_accum_steps: int = 1
     """Micro-batches per optimizer step; must divide the batch. The loss of each is scaled by 1/steps."""
-    optimizer: Literal["adamw", "sgd"] = "adamw"
+    optimizer: Optimizer = "adamw"
     """AdamW or SGD with momentum."""
-    adamw_impl: Literal["foreach", "fused", "for-loop"] = "foreach"
+    adamw_impl: AdamWImpl = "foreach"
     """AdamW kernel: multi-tensor foreach, single fused kernel, or one parameter at a time."""
     lr: float = 1e-3
     """Peak learning rate (nanoGPT char: 1e-3)."""
     min_lr: float = 1e-4
     """Floor of the cosine schedule."""
-    schedule: Literal["constant", "cosine"] = "cosine"
+    schedule: LRSchedule = "cosine"
     """Linear warmup then cosine decay to min_lr, as nanoGPT's train.py (the default); or a constant lr."""
     warmup_steps: int = 100
     """Linear warmup steps of the cosine schedule (nanoGPT char: 100)."""
@@ -108,7 +184,7 @@ class Recipe:
     """Non-reentrant activation checkpointing of every transformer block."""
     compile: bool = False
     """torch.compile the model."""
-    compile_scope: Literal["model", "blocks"] = "model"
+    compile_scope: CompileScope = "model"
     """What compile wraps: the whole model, or each transformer block (regional compilation: the blocks share
     one compiled graph, so compile time does not grow with depth)."""
     memory_budget: float | None = None
@@ -129,35 +205,27 @@ class Recipe:
     """Read the loss on the host after every step (the naive loop the ladder starts from). Off: no sync in the loop."""
     seed: int = 1337
     """Seed for weights, dropout and batches."""
-    parallel: Parallel = "none"
-    """Data parallelism under torchrun: none, DDP (replicated weights, all-reduced gradients) or FSDP2
-    (fully_shard per block, then the root). The world size comes from the launcher; the batch stays global."""
-    reshard_after_forward: bool = True
-    """FSDP2: free each block's gathered parameters after its forward (gather again in backward)."""
-    fsdp_param_dtype: Literal["bf16"] | None = None
-    """FSDP2's MixedPrecisionPolicy: compute in this dtype (gradients reduced in fp32); None keeps fp32."""
-    gradient_as_bucket_view: bool = False
-    """DDP: gradients are views into the all-reduce buckets (no second copy of the gradients)."""
-    bucket_cap_mb: float = 25.0
-    """DDP: all-reduce bucket size in MiB."""
+    parallel: Parallel = Parallel()
+    """Data parallelism under torchrun: DDP or FSDP2 with its options; the default is none (one process)."""
 
     def __post_init__(self) -> None:
         _check(self.precision in PRECISIONS, "precision",
                f"unknown {self.precision!r}; choose from {', '.join(PRECISIONS)}")
         _check(self.attention in ATTENTIONS, "attention",
                f"unknown {self.attention!r}; choose from {', '.join(ATTENTIONS)}")
-        _check(self.optimizer in ("adamw", "sgd"), "optimizer", f"unknown {self.optimizer!r}; choose adamw or sgd")
-        _check(self.adamw_impl in ("foreach", "fused", "for-loop"), "adamw_impl",
-               f"unknown {self.adamw_impl!r}; choose foreach, fused or for-loop")
-        _check(self.schedule in ("constant", "cosine"), "schedule", f"unknown {self.schedule!r}")
+        _check(self.optimizer in OPTIMIZERS, "optimizer", f"unknown {self.optimizer!r}; choose {_choose(OPTIMIZERS)}")
+        _check(self.adamw_impl in ADAMW_IMPLS, "adamw_impl",
+               f"unknown {self.adamw_impl!r}; choose {_choose(ADAMW_IMPLS)}")
+        _check(self.schedule in LR_SCHEDULES, "schedule",
+               f"unknown {self.schedule!r}; choose {_choose(LR_SCHEDULES)}")
         for name in ("batch_divisor", "grad_accum_steps", "vocab_multiple", "decay_steps"):
             value = getattr(self, name)
             _check(isinstance(value, int) and value >= 1, name, f"must be an integer >= 1, got {value!r}")
         _check(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
         _check(self.num_workers >= 0, "num_workers", "must be >= 0")
         _check(self.lr > 0 and 0 <= self.min_lr <= self.lr, "min_lr", "need 0 <= min_lr <= lr and lr > 0")
-        _check(self.compile_scope in ("model", "blocks"), "compile_scope",
-               f"unknown {self.compile_scope!r}; choose model or blocks")
+        _check(self.compile_scope in COMPILE_SCOPES, "compile_scope",
+               f"unknown {self.compile_scope!r}; choose {_choose(COMPILE_SCOPES)}")
         if self.compile_scope != "model":
             _check(self.compile, "compile_scope", "regional compilation needs compile=True")
         if self.memory_budget is not None:
@@ -177,31 +245,22 @@ class Recipe:
                    "FlashAttention runs only on fp16/bf16 inputs; use precision fp16, bf16 or bf16-pure")
 
     def _check_parallel(self) -> None:
-        _check(self.parallel in PARALLELS, "parallel",
-               f"unknown {self.parallel!r}; choose from {', '.join(PARALLELS)}")
-        fsdp, ddp = self.parallel == "fsdp2", self.parallel == "ddp"
-        _check(self.reshard_after_forward in (True, False), "reshard_after_forward", "must be true or false")
-        _check(self.reshard_after_forward or fsdp, "reshard_after_forward", "is an FSDP2 switch: needs parallel=fsdp2")
-        _check(self.fsdp_param_dtype in (None, "bf16"), "fsdp_param_dtype",
-               f"unknown {self.fsdp_param_dtype!r}; choose None or bf16")
-        if self.fsdp_param_dtype is not None:
-            _check(fsdp, "fsdp_param_dtype", "is FSDP2's mixed precision: needs parallel=fsdp2")
-            _check(self.precision == "fp32", "precision",
-                   "fsdp_param_dtype already sets the compute dtype; use precision fp32 with it")
-        _check(not self.gradient_as_bucket_view or ddp, "gradient_as_bucket_view",
-               "is a DDP switch: needs parallel=ddp")
-        _check(self.bucket_cap_mb > 0, "bucket_cap_mb", f"must be > 0, got {self.bucket_cap_mb}")
-        _check(self.bucket_cap_mb == 25.0 or ddp, "bucket_cap_mb", "is a DDP switch: needs parallel=ddp")
-        if self.parallel != "none":
+        """What data parallelism cannot be combined with (the options themselves are checked by Parallel)."""
+        _check(isinstance(self.parallel, Parallel), "parallel", f"must be a Parallel, got {self.parallel!r}")
+        if self.parallel.mode != "none":
             _check(not self.optim_in_backward, "optim_in_backward",
                    "steps each parameter in its post-accumulate-grad hook, before DDP's all-reduce or FSDP2's "
                    "reduce-scatter has averaged the gradient over ranks: each rank would step on its own gradient")
             _check(not self.compile, "compile",
                    "torch.compile with DDP/FSDP2 is not proven equivalent here (on CPU, compile with gloo "
                    "collectives is untested); run the parallel recipe eager")
-        if fsdp:
-            _check(self.precision != "fp16", "precision",
-                   "fp16 needs a GradScaler that understands sharded gradients; use bf16 or fsdp_param_dtype=bf16")
+        fsdp2 = self.parallel.fsdp2
+        if fsdp2 is not None:
+            _check(self.precision != "fp16", "precision", "fp16 needs a GradScaler that understands sharded "
+                   "gradients; use bf16 or parallel.fsdp2.param_dtype=bf16")
+            if fsdp2.param_dtype is not None:
+                _check(self.precision == "fp32", "precision",
+                       "parallel.fsdp2.param_dtype already sets the compute dtype; use precision fp32 with it")
 
     def micro_batch(self, model: GPTConfig, world_size: int = 1) -> int:
         """Sequences per forward/backward on one rank: the model's batch / batch_divisor / world_size /
@@ -230,51 +289,64 @@ class Recipe:
         return self.batch_size(model) * model.block_size
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Presets: each name's value and its note (what `python -m gptcore list` prints) written side by side
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Preset(Generic[T]):
+    """A named model or recipe and its one-line note."""
+
+    value: T
+    note: str
+
+
+def _values(presets: dict[str, Preset[T]]) -> dict[str, T]:
+    return {name: p.value for name, p in presets.items()}
+
+
+def _notes(presets: dict[str, Preset[T]]) -> dict[str, str]:
+    return {name: p.note for name, p in presets.items()}
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Named models
 
-
 _CHAR = GPTConfig(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=CHAR_VOCAB, batch_size=64,
                   dropout=0.2)  # nanoGPT's config/train_shakespeare_char.py (bias off, as its train.py default)
 _CPU = GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=64, vocab_size=CHAR_VOCAB, batch_size=12)
 _GPT2 = dict(block_size=1024, vocab_size=GPT2_VOCAB, batch_size=16, dataset="random", bias=True)
+_DEEP = GPTConfig(n_layer=32, n_head=16, n_embd=2048, block_size=512, vocab_size=GPT2_VOCAB, batch_size=4,
+                  dataset="random", bias=True)
 
-MODELS: dict[str, GPTConfig] = {
-    "char": _CHAR,
-    "char-ctx2": dataclasses.replace(_CHAR, block_size=512),
-    "char-layers2": dataclasses.replace(_CHAR, n_layer=12),
-    "char-embd2": dataclasses.replace(_CHAR, n_embd=768),
-    "cpu-small": _CPU,
-    "cpu-heads2": dataclasses.replace(_CPU, n_head=8),
-    "cpu-layers2": dataclasses.replace(_CPU, n_layer=8),
-    "cpu-embd2": dataclasses.replace(_CPU, n_embd=256),
-    "gpt2": GPTConfig(n_layer=12, n_head=12, n_embd=768, **_GPT2),
-    "gpt2-medium": GPTConfig(n_layer=24, n_head=16, n_embd=1024, **_GPT2),
-    "gpt2-large": GPTConfig(n_layer=36, n_head=20, n_embd=1280, **_GPT2),
-    "gpt2-xl": GPTConfig(n_layer=48, n_head=25, n_embd=1600, **_GPT2),
-    "deep-1.6b": GPTConfig(n_layer=32, n_head=16, n_embd=2048, block_size=512, vocab_size=GPT2_VOCAB, batch_size=4,
-                           dataset="random", bias=True),
+MODEL_PRESETS: dict[str, Preset[GPTConfig]] = {
+    "char": Preset(_CHAR, "nanoGPT shakespeare_char: 6 layers, 6 heads, 384 wide, T=256, batch 64, dropout 0.2, "
+                          "no biases"),
+    "char-ctx2": Preset(dataclasses.replace(_CHAR, block_size=512), "char with context 512"),
+    "char-layers2": Preset(dataclasses.replace(_CHAR, n_layer=12), "char with 12 layers"),
+    "char-embd2": Preset(dataclasses.replace(_CHAR, n_embd=768), "char with width 768"),
+    "cpu-small": Preset(_CPU, "nanoGPT's CPU command: 4 layers, 4 heads, 128 wide, T=64, batch 12, no dropout, "
+                              "no biases"),
+    "cpu-heads2": Preset(dataclasses.replace(_CPU, n_head=8), "cpu-small with 8 heads"),
+    "cpu-layers2": Preset(dataclasses.replace(_CPU, n_layer=8), "cpu-small with 8 layers"),
+    "cpu-embd2": Preset(dataclasses.replace(_CPU, n_embd=256), "cpu-small with width 256"),
+    "gpt2": Preset(GPTConfig(n_layer=12, n_head=12, n_embd=768, **_GPT2),
+                   "GPT-2 124M (biases on), T=1024, batch 16, random tokens"),
+    "gpt2-medium": Preset(GPTConfig(n_layer=24, n_head=16, n_embd=1024, **_GPT2),
+                          "GPT-2 350M, T=1024, batch 16, random tokens"),
+    "gpt2-large": Preset(GPTConfig(n_layer=36, n_head=20, n_embd=1280, **_GPT2),
+                         "GPT-2 774M, T=1024, batch 16, random tokens"),
+    "gpt2-xl": Preset(GPTConfig(n_layer=48, n_head=25, n_embd=1600, **_GPT2),
+                      "GPT-2 1.5B, T=1024, batch 16, random tokens"),
+    "deep-1.6b": Preset(_DEEP, "32 layers x 2048 wide (biases on), T=512, batch 4, random tokens: the memory-recipe "
+                               "study's model"),
+    "deep-1.6b-char": Preset(dataclasses.replace(_DEEP, vocab_size=CHAR_VOCAB, dataset="shakespeare"),
+                             "deep-1.6b on the Shakespeare characters: the memory recipes' cost in validation loss"),
 }
-MODELS["deep-1.6b-char"] = dataclasses.replace(MODELS["deep-1.6b"], vocab_size=CHAR_VOCAB, dataset="shakespeare")
-
-MODEL_NOTES: dict[str, str] = {
-    "char": "nanoGPT shakespeare_char: 6 layers, 6 heads, 384 wide, T=256, batch 64, dropout 0.2, no biases",
-    "char-ctx2": "char with context 512",
-    "char-layers2": "char with 12 layers",
-    "char-embd2": "char with width 768",
-    "cpu-small": "nanoGPT's CPU command: 4 layers, 4 heads, 128 wide, T=64, batch 12, no dropout, no biases",
-    "cpu-heads2": "cpu-small with 8 heads",
-    "cpu-layers2": "cpu-small with 8 layers",
-    "cpu-embd2": "cpu-small with width 256",
-    "gpt2": "GPT-2 124M (biases on), T=1024, batch 16, random tokens",
-    "gpt2-medium": "GPT-2 350M, T=1024, batch 16, random tokens",
-    "gpt2-large": "GPT-2 774M, T=1024, batch 16, random tokens",
-    "gpt2-xl": "GPT-2 1.5B, T=1024, batch 16, random tokens",
-    "deep-1.6b": "32 layers x 2048 wide (biases on), T=512, batch 4, random tokens: the memory-recipe study's model",
-    "deep-1.6b-char": "deep-1.6b on the Shakespeare characters: the memory recipes' cost in validation loss",
-}
+MODELS: dict[str, GPTConfig] = _values(MODEL_PRESETS)
+MODEL_NOTES: dict[str, str] = _notes(MODEL_PRESETS)
 
 # ---------------------------------------------------------------------------------------------------------------
 # Named recipes
@@ -299,88 +371,74 @@ _LADDER_STEPS: list[tuple[str, dict]] = [
 ]
 
 
-def _ladder() -> tuple[dict[str, Recipe], dict[str, str]]:
-    recipes, notes, fields = {}, {}, {}
+def _ladder() -> dict[str, Preset[Recipe]]:
+    presets, fields = {}, {}
     for rung, (what, change) in enumerate(_LADDER_STEPS):
         fields.update(change)
-        recipes[f"ladder-{rung}"] = Recipe(**fields)
-        notes[f"ladder-{rung}"] = f"ladder rung {rung}: " + ("fp32, naive loop" if rung == 0 else f"+ {what}")
-    return recipes, notes
+        presets[f"ladder-{rung}"] = Preset(Recipe(**fields), f"ladder rung {rung}: "
+                                           + ("fp32, naive loop" if rung == 0 else f"+ {what}"))
+    return presets
 
 
-_LADDER, _LADDER_NOTES = _ladder()
+_LADDER = _ladder()
 
 #: The CPU-shape study runs nanoGPT's CPU command: every recipe with checkpointing, lr decaying to 2,000 steps,
 #: and its own small batch (half) and accumulation (2 micro-batches).
 _CPU_COMMAND = dict(checkpoint=True, decay_steps=2000)
 
-RECIPES: dict[str, Recipe] = {
-    "fp32": _NANOGPT_CHAR,
-    "tf32": Recipe(precision="tf32"),
-    "sgd-cosine": Recipe(optimizer="sgd", lr=1e-2, min_lr=1e-3),
-    "fp16": Recipe(precision="fp16"),
-    "bf16": Recipe(precision="bf16"),
-    "bf16-pure": Recipe(precision="bf16-pure"),
-    "small-batch": Recipe(batch_divisor=4),
-    "half-batch": Recipe(batch_divisor=2),
-    "grad-accum": Recipe(grad_accum_steps=4),
-    "grad-accum-2": Recipe(grad_accum_steps=2),
-    "checkpoint": Recipe(checkpoint=True),
-    "compile": Recipe(compile=True),
-    "compile-blocks": Recipe(compile=True, compile_scope="blocks"),
-    "optim-in-bwd": Recipe(**_IN_BACKWARD),
-    "optim-in-bwd-checkpoint": Recipe(checkpoint=True, **_IN_BACKWARD),
-    "bf16-pure-optim-in-bwd-checkpoint": Recipe(precision="bf16-pure", checkpoint=True, **_IN_BACKWARD),
-    "budget-0.05": Recipe(compile=True, memory_budget=0.05),
-    "budget-0.60": Recipe(compile=True, memory_budget=0.60),
-    "optim-in-bwd-budget-0.05": Recipe(compile=True, memory_budget=0.05, **_IN_BACKWARD),
-    "bf16-pure-budget-0.60": Recipe(precision="bf16-pure", compile=True, memory_budget=0.60),
-    "ckpt-fp32": Recipe(**_CPU_COMMAND),
-    "ckpt-half-batch": Recipe(batch_divisor=2, **_CPU_COMMAND),
-    "ckpt-grad-accum-2": Recipe(grad_accum_steps=2, **_CPU_COMMAND),
-    "ckpt-sgd-cosine": Recipe(optimizer="sgd", lr=1e-2, min_lr=1e-3, **_CPU_COMMAND),
-    "ckpt-bf16": Recipe(precision="bf16", **_CPU_COMMAND),
+RECIPE_PRESETS: dict[str, Preset[Recipe]] = {
+    "fp32": Preset(_NANOGPT_CHAR, "nanoGPT char default: fp32, AdamW (foreach) lr 1e-3, warmup 100 + cosine to "
+                                  "1e-4 at 5,000, clip 1.0"),
+    "tf32": Preset(Recipe(precision="tf32"), "fp32 weights, TF32 tensor-core matmuls (CUDA only)"),
+    "sgd-cosine": Preset(Recipe(optimizer="sgd", lr=1e-2, min_lr=1e-3),
+                         "SGD momentum 0.9, warmup + cosine lr 1e-2 -> 1e-3"),
+    "fp16": Preset(Recipe(precision="fp16"), "fp16 autocast + GradScaler, fp32 master weights"),
+    "bf16": Preset(Recipe(precision="bf16"), "bf16 autocast, fp32 master weights"),
+    "bf16-pure": Preset(Recipe(precision="bf16-pure"), "weights, gradients and optimizer state in bf16"),
+    "small-batch": Preset(Recipe(batch_divisor=4), "batch / 4 (char: 64 -> 16)"),
+    "half-batch": Preset(Recipe(batch_divisor=2), "batch / 2 (cpu-small: 12 -> 6)"),
+    "grad-accum": Preset(Recipe(grad_accum_steps=4), "4 micro-batches of batch / 4, same effective batch"),
+    "grad-accum-2": Preset(Recipe(grad_accum_steps=2), "2 micro-batches of batch / 2, same effective batch"),
+    "checkpoint": Preset(Recipe(checkpoint=True), "non-reentrant activation checkpointing of every block"),
+    "compile": Preset(Recipe(compile=True), "torch.compile of the whole model"),
+    "compile-blocks": Preset(Recipe(compile=True, compile_scope="blocks"),
+                             "torch.compile of each block (regional: one graph shared by the blocks)"),
+    "optim-in-bwd": Preset(Recipe(**_IN_BACKWARD), "optimizer step inside backward (each parameter's "
+                                                   "post-accumulate-grad hook), no clipping"),
+    "optim-in-bwd-checkpoint": Preset(Recipe(checkpoint=True, **_IN_BACKWARD),
+                                      "optimizer in backward + checkpointing"),
+    "bf16-pure-optim-in-bwd-checkpoint": Preset(Recipe(precision="bf16-pure", checkpoint=True, **_IN_BACKWARD),
+                                                "bf16 weights + optimizer in backward + checkpointing (the leanest)"),
+    "budget-0.05": Preset(Recipe(compile=True, memory_budget=0.05), "compile with activation memory budget 0.05"),
+    "budget-0.60": Preset(Recipe(compile=True, memory_budget=0.60), "compile with activation memory budget 0.60"),
+    "optim-in-bwd-budget-0.05": Preset(Recipe(compile=True, memory_budget=0.05, **_IN_BACKWARD),
+                                       "optimizer in backward + compile with budget 0.05"),
+    "bf16-pure-budget-0.60": Preset(Recipe(precision="bf16-pure", compile=True, memory_budget=0.60),
+                                    "bf16 weights + compile with budget 0.60"),
+    "ckpt-fp32": Preset(Recipe(**_CPU_COMMAND),
+                        "nanoGPT's CPU command: fp32 + checkpointing, lr decay to 2,000 steps"),
+    "ckpt-half-batch": Preset(Recipe(batch_divisor=2, **_CPU_COMMAND), "ckpt-fp32 with batch / 2"),
+    "ckpt-grad-accum-2": Preset(Recipe(grad_accum_steps=2, **_CPU_COMMAND),
+                                "ckpt-fp32 with 2 micro-batches of batch / 2"),
+    "ckpt-sgd-cosine": Preset(Recipe(optimizer="sgd", lr=1e-2, min_lr=1e-3, **_CPU_COMMAND),
+                              "ckpt-fp32 with SGD momentum 0.9, lr 1e-2 -> 1e-3"),
+    "ckpt-bf16": Preset(Recipe(precision="bf16", **_CPU_COMMAND), "ckpt-fp32 with bf16 autocast"),
     **_LADDER,
-    "ddp": Recipe(parallel="ddp"),
-    "ddp-bucket-view": Recipe(parallel="ddp", gradient_as_bucket_view=True),
-    "fsdp2": Recipe(parallel="fsdp2"),
-    "fsdp2-no-reshard": Recipe(parallel="fsdp2", reshard_after_forward=False),
-    "fsdp2-bf16": Recipe(parallel="fsdp2", fsdp_param_dtype="bf16"),
+    "ddp": Preset(Recipe(parallel=Parallel(ddp=DDPOptions())), "fp32 data parallel (torchrun): DDP, gradients "
+                  "all-reduced in 25 MiB buckets; the batch split over ranks"),
+    "ddp-bucket-view": Preset(Recipe(parallel=Parallel(ddp=DDPOptions(gradient_as_bucket_view=True))),
+                              "ddp with gradient_as_bucket_view: the gradients are views into the buckets (no extra "
+                              "copy)"),
+    "fsdp2": Preset(Recipe(parallel=Parallel(fsdp2=FSDP2Options())), "fp32 FSDP2 (torchrun): fully_shard per block "
+                    "then the root; parameters, grads, AdamW state 1/N"),
+    "fsdp2-no-reshard": Preset(Recipe(parallel=Parallel(fsdp2=FSDP2Options(reshard_after_forward=False))),
+                               "fsdp2 keeping the gathered parameters after forward (no second all-gather in "
+                               "backward)"),
+    "fsdp2-bf16": Preset(Recipe(parallel=Parallel(fsdp2=FSDP2Options(param_dtype="bf16"))),
+                         "fsdp2 with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), fp32 sharded master"),
 }
-
-RECIPE_NOTES: dict[str, str] = {
-    "fp32": "nanoGPT char default: fp32, AdamW (foreach) lr 1e-3, warmup 100 + cosine to 1e-4 at 5,000, clip 1.0",
-    "tf32": "fp32 weights, TF32 tensor-core matmuls (CUDA only)",
-    "sgd-cosine": "SGD momentum 0.9, warmup + cosine lr 1e-2 -> 1e-3",
-    "fp16": "fp16 autocast + GradScaler, fp32 master weights",
-    "bf16": "bf16 autocast, fp32 master weights",
-    "bf16-pure": "weights, gradients and optimizer state in bf16",
-    "small-batch": "batch / 4 (char: 64 -> 16)",
-    "half-batch": "batch / 2 (cpu-small: 12 -> 6)",
-    "grad-accum": "4 micro-batches of batch / 4, same effective batch",
-    "grad-accum-2": "2 micro-batches of batch / 2, same effective batch",
-    "checkpoint": "non-reentrant activation checkpointing of every block",
-    "compile": "torch.compile of the whole model",
-    "compile-blocks": "torch.compile of each block (regional: one graph shared by the blocks)",
-    "optim-in-bwd": "optimizer step inside backward (each parameter's post-accumulate-grad hook), no clipping",
-    "optim-in-bwd-checkpoint": "optimizer in backward + checkpointing",
-    "bf16-pure-optim-in-bwd-checkpoint": "bf16 weights + optimizer in backward + checkpointing (the leanest)",
-    "budget-0.05": "compile with activation memory budget 0.05",
-    "budget-0.60": "compile with activation memory budget 0.60",
-    "optim-in-bwd-budget-0.05": "optimizer in backward + compile with budget 0.05",
-    "bf16-pure-budget-0.60": "bf16 weights + compile with budget 0.60",
-    "ckpt-fp32": "nanoGPT's CPU command: fp32 + checkpointing, lr decay to 2,000 steps",
-    "ckpt-half-batch": "ckpt-fp32 with batch / 2",
-    "ckpt-grad-accum-2": "ckpt-fp32 with 2 micro-batches of batch / 2",
-    "ckpt-sgd-cosine": "ckpt-fp32 with SGD momentum 0.9, lr 1e-2 -> 1e-3",
-    "ckpt-bf16": "ckpt-fp32 with bf16 autocast",
-    **_LADDER_NOTES,
-    "ddp": "fp32 data parallel (torchrun): DDP, gradients all-reduced in 25 MiB buckets; the batch split over ranks",
-    "ddp-bucket-view": "ddp with gradient_as_bucket_view: the gradients are views into the buckets (no extra copy)",
-    "fsdp2": "fp32 FSDP2 (torchrun): fully_shard per block then the root; parameters, grads, AdamW state 1/N",
-    "fsdp2-no-reshard": "fsdp2 keeping the gathered parameters after forward (no second all-gather in backward)",
-    "fsdp2-bf16": "fsdp2 with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), fp32 sharded master",
-}
+RECIPES: dict[str, Recipe] = _values(RECIPE_PRESETS)
+RECIPE_NOTES: dict[str, str] = _notes(RECIPE_PRESETS)
 
 #: Names of earlier releases, still accepted for one release with a deprecation line: old name -> new name.
 RENAMED_RECIPES: dict[str, str] = {

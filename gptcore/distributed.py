@@ -78,32 +78,33 @@ def wrap(model: nn.Module, recipe: Recipe, device: torch.device) -> nn.Module:
     """Wrap a gptcore GPT for ``recipe.parallel``: DDP returns the wrapper (call it for forward); FSDP2 shards the
     model in place (fully_shard on each block, then on the root, which holds the embeddings, ln_f and lm_head)
     and returns it."""
-    if recipe.parallel == "ddp":
+    ddp, fsdp2 = recipe.parallel.ddp, recipe.parallel.fsdp2
+    if ddp is not None:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         return DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                   bucket_cap_mb=recipe.bucket_cap_mb, gradient_as_bucket_view=recipe.gradient_as_bucket_view)
-    if recipe.parallel == "fsdp2":
+                   bucket_cap_mb=ddp.bucket_cap_mb, gradient_as_bucket_view=ddp.gradient_as_bucket_view)
+    if fsdp2 is not None:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-        low = recipe.fsdp_param_dtype == "bf16"
+        low = fsdp2.param_dtype == "bf16"
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if low else None,
                                       reduce_dtype=torch.float32 if low else None)
         for block in model.transformer.h:
-            fully_shard(block, mesh=mesh, reshard_after_forward=recipe.reshard_after_forward, mp_policy=policy)
-        fully_shard(model, mesh=mesh, reshard_after_forward=recipe.reshard_after_forward, mp_policy=policy)
+            fully_shard(block, mesh=mesh, reshard_after_forward=fsdp2.reshard_after_forward, mp_policy=policy)
+        fully_shard(model, mesh=mesh, reshard_after_forward=fsdp2.reshard_after_forward, mp_policy=policy)
         return model
-    raise ValueError(f"parallel: nothing to wrap for {recipe.parallel!r}")
+    raise ValueError(f"parallel: nothing to wrap for {recipe.parallel.mode!r}")
 
 
 def gradient_sync(wrapped: nn.Module, recipe: Recipe, last: bool) -> contextlib.AbstractContextManager:
     """Reduce gradients over ranks only on the last micro-batch: DDP's no_sync before it, FSDP2's
     set_requires_gradient_sync(False) before it and True on it."""
-    if recipe.parallel == "ddp":
+    if recipe.parallel.ddp is not None:
         return contextlib.nullcontext() if last else wrapped.no_sync()
-    if recipe.parallel == "fsdp2":
+    if recipe.parallel.fsdp2 is not None:
         wrapped.set_requires_gradient_sync(last)
     return contextlib.nullcontext()
 

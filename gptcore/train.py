@@ -48,9 +48,10 @@ def unsupported_reason(recipe: Recipe, device: torch.device | str) -> str | None
     reason = attention_unsupported(recipe.attention, device)
     if reason:
         return reason
-    if recipe.parallel != "none" and not distributed.launched():
-        return (f"parallel={recipe.parallel} runs under torchrun (RANK and WORLD_SIZE are unset), e.g. "
-                f"torchrun --nproc-per-node=2 -m gptcore train --model cpu-small --recipe {recipe.parallel}")
+    mode = recipe.parallel.mode
+    if mode != "none" and not distributed.launched():
+        return (f"parallel {mode} runs under torchrun (RANK and WORLD_SIZE are unset), e.g. "
+                f"torchrun --nproc-per-node=2 -m gptcore train --model cpu-small --recipe {mode}")
     if device.type == "cpu":
         if recipe.precision == "tf32":
             return "tf32 is a CUDA tensor-core mode; on CPU it would silently run as fp32"
@@ -107,7 +108,7 @@ class Trainer:
         self.cfg, self.recipe, self.device = cfg, recipe, torch.device(device)
         check_runnable(recipe, self.device)
         self.rank = distributed.Rank()
-        if recipe.parallel != "none":  # joins torchrun's process group; on a GPU the device is cuda:LOCAL_RANK
+        if recipe.parallel.mode != "none":  # joins torchrun's process group; on a GPU the device is cuda:LOCAL_RANK
             self.rank, self.device = distributed.init(self.device)
         self.micro_batch = recipe.micro_batch(cfg, self.rank.world_size)  # per rank: the batch stays global
         self.accum = recipe.grad_accum_steps
@@ -123,7 +124,7 @@ class Trainer:
             # budget and all. Compile time is spent in warm-up, outside any timing.
             torch._dynamo.reset()
         self.forward = self.model
-        if recipe.parallel != "none":  # DDP: the wrapper; FSDP2: the model, sharded in place (before the optimizer)
+        if recipe.parallel.mode != "none":  # DDP: a wrapper; FSDP2: the model sharded in place (before the optimizer)
             self.forward = distributed.wrap(self.model, recipe, self.device)
         if recipe.compile and recipe.compile_scope == "blocks":
             for block in self.model.transformer.h:
@@ -199,13 +200,13 @@ class Trainer:
 
     def gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
         """Under DDP/FSDP2, reduce gradients over ranks only when ``last``; nothing otherwise."""
-        if self.recipe.parallel == "none":
+        if self.recipe.parallel.mode == "none":
             return contextlib.nullcontext()
         return distributed.gradient_sync(self.forward, self.recipe, last)
 
     def mean_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """The step's loss averaged over ranks (the single-process loss of the global batch); a collective."""
-        return distributed.mean_over_ranks(loss) if self.recipe.parallel != "none" else loss
+        return distributed.mean_over_ranks(loss) if self.recipe.parallel.mode != "none" else loss
 
     def numerics(self) -> contextlib.AbstractContextManager:
         """Float32 matmul precision (TF32 or IEEE) and the compiler's activation memory budget for this step."""

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gptcore.config import CHAR_VOCAB, GPTConfig, Recipe  # noqa: E402
+from gptcore.config import CHAR_VOCAB, DDPOptions, FSDP2Options, GPTConfig, Parallel, Recipe  # noqa: E402
 from gptcore.memory.tracker import LiveBytes, track_training  # noqa: E402
 from gptcore.train import Trainer  # noqa: E402
 
@@ -25,10 +25,13 @@ TINY = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=CHAR_
 STEPS = 4
 #: grad_clip 0.05 is below the gradient norm of every step here, so clipping acts on each step (and on DTensors).
 BASE = Recipe(grad_clip=0.05, warmup_steps=1, decay_steps=4)
-MEMORY_CASES = {"ddp": dict(parallel="ddp"),
-                "ddp-bucket-view": dict(parallel="ddp", gradient_as_bucket_view=True),
-                "fsdp2": dict(parallel="fsdp2"),
-                "fsdp2-no-reshard": dict(parallel="fsdp2", reshard_after_forward=False)}
+DDP = Parallel(ddp=DDPOptions())
+FSDP2 = Parallel(fsdp2=FSDP2Options())
+FSDP2_NO_RESHARD = Parallel(fsdp2=FSDP2Options(reshard_after_forward=False))
+MEMORY_CASES = {"ddp": dict(parallel=DDP),
+                "ddp-bucket-view": dict(parallel=Parallel(ddp=DDPOptions(gradient_as_bucket_view=True))),
+                "fsdp2": dict(parallel=FSDP2),
+                "fsdp2-no-reshard": dict(parallel=FSDP2_NO_RESHARD)}
 
 
 def full_params(t: Trainer) -> list[torch.Tensor]:
@@ -73,16 +76,15 @@ def states(recipe: Recipe) -> dict:
 def proofs(out: Path) -> None:
     results = {}
     f64 = dataclasses.replace(BASE, grad_clip=None)  # DDP vs one process in float64 (clipping: see the fp32 proofs)
-    results["ddp-f64"] = train(dataclasses.replace(f64, parallel="ddp"), torch.float64)
+    results["ddp-f64"] = train(dataclasses.replace(f64, parallel=DDP), torch.float64)
     rank = dist.get_rank()
     if rank == 0:  # one process with the whole batch: no collective, so only rank 0 runs it
         results["single-f64"] = train(f64, torch.float64)
         results["single-f64"]["world"] = 1
     for name, change in {"": {}, "-ckpt": dict(checkpoint=True), "-accum": dict(grad_accum_steps=2)}.items():
-        results[f"ddp{name}"] = train(dataclasses.replace(BASE, parallel="ddp", **change))
-        results[f"fsdp2{name}"] = train(dataclasses.replace(BASE, parallel="fsdp2", **change))
-        results[f"fsdp2-no-reshard{name}"] = train(
-            dataclasses.replace(BASE, parallel="fsdp2", reshard_after_forward=False, **change))
+        results[f"ddp{name}"] = train(dataclasses.replace(BASE, parallel=DDP, **change))
+        results[f"fsdp2{name}"] = train(dataclasses.replace(BASE, parallel=FSDP2, **change))
+        results[f"fsdp2-no-reshard{name}"] = train(dataclasses.replace(BASE, parallel=FSDP2_NO_RESHARD, **change))
     if rank == 0:
         torch.save(results, out / "results.pt")
     measure_memory(out)
@@ -111,7 +113,7 @@ def plant_always_reshard() -> None:
 
 def planted_failure() -> None:
     """Rank 1 raises after joining; rank 0 goes on into a step and waits in the gradient all-reduce."""
-    t = Trainer(TINY, Recipe(parallel="ddp"), "cpu")
+    t = Trainer(TINY, Recipe(parallel=DDP), "cpu")
     if dist.get_rank() == 1:
         raise RuntimeError("planted failure on rank 1")
     for _ in range(100):

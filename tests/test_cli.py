@@ -1,5 +1,5 @@
-"""The command line: training runs and the loss falls; any Recipe field can be set; bad input is one line and
-exit code 2, no traceback; --help loads no torch."""
+"""The command line: training runs and the loss falls; any Recipe field can be set (a nested one by its dotted
+name); bad input is one line and exit code 2, no traceback; --help loads no torch."""
 
 from __future__ import annotations
 
@@ -46,6 +46,17 @@ def test_set_values_are_converted_by_the_field_type():
         True, 4, 3e-4, None, "bf16")
 
 
+def test_set_reaches_a_nested_field_by_its_dotted_name():
+    from gptcore.cli import apply_assignments
+
+    assert apply_assignments(RECIPES["fsdp2"], ["parallel.fsdp2.reshard_after_forward=false"]) == RECIPES[
+        "fsdp2-no-reshard"]
+    # a None-able nested config is switched on (with its defaults) and off by true/false
+    assert apply_assignments(RECIPES["fp32"], ["parallel.ddp=true", "parallel.ddp.gradient_as_bucket_view=yes"]
+                             ) == RECIPES["ddp-bucket-view"]
+    assert apply_assignments(RECIPES["ddp"], ["parallel.ddp=off"]) == RECIPES["fp32"]
+
+
 def test_an_old_recipe_name_runs_with_one_deprecation_line():
     old, new = "fused-optim", RENAMED_RECIPES["fused-optim"]
     out = run_cli("train", "--model", "cpu-small", "--recipe", old, "--steps", "2", "--device", "cpu")
@@ -71,6 +82,11 @@ def test_an_old_recipe_name_runs_with_one_deprecation_line():
     (["train", "--model", "cpu-small", "--set", "grad_accum_steps=four"], "expected int"),
     (["train", "--model", "cpu-small", "--set", "optim_in_backward=true"], "grad_clip: global-norm clipping"),
     (["train", "--model", "cpu-small", "--set", "precision=fp8"], "precision: unknown 'fp8'"),
+    (["train", "--model", "cpu-small", "--set", "parallel.reshard_after_forward=false"],
+     "did you mean 'parallel.fsdp2.reshard_after_forward'?"),
+    (["train", "--model", "cpu-small", "--set", "parallel=ddp"], "parallel is a group of fields; set parallel.ddp"),
+    (["train", "--model", "cpu-small", "--recipe", "ddp", "--set", "parallel.ddp.bucket_cap_mb=0"],
+     "parallel.ddp.bucket_cap_mb: must be > 0"),
     (["estimate", "--model", "gpt2-xxl"], "unknown 'gpt2-xxl'"),
     (["estimate", "--model", "gpt2", "--seq", "0"], "argument --seq: must be >= 1"),
     (["train"], "required"),

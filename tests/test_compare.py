@@ -3,6 +3,7 @@ throwaway repository and writes valid JSON; bad input is one line and exit code 
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import shutil
@@ -39,6 +40,33 @@ def test_u_distribution_counts_every_ordering():
     counts = u_distribution(3, 4)
     assert sum(counts) == 35 and counts == counts[::-1]  # C(7, 3) orderings, symmetric
     assert counts[0] == counts[-1] == 1
+
+
+def brute_force_mann_whitney(a: list[float], b: list[float]) -> tuple[int, list[int], float]:
+    """U of b against a, the U of every split of the pooled values into len(a) and len(b), and the two-sided exact
+    p from them: the definition, enumerated (no ties)."""
+    pooled, m = a + b, len(a)
+
+    def u(xs: list[float], ys: list[float]) -> int:
+        return sum(y > x for x in xs for y in ys)
+
+    splits = [u([pooled[i] for i in chosen], [v for i, v in enumerate(pooled) if i not in chosen])
+              for chosen in itertools.combinations(range(len(pooled)), m)]
+    observed = u(a, b)
+    low = sum(s <= observed for s in splits) / len(splits)
+    high = sum(s >= observed for s in splits) / len(splits)
+    return observed, splits, min(1.0, 2 * min(low, high))
+
+
+@pytest.mark.parametrize("m,n", [(1, 1), (1, 4), (2, 3), (3, 3), (3, 5), (4, 4), (5, 3), (4, 6)])
+def test_mann_whitney_exact_matches_a_brute_force_enumeration(m, n):
+    rng = random.Random(m * 10 + n)
+    for _ in range(6):
+        values = [float(v) for v in rng.sample(range(1000), m + n)]
+        a, b = values[:m], values[m:]
+        u, splits, p = brute_force_mann_whitney(a, b)
+        assert u_distribution(m, n) == [splits.count(k) for k in range(m * n + 1)]
+        assert mann_whitney(a, b) == (u, pytest.approx(p, rel=1e-12))
 
 
 def test_mann_whitney_exact_p_of_a_complete_separation():

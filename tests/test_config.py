@@ -20,6 +20,8 @@ def test_every_study_names_registered_models_and_recipes_with_notes():
         assert set(study.models) <= set(MODELS) and set(study.recipes) <= set(RECIPES), study.name
     assert set(MEMORY_RECIPES) <= set(RECIPES) and len(MEMORY_RECIPES) == 11
     assert MODELS.keys() == MODEL_NOTES.keys() and RECIPES.keys() == RECIPE_NOTES.keys()
+    assert all(MODEL_NOTES.values()) and all(RECIPE_NOTES.values())
+    assert RECIPE_NOTES["ladder-0"] == "ladder rung 0: fp32, naive loop" and RECIPE_NOTES["ladder-3"].endswith("+ amp")
 
 
 def test_char_vocab_is_the_corpus_alphabet_and_the_corpora_are_one_list():

@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from gptcore.config import MODELS, RECIPES, Recipe
+from gptcore.config import MODELS, PARALLELS, RECIPES, DDPOptions, FSDP2Options, Parallel, Recipe
 from gptcore.memory import resolve
 from gptcore.memory.parallel import estimate_per_rank
 from gptcore.train import Trainer, UnsupportedRecipe
@@ -127,9 +127,9 @@ def test_per_rank_estimate_matches_the_tracked_peak(proofs, name: str):
         assert memory[r][name]["foreign_frees"] == 0, (r, "a tracked storage was freed by a collective's thread")
         assert memory[r]["again"][name] == measured, (r, "a second pass tracked another peak")
         gap = est.total_bytes - measured
-        if recipe.parallel == "ddp":
+        if recipe.parallel.ddp is not None:
             assert abs(gap) <= 8, (r, est.total_bytes, measured, est.adjustments)
-        elif not recipe.reshard_after_forward:
+        elif not recipe.parallel.fsdp2.reshard_after_forward:
             assert 0 <= -gap <= padding_bound(worker.TINY), (r, est.total_bytes, measured, est.adjustments)
         else:
             block_activations = est.single.by_category["activations"] // worker.TINY.n_layer
@@ -175,20 +175,29 @@ def test_torchrun_train_prints_once_with_the_world_size():
 
 
 def test_parallel_recipes_validate_and_refuse_what_does_not_work():
-    with pytest.raises(ValueError, match="^parallel: unknown"):
+    ddp, fsdp2 = Parallel(ddp=DDPOptions()), Parallel(fsdp2=FSDP2Options())
+    with pytest.raises(ValueError, match="^parallel: must be a Parallel"):
         Recipe(parallel="tp")
-    with pytest.raises(ValueError, match="^reshard_after_forward:"):
-        Recipe(parallel="ddp", reshard_after_forward=False)
-    with pytest.raises(ValueError, match="^gradient_as_bucket_view:"):
-        Recipe(parallel="fsdp2", gradient_as_bucket_view=True)
+    with pytest.raises(ValueError, match="^parallel: DDP and FSDP2 at once"):
+        Parallel(ddp=DDPOptions(), fsdp2=FSDP2Options())
+    # an option of one where the other's go (a DDP or FSDP2 option without it cannot be written otherwise)
+    with pytest.raises(ValueError, match="^parallel.ddp: must be DDPOptions"):
+        Parallel(ddp=FSDP2Options(reshard_after_forward=False))
+    with pytest.raises(ValueError, match="^parallel.fsdp2: must be FSDP2Options"):
+        Parallel(fsdp2=DDPOptions(gradient_as_bucket_view=True))
+    with pytest.raises(ValueError, match="^parallel.ddp.bucket_cap_mb:"):
+        DDPOptions(bucket_cap_mb=0)
+    with pytest.raises(ValueError, match="^parallel.fsdp2.param_dtype: unknown"):
+        FSDP2Options(param_dtype="fp16")
     with pytest.raises(ValueError, match="^optim_in_backward:"):
-        Recipe(parallel="ddp", optim_in_backward=True, grad_clip=None)
+        Recipe(parallel=ddp, optim_in_backward=True, grad_clip=None)
     with pytest.raises(ValueError, match="^compile:"):
-        Recipe(parallel="fsdp2", compile=True)
-    with pytest.raises(ValueError, match="^fsdp_param_dtype:"):
-        Recipe(fsdp_param_dtype="bf16")
+        Recipe(parallel=fsdp2, compile=True)
     with pytest.raises(ValueError, match="^precision:"):
-        Recipe(parallel="fsdp2", precision="fp16")
+        Recipe(parallel=fsdp2, precision="fp16")
+    with pytest.raises(ValueError, match="^precision: parallel.fsdp2.param_dtype already sets"):
+        Recipe(parallel=Parallel(fsdp2=FSDP2Options(param_dtype="bf16")), precision="bf16")
+    assert tuple(RECIPES[n].parallel.mode for n in ("fp32", "ddp", "fsdp2")) == PARALLELS
     assert RECIPES["ddp"].micro_batch(MODELS["cpu-small"], world_size=2) == 6  # the batch of 12 stays global
     with pytest.raises(ValueError, match="^parallel: the batch of 12 does not split into 5 ranks"):
         RECIPES["ddp"].micro_batch(MODELS["cpu-small"], world_size=5)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ..config import FSDP2Options, Parallel
 from .analytic import Estimate, Question, estimate, param_shapes
 from .categories import GRADIENTS, OPTIMIZER_STATE, PARAMETERS
 
@@ -48,38 +49,36 @@ def estimate_per_rank(question: Question, world_size: int) -> RankEstimate:
         raise ValueError(f"world_size: must be >= 1, got {world_size}")
     per_rank = recipe.micro_batch(cfg, world_size) * recipe.grad_accum_steps
     local = dataclasses.replace(question, cfg=dataclasses.replace(cfg, batch_size=per_rank * recipe.batch_divisor),
-                                recipe=dataclasses.replace(recipe, parallel="none", reshard_after_forward=True,
-                                                           fsdp_param_dtype=None, gradient_as_bucket_view=False,
-                                                           bucket_cap_mb=25.0))
+                                recipe=dataclasses.replace(recipe, parallel=Parallel()))
     single = estimate(local)
     grads = single.states[GRADIENTS]
     adjust: dict[str, int] = {}
-    if recipe.parallel == "ddp":
-        if recipe.gradient_as_bucket_view:
+    if recipe.parallel.ddp is not None:
+        if recipe.parallel.ddp.gradient_as_bucket_view:
             adjust["buckets (the gradients are views into them)"] = grads - single.by_category.get(GRADIENTS, 0)
         else:
             adjust["buckets"] = grads
-    elif recipe.parallel == "fsdp2":
-        return _fsdp2(question, world_size, single)
+    elif recipe.parallel.fsdp2 is not None:
+        return _fsdp2(question, world_size, single, recipe.parallel.fsdp2)
     total = single.total_bytes + sum(adjust.values())
     return RankEstimate(total_bytes=total, world_size=world_size, single=single, adjustments=adjust)
 
 
-def _fsdp2(question: Question, world_size: int, single: Estimate) -> RankEstimate:
+def _fsdp2(question: Question, world_size: int, single: Estimate, options: FSDP2Options) -> RankEstimate:
     """The larger of two moments: the forward's end and the single-process peak (early in backward)."""
     cfg, recipe, n = question.cfg, question.recipe, world_size
     pbytes = single.states[PARAMETERS] // single.num_params
     block = pbytes * sum(numel for name, numel, _ in param_shapes(cfg, recipe) if name.startswith("transformer.h.0."))
     root = single.states[PARAMETERS] - cfg.n_layer * block
     # resharded blocks are unsharded one at a time (the next one's all-gather buffer in flight beside it)
-    blocks = cfg.n_layer if not recipe.reshard_after_forward else 1
+    blocks = cfg.n_layer if not options.reshard_after_forward else 1
     moments = {}
     for moment, live in (("forward end", single.at_forward_end), ("peak", single.by_category)):
         adjust = {f"{c} sharded 1/{n}": -round(live.get(c, 0) * (1 - 1 / n))
                   for c in (PARAMETERS, OPTIMIZER_STATE, GRADIENTS)}
         adjust["root parameters unsharded"] = root
         adjust[f"{blocks} block(s) of parameters unsharded"] = blocks * block
-        if moment == "forward end" or recipe.reshard_after_forward:  # backward gathers again only after a reshard
+        if moment == "forward end" or options.reshard_after_forward:  # backward gathers again only after a reshard
             adjust["one block's all-gather buffer"] = block
         moments[moment] = (sum(live.values()) + sum(adjust.values()), adjust)
     total, adjust = max(moments.values(), key=lambda m: m[0])

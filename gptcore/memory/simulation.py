@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
@@ -190,7 +190,10 @@ def _cpu_stands_in_for_cuda(cfg: GPTConfig, recipe: Recipe) -> tuple[str, ...]:
     return tuple(notes)
 
 
-def simulate(question: Question, method: Literal["auto", "direct", "extrapolate"] = "auto") -> Simulation:
+Method = Literal["auto", "direct", "extrapolate"]
+
+
+def simulate(question: Question, method: Method = "auto") -> Simulation:
     """Two training iterations of the real Trainer on fake tensors, tracked: the peak, its phase and step, and
     the breakdown at it. On the CPU this equals a real tracked run (``track_training``) byte for byte.
 
@@ -199,8 +202,8 @@ def simulate(question: Question, method: Literal["auto", "direct", "extrapolate"
     simulates every layer; ``extrapolate`` simulates 2 and 3 layers and extends each segment's peak linearly
     (exact for a uniform stack, see ``_extrapolated``); ``auto`` extrapolates beyond 4 layers and falls back to a
     direct run if the extrapolation's own check fails."""
-    if method not in ("auto", "direct", "extrapolate"):
-        raise ValueError(f"method: choose auto, direct or extrapolate, got {method!r}")
+    if method not in get_args(Method):
+        raise ValueError(f"method: unknown {method!r}; choose from {', '.join(get_args(Method))}")
     cfg, recipe, notes = question.cfg, question.recipe, question.notes
     cuda = question.device == "cuda"
     recipe = dataclasses.replace(recipe, sync_every_step=False, num_workers=0, pin_memory=False)  # host side only

@@ -1,9 +1,9 @@
 """Does the CPU-shape study still learn? Each case trains nanoGPT's CPU command for its whole 2,000 steps (lr decay
 to 2,000, checkpointing on) and is gated on its final validation loss and its time-to-loss (gptcore.convergence).
 
-The full table is opt-in (-m convergence): 20 cases, about 50 minutes side by side on 2 cores
-(``-k convergence_cpu_shape_full`` in two processes split with -k, one thread per case). CI runs one case on a
-400-step schedule of its own (-m cpu, about a minute).
+The full table is opt-in (-m convergence -k convergence_cpu_shape_full): 20 cases, one thread each, about 90
+single-thread minutes in all; recorded in two processes split with -k (1 h 25 min of wall time on a shared 2-core
+machine). CI runs one case on a 400-step schedule of its own (-m cpu, about 40 s).
 """
 
 from __future__ import annotations

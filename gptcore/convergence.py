@@ -3,15 +3,14 @@ training loss between them, time-to-loss and tokens/s. The convergence tier (``b
 ``python -m gptcore train --eval-every`` both run through :func:`train_and_evaluate`.
 
 The validation loss is ``Trainer.evaluate`` on fixed batches (the same tokens for every recipe and seed), in eval
-mode. Training seconds are read with a synchronized clock at each evaluation and exclude the evaluations; a compiled
-recipe's compile time falls in the first interval.
+mode. Training seconds are timed per interval by ``measure.StepTimer`` (CUDA events on a GPU, the host clock on CPU)
+and exclude the evaluations; a compiled recipe's compile time falls in the first interval.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -112,13 +111,6 @@ def torch_threads(n: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _sync(device: torch.device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def train_and_evaluate(trainer: Trainer, schedule: Schedule,
                        on_eval: Callable[[int, float, float | None], None] | None = None) -> Convergence:
     """Run ``trainer`` for ``schedule.steps`` optimizer steps, evaluating on ``schedule.eval_batches`` fixed batches
@@ -126,19 +118,20 @@ def train_and_evaluate(trainer: Trainer, schedule: Schedule,
     between evaluations: the step losses stay on the device until the interval ends."""
     import torch
 
+    from .measure import StepTimer
+
     if trainer.step_count != 0:
         raise ValueError(f"train_and_evaluate needs a fresh Trainer, this one has taken {trainer.step_count} steps")
     out = Convergence(steps=[0], val_loss=[trainer.evaluate(n_batches=schedule.eval_batches)], train_loss=[None],
                       seconds=[0.0], tokens_per_step=trainer.tokens_per_step, target_loss=schedule.target_loss)
     if on_eval:
         on_eval(0, out.val_loss[0], None)
-    elapsed = 0.0
+    elapsed, timer = 0.0, StepTimer(trainer.device)
     for point in schedule.eval_steps[1:]:
-        _sync(trainer.device)
-        start = time.perf_counter()
-        losses = [trainer.step() for _ in range(point - trainer.step_count)]
-        train = trainer.mean_loss(torch.stack(losses).mean()).item()  # the interval's one sync
-        elapsed += time.perf_counter() - start
+        with timer:
+            losses = [trainer.step() for _ in range(point - trainer.step_count)]
+            train = trainer.mean_loss(torch.stack(losses).mean()).item()  # the interval's one sync
+        elapsed += timer.seconds
         val = trainer.evaluate(n_batches=schedule.eval_batches)
         out.steps.append(point)
         out.val_loss.append(val)

@@ -128,6 +128,15 @@ class Entry:
                    work=WorkLedger.from_json(m.work) if m.work else None,
                    peak_by_category=m.peak_by_category, estimate_by_category=estimate_by_category)
 
+    @classmethod
+    def from_convergence(cls, run: Convergence | None, *, device: str, precision: str,
+                         cpu_model: str | None) -> Entry:
+        """The entry of a convergence run (``run`` None: the case failed); ``cpu_model`` is recorded on CPU only.
+        No step loss nor memory: such a case is judged on what it learned."""
+        return cls(tokens_per_s=run and run.tokens_per_s, tokens_per_s_iqr=None, peak_allocated_bytes=None,
+                   peak_reserved_bytes=None, loss=None, loss_step=run.steps[-1] if run else 0, precision=precision,
+                   cpu_model=cpu_model if device.startswith("cpu") else None, convergence=run)
+
     def loss_reference(self, cpu_model: str | None) -> tuple[float | None, str | None]:
         """The loss to hold a run on ``cpu_model`` to, and the CPU model it was measured on: that model's own
         reference when there is one, else the recorded loss (and the model that recorded it)."""

@@ -23,13 +23,12 @@ import pytest
 from pytest_benchmark.session import PerformanceRegression
 from tabulate import tabulate
 
-from gptcore import baselines, expectations, identity
-from gptcore import verdicts
+from gptcore import baselines, expectations, identity, verdicts
 from gptcore.baselines import BaselineError, BaselineFile, Entry, Tolerances
-from gptcore.verdicts import Verdict
 from gptcore.expectations import EffectResult, Figures
 from gptcore.rules import delta, delta_text
 from gptcore.units import common_unit, format_bytes
+from gptcore.verdicts import Verdict
 
 if TYPE_CHECKING:
     from gptcore.convergence import Convergence
@@ -246,11 +245,7 @@ class Gate:
                           error: str | None = None) -> Outcome:
         """The hand-over of a convergence case (gptcore.convergence); ``run`` is None when it failed with
         ``error``."""
-        device_type = device.split(":")[0]
-        measured = Entry(tokens_per_s=run and run.tokens_per_s, tokens_per_s_iqr=None, peak_allocated_bytes=None,
-                         peak_reserved_bytes=None, loss=None, loss_step=run.steps[-1] if run else 0,
-                         precision=precision,
-                         cpu_model=self.cpu_model if device_type == "cpu" else None, convergence=run)
+        measured = Entry.from_convergence(run, device=device, precision=precision, cpu_model=self.cpu_model)
         return self._outcome(node, device, error, self.judge_entry(node, measured, device, error=error), [])
 
     def _outcome(self, node: pytest.Item, device: str, error: str | None, verdict: Verdict | None,

@@ -23,13 +23,13 @@ from typing import Any
 
 from . import baselines, expectations, identity
 from .baselines import BaselineFile, Entry, Tolerances
-from .verdicts import Check, memory_check, speed_check
 from .config import RECIPE_NOTES, get_model, get_recipe
 from .convergence import Convergence
 from .memory import CATEGORIES, estimate, resolve
 from .report import BUSY_SHARE, Record, load_run, number, recorded_busy
 from .rules import Status, delta_text
 from .units import common_unit, in_unit
+from .verdicts import Check, memory_check, speed_check
 
 LADDER_RUNG = re.compile(r"^ladder-(\d+)$")
 COLORS = {"now": "#1f77b4", "fail": "#d62728", "better": "#2ca02c", "base": "#9e9e9e", "band": "#2ca02c"}
@@ -119,8 +119,6 @@ def case_checks(r: Record, e: Entry | None, tol: Tolerances) -> tuple[Check, Che
                 Check("peak memory", number(r.info.get("peak_allocated_bytes")), None, None, Status.NO_BASELINE))
     return (speed_check(r.values["speed"], e.tokens_per_s, tol),
             memory_check(number(r.info.get("peak_allocated_bytes")), e.peak_allocated_bytes, tol))
-
-
 
 
 def now_vs_baseline_figure(group: str, recs: Sequence[Record], base: BaselineFile | None, tol: Tolerances) -> str:

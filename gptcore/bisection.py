@@ -15,13 +15,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .baselines import Tolerances
-from .verdicts import Check, loss_check, memory_check
-from .compare import (BISECT_METRICS, CompareError, DriverError, Options, compare_trees, run_driver, select_cases,
-                      write_driver)
+from .compare import CompareError, DriverError, Options, compare_trees, run_driver, select_cases, write_driver
+from .config import RECIPES
 from .identity import local_device
 from .revisions import commit_of, git, repo_root, subject, worktree
-from .config import RECIPES
 from .significance import SLOWER
+from .verdicts import Check, loss_check, memory_check
+
+METRICS = ("tokens_per_s", "peak_memory", "loss")
+"""What ``bisect`` can hunt: a drop in tokens/s, or a rise in peak memory or a change of the loss."""
 
 
 @dataclass
@@ -104,8 +106,8 @@ def bisect(good: str, bad: str, expr: str, *, metric: str = "tokens_per_s", roun
            progress: Callable[[str], None] | None = None) -> BisectResult:
     """The first commit between ``good`` and ``bad`` that is worse than ``good`` on ``metric``, found by
     ``git bisect run`` in a temporary worktree (the user's checkout is not touched)."""
-    if metric not in BISECT_METRICS:
-        raise CompareError(f"--metric: unknown {metric!r}; choose from {', '.join(BISECT_METRICS)}")
+    if metric not in METRICS:
+        raise CompareError(f"--metric: unknown {metric!r}; choose from {', '.join(METRICS)}")
     repo = repo_root(cwd)
     good_sha, bad_sha = commit_of(repo, good), commit_of(repo, bad)
     if good_sha == bad_sha or subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", good_sha,

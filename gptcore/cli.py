@@ -53,6 +53,8 @@ def _add_case_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from . import bisection  # no torch: the choices of bisect --metric
+
     parser = _Parser(prog="python -m gptcore", description="gptcore: train, estimate and report GPT training "
                      "recipes (see README.md)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -112,7 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     bisect.add_argument("good", metavar="GOOD", help="a revision with the good figure")
     bisect.add_argument("bad", metavar="BAD", help="a later revision with the bad figure")
     _add_hunt_arguments(bisect)
-    bisect.add_argument("--metric", choices=("tokens_per_s", "peak_memory", "loss"), default="tokens_per_s",
+    bisect.add_argument("--metric", choices=bisection.METRICS, default="tokens_per_s",
                         help="tokens_per_s: compare's verdict slower is bad; peak_memory, loss: beyond the gate's "
                              "tolerance of GOOD's figure is bad (exact, deterministic)")
     return parser

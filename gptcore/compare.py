@@ -29,14 +29,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .baselines import Tolerances
-from .verdicts import Check, loss_check, memory_check
 from .compare_driver import MARK
 from .config import RECIPES, STUDIES
 from .identity import local_device
 from .revisions import commit_of, repo_root, snapshot, worktree
 from .significance import SLOWER, Speed, speed_verdict
-
-BISECT_METRICS = ("tokens_per_s", "peak_memory", "loss")
+from .verdicts import Check, loss_check, memory_check
 
 
 class CompareError(ValueError):

@@ -225,10 +225,10 @@ class Trainer:
 
     # -- data and evaluation -------------------------------------------------------------------------------------
 
-    def batches(self, split: str = "train", seed_offset: int = 0) -> TokenBatches:
+    def batches(self, split: str = "train") -> TokenBatches:
         """The single-process micro-batches (all ranks' rows); ``_next_batch`` takes this rank's shard."""
         return TokenBatches(self.corpus, split, self.micro_batch * self.rank.world_size, self.cfg.block_size,
-                            self.recipe.seed + seed_offset)
+                            self.recipe.seed)
 
     def _next_batch(self) -> Batch:
         if self._batches is None:

@@ -92,7 +92,7 @@ def benchmark_case(benchmark, gate, request: pytest.FixtureRequest, study: Study
     """Run one case of ``study`` under benchmark.pedantic and gate it; skip (with the reason) what the device
     cannot run."""
     recipe, device = RECIPES[recipe_name], study.device
-    reason = unsupported_reason(recipe, device)
+    reason = unsupported_reason(recipe, device, MODELS[model])
     if reason:
         pytest.skip(reason)
     warmup, rounds, steps_per_round = gate.timing(timing.warmup, timing.rounds, timing.steps_per_round)
@@ -121,7 +121,7 @@ def converge_case(benchmark, gate, request: pytest.FixtureRequest, study: Study,
     bit-identical whatever else runs beside it, so that its time-to-loss can be gated exactly."""
     recipe, device = RECIPES[recipe_name], study.device
     schedule = schedule or study.schedule
-    reason = unsupported_reason(recipe, device)
+    reason = unsupported_reason(recipe, device, MODELS[model])
     if reason:
         pytest.skip(reason)
     cfg = MODELS[model]

@@ -13,7 +13,7 @@ import torch
 
 from gptcore.config import MODELS, RECIPES, Recipe, Schedule, Study
 from gptcore.convergence import Convergence, converge
-from gptcore.measure import Measurement, run_case
+from gptcore.measure import Measurement, out_of_memory_in, run_case
 from gptcore import memory
 from gptcore.gate import Outcome
 from gptcore.train import unsupported_reason
@@ -133,7 +133,9 @@ def converge_case(benchmark, gate, request: pytest.FixtureRequest, study: Study,
 
     try:
         benchmark.pedantic(whole_run, rounds=1, iterations=1, warmup_rounds=0)
-    except torch.OutOfMemoryError:  # a failed case with its numbers; the rest of the suite goes on
+    except Exception as err:  # noqa: BLE001 - an OOM (also one raised while compiling) is a failed case with its
+        if out_of_memory_in(err) is None:  # numbers, and the rest of the suite goes on; anything else is raised
+            raise
         peak = torch.cuda.max_memory_allocated() if device == "cuda" else 0
         error = f"out of memory (peak allocated {peak:,} B)"
         if device == "cuda":

@@ -263,7 +263,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from .convergence import train_and_evaluate
-    from .measure import process_peak_memory
+    from .measure import out_of_memory_in, process_peak_memory
     from .train import Trainer, resolve_device
 
     cfg, recipe, label = _case(args)
@@ -299,7 +299,9 @@ def cmd_train(args: argparse.Namespace) -> int:
             losses, val, seconds = [l for l in run.train_loss if l is not None], run.final_val_loss, run.seconds[-1]
         else:
             losses = trainer.run(args.steps, log_every=args.log_every, on_log=on_log)
-    except torch.OutOfMemoryError:
+    except Exception as err:  # noqa: BLE001 - only an OOM (also one raised while compiling) is handled
+        if out_of_memory_in(err) is None:
+            raise
         bar.close()
         peak, kind = process_peak_memory(device)
         print(f"gptcore: error: out of memory on {device} after step {trainer.step_count} (peak {kind} "

@@ -274,8 +274,10 @@ class CaseRunner:
         try:
             with compile_stats() as again:
                 ledger = count_step(trainer)
-        except torch.OutOfMemoryError as err:
-            self.out_of_memory(err)
+        except Exception as err:  # noqa: BLE001 - only an OOM is handled
+            if (oom := out_of_memory_in(err)) is None:
+                raise
+            self.out_of_memory(oom)
             return
         if self.recipe.compile:
             ledger.compile = self.compiled
@@ -311,6 +313,18 @@ def _plain_loop(round_fn: Callable[[], None], rounds: int) -> None:
         round_fn()
 
 
+def out_of_memory_in(err: BaseException) -> torch.OutOfMemoryError | None:
+    """The OutOfMemoryError that ``err`` is or wraps, or None. Dynamo wraps what a compiler raises (an OOM while
+    compiling or autotuning) in BackendCompilerFailed, which keeps it as ``inner_exception``; causes count too."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, torch.OutOfMemoryError):
+            return err
+        seen.add(id(err))
+        err = getattr(err, "inner_exception", None) or err.__cause__
+    return None
+
+
 def run_case(cfg: GPTConfig, recipe: Recipe, device: torch.device | str, *, warmup: int, rounds: int,
              steps_per_round: int, timed_loop: TimedLoop | None = None) -> Measurement:
     """Measure one case: warm-up, then ``rounds`` timed rounds of ``steps_per_round`` steps through
@@ -322,6 +336,8 @@ def run_case(cfg: GPTConfig, recipe: Recipe, device: torch.device | str, *, warm
     try:
         runner.prepare()
         (timed_loop or _plain_loop)(runner.round, rounds)
-    except torch.OutOfMemoryError as err:
-        runner.out_of_memory(err)
+    except Exception as err:  # noqa: BLE001 - only an OOM, also one raised while compiling, is handled
+        if (oom := out_of_memory_in(err)) is None:
+            raise
+        runner.out_of_memory(oom)
     return runner.finish()  # outside the except: the traceback (and the tensors its frames hold) is gone

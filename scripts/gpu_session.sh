@@ -7,9 +7,12 @@
 #   converge the GPU convergence tier with --update-baselines: the char-shape study at 5,000 steps (about 1-2
 #            minutes a case on an H100: split it over calls with CONVERGE_K, e.g. CONVERGE_K=char-ctx2), then the
 #            memory recipes' quality on real text (not part of `all`)
+#   budget   why a compile memory budget runs out of memory (not part of `all`): the partitioner's plan for
+#            deep-1.6b on CUDA (compile, budget-0.60, budget-0.05), then the allocator history of budget-0.05 and
+#            budget-0.60 over 3 steps, each summarized by the lines that allocated what was live at the peak
 # Usage: bash scripts/gpu_session.sh STAGE [OUT_DIR]   (OUT_DIR defaults to $OUT, else out/gpu)
 set -uo pipefail
-stage=${1:?stage: record, verify, profile, converge or all}
+stage=${1:?stage: record, verify, profile, converge, budget or all}
 out=${2:-${OUT:-out/gpu}}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
@@ -47,11 +50,22 @@ converge() {
   cp baselines/nvidia-*.json "$out/" 2>/dev/null
 }
 
+budget() {
+  start=$(date +%s)
+  python scripts/partition_memory.py --model deep-1.6b --device cuda --json "$out/partition-deep-1.6b.json" 2>&1 \
+    | tee "$out/budget.log"
+  for recipe in budget-0.05 budget-0.60; do
+    python scripts/memory_snapshot.py --model deep-1.6b --recipe "$recipe" --out "$out" 2>&1 | tee -a "$out/budget.log"
+  done
+  echo "budget stage wall time: $(( $(date +%s) - start )) s" | tee -a "$out/budget.log"
+}
+
 case "$stage" in
+  budget) budget ;;
   converge) converge ;;
   record) record ;;
   verify) verify ;;
   profile) profile ;;
   all) record; verify; profile ;;
-  *) echo "unknown stage $stage: record, verify, profile, converge or all" >&2; exit 2 ;;
+  *) echo "unknown stage $stage: record, verify, profile, converge, budget or all" >&2; exit 2 ;;
 esac

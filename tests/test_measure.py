@@ -11,7 +11,7 @@ import torch
 
 from gptcore import measure
 from gptcore.config import MODELS, RECIPES
-from gptcore.measure import mfu, peak_flops, run_case, throughput
+from gptcore.measure import mfu, out_of_memory_in, peak_flops, run_case, throughput
 from gptcore.memory import track_training
 from gptcore.train import Trainer
 
@@ -128,3 +128,26 @@ def test_a_gpu_case_the_estimate_says_cannot_fit_is_skipped_with_the_estimate(mo
     skip_if_it_cannot_fit(200 * 2**30, "cpu")  # CPU memory is not the GPU's
     with pytest.raises(pytest.skip.Exception, match=r"estimated peak 120\.0 GiB exceeds the 80\.0 GiB"):
         skip_if_it_cannot_fit(120 * 2**30, "cuda")
+
+
+def test_out_of_memory_while_compiling_is_a_failed_case_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Dynamo wraps what a compiler raises in BackendCompilerFailed: the OOM is found inside it
+    import torch._inductor.compile_fx as compile_fx
+
+    def partition_out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(compile_fx, "min_cut_rematerialization_partition", partition_out_of_memory)
+    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
+    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
+    m = run_case(CPU_SMALL, RECIPES["budget-0.05"], "cpu", warmup=1, rounds=2, steps_per_round=1)
+    assert m.error.startswith("out of memory after 0 steps: CUDA out of memory. Tried to allocate 20.00 GiB")
+    assert m.tokens_per_s is None and m.round_seconds == []
+
+
+def test_an_error_that_is_not_out_of_memory_is_raised() -> None:
+    assert out_of_memory_in(RuntimeError("boom")) is None
+    oom = torch.OutOfMemoryError("x")
+    wrapped = RuntimeError("outer")
+    wrapped.__cause__ = oom
+    assert out_of_memory_in(wrapped) is oom

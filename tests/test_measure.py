@@ -138,9 +138,9 @@ def test_out_of_memory_while_compiling_is_a_failed_case_too(monkeypatch: pytest.
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
     monkeypatch.setattr(compile_fx, "min_cut_rematerialization_partition", partition_out_of_memory)
-    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
-    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
-    m = run_case(CPU_SMALL, RECIPES["budget-0.05"], "cpu", warmup=1, rounds=2, steps_per_round=1)
+    # torch's config modules are patched with their own context managers (a cached compile skips the partitioner)
+    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
+        m = run_case(CPU_SMALL, RECIPES["budget-0.05"], "cpu", warmup=1, rounds=2, steps_per_round=1)
     assert m.error.startswith("out of memory after 0 steps: CUDA out of memory. Tried to allocate 20.00 GiB")
     assert m.tokens_per_s is None and m.round_seconds == []
 

@@ -91,12 +91,11 @@ def benchmark_case(benchmark, gate, request: pytest.FixtureRequest, study: Study
                    timing: Timing) -> Measurement:
     """Run one case of ``study`` under benchmark.pedantic and gate it; skip (with the reason) what the device
     cannot run."""
-    recipe, device = RECIPES[recipe_name], study.device
-    reason = unsupported_reason(recipe, device, MODELS[model])
+    recipe, device, cfg = RECIPES[recipe_name], study.device, MODELS[model]
+    reason = unsupported_reason(recipe, device, cfg)
     if reason:
         pytest.skip(reason)
     warmup, rounds, steps_per_round = gate.timing(timing.warmup, timing.rounds, timing.steps_per_round)
-    cfg = MODELS[model]
     estimate, estimate_by_category = estimate_of(model, recipe, device)
     skip_if_it_cannot_fit(estimate, device)
 
@@ -119,12 +118,11 @@ def converge_case(benchmark, gate, request: pytest.FixtureRequest, study: Study,
     """Train one case of ``study`` for its whole schedule (or ``schedule``) as one pytest-benchmark round and gate
     what it learned (gptcore.convergence); skip what the device cannot run. On CPU each case runs on one thread:
     bit-identical whatever else runs beside it, so that its time-to-loss can be gated exactly."""
-    recipe, device = RECIPES[recipe_name], study.device
+    recipe, device, cfg = RECIPES[recipe_name], study.device, MODELS[model]
     schedule = schedule or study.schedule
-    reason = unsupported_reason(recipe, device, MODELS[model])
+    reason = unsupported_reason(recipe, device, cfg)
     if reason:
         pytest.skip(reason)
-    cfg = MODELS[model]
     out: dict[str, Convergence] = {}
     error = None
 

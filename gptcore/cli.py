@@ -259,7 +259,6 @@ def cmd_list(_: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    import torch
     from tqdm import tqdm
 
     from .convergence import train_and_evaluate

@@ -20,6 +20,7 @@ from dataclasses import asdict
 from tabulate import tabulate
 
 from gptcore.config import get_model, get_recipe
+from gptcore.memory.partition import check_plannable
 from gptcore.units import common_unit, format_bytes
 
 SIZES = ("input_bytes", "saved_bytes", "forward_peak_bytes", "backward_peak_bytes")
@@ -42,10 +43,9 @@ def main() -> int:
 
     try:  # bad names and uncompiled recipes are refused before anything compiles
         get_model(args.model)
-        for name in args.recipes:
-            recipe = get_recipe(name)
-            if not recipe.compile or recipe.compile_scope != "model":
-                raise ValueError(f"recipe {name!r} does not compile the whole model: it has no partition to plan")
+        recipes = {name: get_recipe(name) for name in args.recipes}
+        for name, recipe in recipes.items():
+            check_plannable(recipe, name)
     except ValueError as err:
         print(f"partition_memory: {err}", file=sys.stderr)
         return 2

@@ -55,6 +55,12 @@ def test_a_lower_budget_saves_less_and_recomputes_more():
     assert full.input_bytes == half.input_bytes == none.input_bytes == inputs  # float32 weights, int64 tokens
 
 
+def test_a_recipe_without_a_whole_model_compile_has_no_plan():
+    for recipe in (Recipe(), Recipe(compile=True, compile_scope="blocks")):
+        with pytest.raises(ValueError, match="there is no partition to plan"):
+            plan(ONE_LAYER, recipe)
+
+
 def test_live_bytes_are_walked_in_graph_order_with_views_sharing_their_base():
     def step(x: torch.Tensor) -> torch.Tensor:
         a = x * 2          # 400 B, read by b and by the view v

@@ -143,13 +143,20 @@ def _capture(plans: list[PartitionPlan]) -> Iterator[None]:
         compile_fx.min_cut_rematerialization_partition = original
 
 
+def check_plannable(recipe: Recipe, name: str = "the recipe") -> None:
+    """Raise ValueError unless ``recipe`` (called ``name`` in the message) compiles the whole model: only then is
+    there one partition to plan."""
+    if not recipe.compile or recipe.compile_scope != "model":
+        raise ValueError(f"{name} does not compile the whole model (compile=True, compile_scope='model'): "
+                         f"there is no partition to plan")
+
+
 def plan(cfg: GPTConfig, recipe: Recipe, device: torch.device | str = "cpu") -> PartitionPlan:
     """The partitioner's plan for one micro-batch of ``cfg`` under ``recipe`` (compile over the whole model) on
     ``device``: the Trainer's own model, autocast and memory budget, compiled until the partition and no further."""
     from ..train import Trainer
 
-    if not recipe.compile or recipe.compile_scope != "model":
-        raise ValueError("a partition plan needs compile=True over the whole model (compile_scope='model')")
+    check_plannable(recipe)
     trainer = Trainer(cfg, recipe, device)
     x, y = trainer.batches("train")[0]
     plans: list[PartitionPlan] = []

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from gptcore.config import MODELS, RECIPES, Recipe, Schedule, Study
+from gptcore.config import Recipe, Schedule, Study
+from gptcore.presets import MODELS, RECIPES
 from gptcore.convergence import Convergence, converge
 from gptcore.measure import Measurement, out_of_memory_in, run_case
 from gptcore import memory

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench.harness import Timing, grid, benchmark_case
-from gptcore.config import STUDIES
+from gptcore.presets import STUDIES
 
 STUDY = STUDIES["char-shape"]
 TIMING = Timing(warmup=5, rounds=10, steps_per_round=10)

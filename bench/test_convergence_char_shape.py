@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from bench.harness import converge_case, grid, run_if
-from gptcore.config import STUDIES
+from gptcore.presets import STUDIES
 
 STUDY = STUDIES["char-shape"]
 

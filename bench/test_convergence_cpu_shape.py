@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from bench.harness import converge_case, grid
-from gptcore.config import CPU_SHAPE_SHORT, STUDIES
+from gptcore.presets import CPU_SHAPE_SHORT, STUDIES
 
 STUDY = STUDIES["cpu-shape"]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from bench.harness import converge_case, grid, run_if
-from gptcore.config import QUALITY_STUDIES
+from gptcore.presets import QUALITY_STUDIES
 
 STUDY = QUALITY_STUDIES["memory-recipe-quality"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from bench.harness import Timing, grid, benchmark_case
-from gptcore.config import STUDIES
+from gptcore.presets import STUDIES
 
 STUDY = STUDIES["cpu-recipe"]
 TIMING = Timing(warmup=2, rounds=5, steps_per_round=2)  # compile happens in the warm-up, outside the timing

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from bench.harness import Timing, grid, benchmark_case
-from gptcore.config import STUDIES
+from gptcore.presets import STUDIES
 
 STUDY = STUDIES["cpu-shape"]
 TIMING = Timing(warmup=3, rounds=11, steps_per_round=4)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from bench.harness import Timing, conclude, needs_of, run_if
-from gptcore.config import MODELS, RECIPES
+from gptcore.presets import MODELS, RECIPES
 from gptcore.measure import Measurement
 from gptcore.memory import resolve
 from gptcore.memory.parallel import estimate_per_rank

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from bench.harness import Timing, grid, benchmark_case
-from gptcore.config import STUDIES
+from gptcore.presets import STUDIES
 
 STUDY = STUDIES["ladder"]
 TIMING = Timing(warmup=5, rounds=7, steps_per_round=5)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.harness import Timing, grid, benchmark_case
-from gptcore.config import STUDIES
+from gptcore.presets import STUDIES
 
 STUDY = STUDIES["memory-recipe"]
 # compile (the budget recipes) happens in the warm-up, outside the timing

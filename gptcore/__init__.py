@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .config import MODELS, RECIPES, GPTConfig, Recipe, get_model, get_recipe
+from .config import GPTConfig, Recipe
+from .presets import MODELS, RECIPES, get_model, get_recipe
 
 _LAZY = {"GPT": "model", "Trainer": "train", "UnsupportedRecipe": "train", "check_runnable": "train",
          "resolve_device": "train"}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .baselines import Tolerances
 from .compare import CompareError, DriverError, Options, compare_trees, run_driver, select_cases, write_driver
-from .config import RECIPES
+from .presets import RECIPES
 from .identity import local_device
 from .revisions import commit_of, git, repo_root, subject, worktree
 from .significance import SLOWER

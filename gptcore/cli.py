@@ -17,7 +17,8 @@ import typing
 import warnings
 from collections.abc import Sequence
 
-from .config import MODEL_NOTES, MODELS, RECIPE_NOTES, RECIPES, GPTConfig, Recipe, Schedule, get_model, get_recipe
+from .config import GPTConfig, Recipe, Schedule
+from .presets import MODEL_NOTES, MODELS, RECIPE_NOTES, RECIPES, get_model, get_recipe
 from .units import format_bytes
 
 

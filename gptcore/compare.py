@@ -30,7 +30,7 @@ from pathlib import Path
 
 from .baselines import Tolerances
 from .compare_driver import MARK
-from .config import RECIPES, STUDIES
+from .presets import RECIPES, STUDIES
 from .identity import local_device
 from .revisions import commit_of, repo_root, snapshot, worktree
 from .significance import SLOWER, Speed, speed_verdict

@@ -1,8 +1,9 @@
 """The driver of one ``compare`` round: run as a script (``python compare_driver.py SPEC_JSON``) in a fresh process
 whose PYTHONPATH starts with one revision's checkout, it measures one case with that revision's code and prints one
-line, ``GPTCORE-COMPARE {json}``. It imports only what every revision with a benchmark tier has (gptcore.config,
-Trainer, StepTimer, cpu_peak_bytes), and the work ledger where the revision has one; it checks that the gptcore it
-imported is the checkout's, never this one's."""
+line, ``GPTCORE-COMPARE {json}``. It imports only what every revision with a benchmark tier has (the named models
+and recipes, from gptcore.presets or, before they moved there, gptcore.config; Trainer, StepTimer, cpu_peak_bytes),
+and the work ledger where the revision has one; it checks that the gptcore it imported is the checkout's, never this
+one's."""
 
 from __future__ import annotations
 
@@ -23,11 +24,14 @@ def main(spec: dict) -> dict:
         sys.exit(f"gptcore was imported from {where}, not from the checkout {root}")
     import torch  # after the check: the checkout's gptcore, then torch
 
-    from gptcore import config
+    try:
+        from gptcore import presets
+    except ImportError:  # a revision from before the presets moved out of gptcore.config
+        from gptcore import config as presets
     from gptcore.measure import StepTimer, cpu_peak_bytes
     from gptcore.train import Trainer
 
-    cfg, recipe = config.get_model(spec["model"]), config.get_recipe(spec["recipe"])
+    cfg, recipe = presets.get_model(spec["model"]), presets.get_recipe(spec["recipe"])
     device = torch.device(spec["device"])
     trainer = Trainer(cfg, recipe, device)
     loss = None

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from .config import LADDER, RECIPES
+from .presets import LADDER, RECIPES
 from .units import format_bytes, unit_for
 
 MEMORY_SLACK = 0.02

@@ -1,107 +1,29 @@
-"""The benchmark gate's session logic (the root conftest.py only holds thin hooks that call into here).
+"""The benchmark gate's state and judgment for one pytest session: :class:`Gate` holds the baseline files per
+device, judges each case against its baseline (:meth:`Gate.judge`, :meth:`Gate.judge_convergence`), keeps one
+:class:`Row` per case for the end table, and writes what is to be recorded (:meth:`Gate.write_updates`).
 
-* :func:`configure`: --require-gpu, pytest-benchmark storage split per device, --benchmark-compare without a
-  saved run turned off with a note, and the session's :class:`Gate`;
-* :class:`Gate`: the baseline files per device, one :class:`Row` per case that ran, the cases to record;
-* :func:`finish`: writes the recorded cases and collects pytest-benchmark's --benchmark-compare-fail regressions,
-  which fail the run;
-* :func:`write_summary`: the end table (:func:`gate_table`) and its notes, printed in every outcome;
-* :func:`update_machine_info`: GPU name, compute capability and versions in pytest-benchmark's machine_info.
+The pytest wiring is in :mod:`gptcore.plugin`, the end-of-run rendering in :mod:`gptcore.summary`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import platform
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from pytest_benchmark.session import PerformanceRegression
-from tabulate import tabulate
 
 from gptcore import baselines, expectations, identity, verdicts
-from gptcore.baselines import BaselineError, BaselineFile, Entry, Tolerances
-from gptcore.expectations import EffectResult, Figures
-from gptcore.rules import delta, delta_text
-from gptcore.units import common_unit, format_bytes
+from gptcore.baselines import BaselineFile, Entry, Tolerances
+from gptcore.expectations import Figures
 from gptcore.verdicts import Verdict
 
 if TYPE_CHECKING:
     from gptcore.convergence import Convergence
     from gptcore.measure import Measurement
 
-__all__ = ["GATE", "Gate", "PerformanceRegression", "Row", "configure", "expectations_table", "finish", "gate_table",
-           "preload", "update_machine_info", "write_summary"]
-
-GATE = pytest.StashKey["Gate"]()
-MARKDOWN_ENV = "GPTCORE_GATE_MARKDOWN"
-"""The default of --gate-markdown (a workflow sets it where the test command must stay the README's)."""
-PLUGIN_DEFAULT_STORAGE = "file://./.benchmarks"
-SECTION = "gptcore benchmark gate"
-
-
-def _under_xdist() -> bool:
-    return bool(os.environ.get("PYTEST_XDIST_WORKER"))
-
-
-# -- configuration -------------------------------------------------------------------------------------------------
-
-
-def configure(config: pytest.Config) -> Gate:
-    """Check --require-gpu, set up pytest-benchmark's storage and comparison, and build the session's Gate."""
-    if config.getoption("require_gpu") and not identity.cuda_available():
-        import torch
-
-        raise pytest.UsageError(f"--require-gpu: CUDA is not available (torch {torch.__version__}, built for CUDA "
-                                f"{torch.version.cuda}); this job must run on a GPU runner")
-    notes: list[str] = []
-    history = None
-    if config.pluginmanager.hasplugin("benchmark") and not _under_xdist():
-        history = _split_storage_per_device(config)
-        notes += _disable_compare_without_history(config)
-    gate = Gate.from_config(config, notes)
-    gate.history_note = history
-    return gate
-
-
-def _split_storage_per_device(config: pytest.Config) -> str | None:
-    """pytest-benchmark keys its storage by OS/Python only: by default put each device's history apart. Returns
-    the note that says where it went (None when the storage was left as given)."""
-    passed = any(arg.startswith("--benchmark-storage") for arg in config.invocation_params.args)
-    if not passed and config.option.benchmark_storage == PLUGIN_DEFAULT_STORAGE:
-        config.option.benchmark_storage = f"{PLUGIN_DEFAULT_STORAGE}/{identity.session_slug()}"
-        path = config.option.benchmark_storage.removeprefix("file://./")
-        return f"pytest-benchmark history for this device: {path} (pytest-benchmark list/compare need --storage {path})"
-    return None
-
-
-def _disable_compare_without_history(config: pytest.Config) -> list[str]:
-    """--benchmark-compare on a runner with no saved run would make --benchmark-compare-fail a UsageError at the
-    end: say so and turn both off for this run (the baselines gate still applies)."""
-    compare = config.option.benchmark_compare
-    storage = config.option.benchmark_storage
-    if not compare or not storage.startswith("file://"):
-        return []
-    from pytest_benchmark.logger import Logger
-    from pytest_benchmark.storage.file import FileStorage
-    from pytest_benchmark.utils import get_machine_id
-
-    files = FileStorage(storage[len("file://"):], logger=Logger(Logger.QUIET, config=config),
-                        default_machine_id=get_machine_id())
-    if list(files.load() if compare is True else files.load(compare)):
-        return []
-    config.option.benchmark_compare = []
-    config.option.benchmark_compare_fail = None
-    return [f"--benchmark-compare: no saved benchmark run{'' if compare is True else f' matching {compare!r}'} in "
-            f"{files.path} (first run on this runner? save one with --benchmark-autosave); comparison and "
-            f"--benchmark-compare-fail are off for this run, the baselines gate still applies"]
-
-
-# -- the gate ------------------------------------------------------------------------------------------------------
+__all__ = ["Gate", "Outcome", "Row"]
 
 
 @dataclass
@@ -326,116 +248,6 @@ class Gate:
         return lines
 
 
-# -- hooks' bodies -------------------------------------------------------------------------------------------------
-
-
-def preload(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Load the baseline files the collected benchmarks need (a broken file stops the run before anything runs);
-    under xdist, skip the benchmarks with the reason (pytest-benchmark switches itself off there)."""
-    bench = [item for item in items if "gate" in getattr(item, "fixturenames", ())]
-    if not bench:
-        return
-    if _under_xdist():
-        skip = pytest.mark.skip(reason="pytest-benchmark is disabled under xdist: run bench/ without -n")
-        for item in bench:
-            item.add_marker(skip)
-        return
-    gate = config.stash[GATE]
-    def marked(*names: str) -> bool:
-        return any(item.get_closest_marker(name) for item in bench for name in names)
-
-    slugs = {"cpu"} if marked("cpu", "convergence") else set()
-    if identity.cuda_available() and marked("gpu", "convergence"):
-        slugs.add(identity.device_slug("cuda"))
-    try:
-        for slug in sorted(slugs):
-            gate.load(slug)
-    except BaselineError as err:
-        raise pytest.UsageError(f"baselines: {err}") from None
-
-
-def finish(session: pytest.Session) -> None:
-    """Write the recorded baselines and collect --benchmark-compare-fail's regressions; either failing fails the
-    run. Runs after pytest-benchmark's own session finish, which compares with the saved run."""
-    gate = session.config.stash.get(GATE, None)
-    if gate is None:
-        return
-    failed = False
-    if gate.pending:
-        try:
-            gate.notes += gate.write_updates()
-        except (BaselineError, OSError) as err:
-            gate.notes.append(f"baselines: NOT written: {err}")
-            failed = True
-    gate.regressions = regression_lines(session.config)
-    if (failed or gate.regressions) and session.exitstatus == pytest.ExitCode.OK:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-
-def regression_lines(config: pytest.Config) -> list[str]:
-    """One 'FAIL: <case> (<saved run>): <pytest-benchmark's own message>' line per --benchmark-compare-fail check
-    that failed, as pytest-benchmark found them in its session finish (nothing recomputed here)."""
-    bench = getattr(config, "_benchmarksession", None)
-    return [f"FAIL: {name}: {message}" for name, message in getattr(bench, "performance_regressions", None) or []]
-
-
-def write_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    """The end table and its notes as the 'gptcore benchmark gate' section (nothing when there is neither)."""
-    gate = config.stash.get(GATE, None)
-    notes = gate.summary_notes() if gate is not None else []
-    if gate is None or not (gate.rows or notes):
-        return
-    terminalreporter.section(SECTION)
-    if gate.rows:
-        terminalreporter.write_line(gate_table(gate.rows))
-    if any(r.measured and r.measured.convergence for r in gate.rows):
-        terminalreporter.write_line(f"{CONVERGENCE}:")
-        terminalreporter.write_line(convergence_table(gate.rows))
-    if gate.expected.outcomes:
-        terminalreporter.write_line(f"{PAYS}:")
-        terminalreporter.write_line(expectations_table(gate.expected.outcomes))
-    for note in notes:
-        terminalreporter.write_line(note, red=note.startswith("FAIL"))
-    if gate.rows:
-        for path, mode in ((gate.markdown, "w"), (os.environ.get("GITHUB_STEP_SUMMARY"), "a")):
-            if path:
-                try:
-                    with open(path, mode, encoding="utf-8") as out:
-                        out.write(gate_markdown(gate, notes))
-                except OSError as err:
-                    terminalreporter.write_line(f"gate markdown: NOT written to {path}: {err}", red=True)
-
-
-CONVERGENCE = "does it still learn (convergence runs: validation loss and time-to-loss)"
-PAYS = "does each optimization still pay (expected effects, judged within this run)"
-
-
-def gate_markdown(gate: Gate, notes: Sequence[str]) -> str:
-    """The verdict as GitHub-flavoured markdown: the failing cases first, one line each; then the table; then the
-    expected effects; then the notes."""
-    failures = gate.failures + [line.removeprefix("FAIL: ") for line in gate.regressions]
-    verdict = f"FAIL: {len(failures)} failure(s)" if failures else "ok"
-    out = [f"## gptcore benchmark gate: {verdict} ({len(gate.rows)} case{'s' if len(gate.rows) != 1 else ''})", ""]
-    if failures:
-        out += ["### Failing", "", *(f"- {_md_escape(line)}" for line in failures), ""]
-    out += ["### Cases", "", gate_table(gate.rows, tablefmt="github"), ""]
-    if any(r.measured and r.measured.convergence for r in gate.rows):
-        out += [f"### {CONVERGENCE[0].upper()}{CONVERGENCE[1:]}", "", convergence_table(gate.rows, "github"), ""]
-    if gate.expected.outcomes:
-        out += [f"### {PAYS[0].upper()}{PAYS[1:]}", "", expectations_table(gate.expected.outcomes, "github"), ""]
-    rest = [n for n in notes if not n.startswith("FAIL")]
-    if rest:
-        out += ["<details><summary>notes</summary>", "", *(f"- {_md_escape(n)}" for n in rest), "", "</details>", ""]
-    return "\n".join(out) + "\n"
-
-
-def _md_escape(text: str) -> str:
-    """Text safe in a markdown list item or table cell ([, ], | and * are markdown)."""
-    return text.replace("|", "\\|").replace("[", "\\[").replace("]", "\\]").replace("*", "\\*")
-
-
-# -- the end table -------------------------------------------------------------------------------------------------
-
 
 def _mfu_cell(m: Measurement) -> str:
     return "—" if m.mfu is None else f"{m.mfu:.1%} ({m.flops_source})"
@@ -447,111 +259,3 @@ def _work_cell(verdict: Verdict) -> str:
         return ", ".join(f"{c.metric} {int(c.delta):+,}" for c in moved)
     work = next((c for c in verdict.checks if c.metric == "work"), None)
     return "=" if work is not None and work.status == verdicts.OK else "—"
-
-
-def _pct(measured: float | None, baseline: float | None, status: str | None = None) -> str:
-    return delta_text(delta(measured, baseline, relative=True), status)
-
-
-def _num(value: float | None, fmt: str) -> str:
-    return "—" if value is None else format(value, fmt)
-
-
-def gate_table(rows: Sequence[Row], tablefmt: str = "simple") -> str:
-    """One line per case: tokens/s and peak memory measured / baseline / delta (in parentheses when not gated),
-    the estimate over the measured peak, MFU and the source of its FLOPs, the loss and its drift, what moved in the
-    work ledger, and the verdict. Both memory columns share one unit."""
-    peaks = [(r.measured.peak_allocated_bytes if r.measured else None,
-              r.baseline.peak_allocated_bytes if r.baseline else None) for r in rows]
-    unit = common_unit(b for pair in peaks for b in pair)
-    table = []
-    for row, (peak, base_peak) in zip(rows, peaks):
-        m, b = row.measured, row.baseline
-        est = row.estimate
-        est_meas = f"{est / peak:.2f}" if isinstance(est, (int, float)) and peak else ("err" if est == "err" else "—")
-        reference = b.loss_reference(m.cpu_model)[0] if m and b else None
-        loss = m.loss if m else None
-        if m and m.convergence:  # a whole training run: its final validation loss
-            loss = m.convergence.final_val_loss
-            reference = b.convergence.final_val_loss if b and b.convergence else None
-            loss_delta = "—" if reference is None else f"{loss - reference:+.4f}"
-        elif not (m and b and m.loss is not None and reference is not None):
-            loss_delta = "—"
-        elif m.loss_step != b.loss_step:
-            loss_delta = f"(step {m.loss_step}≠{b.loss_step})"
-        else:
-            loss_delta = f"{m.loss - reference:+.1e}"
-        table.append([
-            row.case,
-            _num(m.tokens_per_s if m else None, ",.0f"), _num(b.tokens_per_s if b else None, ",.0f"),
-            _pct(m.tokens_per_s if m else None, b.tokens_per_s if b else None, row.status.get("tokens/s")),
-            format_bytes(peak, unit), format_bytes(base_peak, unit),
-            _pct(peak, base_peak, row.status.get("peak memory")),
-            est_meas, row.mfu,
-            ("val " if m and m.convergence else "") + _num(loss, ".4f"), loss_delta, row.work,
-            row.verdict if not row.error else f"{row.verdict} ({row.error})",
-        ])
-    headers = ["case", "tok/s", "base tok/s", "Δ", "peak", "base peak", "Δ", "est/meas", "MFU", "loss", "Δ loss",
-               "work", "verdict"]
-    if tablefmt == "github":
-        table = [[_md_escape(cell) for cell in line] for line in table]
-    return tabulate(table, headers=headers, disable_numparse=True, stralign="right", tablefmt=tablefmt)
-
-
-def convergence_table(rows: Sequence[Row], tablefmt: str = "simple") -> str:
-    """The convergence cases: validation loss at the start, the middle and the end (baseline's end beside it),
-    time-to-loss now and in the baseline (steps, tokens, training seconds), training tokens/s."""
-    table = []
-    for row in rows:
-        m, b = row.measured, row.baseline
-        now, before = (m.convergence if m else None), (b.convergence if b else None)
-        if now is None:
-            continue
-        mid = len(now.steps) // 2
-        reached = now.time_to_loss()
-        was = before.time_to_loss(now.target_loss) if before else None
-        table.append([
-            row.case, f"{now.val_loss[0]:.3f}", f"{now.val_loss[mid]:.3f} @{now.steps[mid]}",
-            f"{now.final_val_loss:.4f} @{now.steps[-1]}", _num(before.final_val_loss if before else None, ".4f"),
-            _num(now.target_loss, "g"),
-            "never" if reached is None else f"{reached[0]:,} ({reached[1]:,} tok, {reached[2]:.0f} s)",
-            "—" if before is None else "never" if was is None else f"{was[0]:,}",
-            _num(now.tokens_per_s, ",.0f"), row.verdict,
-        ])
-    headers = ["case", "val @0", "val mid", "val end", "base end", "target", "time-to-loss (steps)", "base steps",
-               "tok/s", "verdict"]
-    if tablefmt == "github":
-        table = [[_md_escape(cell) for cell in line] for line in table]
-    return tabulate(table, headers=headers, disable_numparse=True, stralign="right", tablefmt=tablefmt)
-
-
-def expectations_table(outcomes: Sequence[EffectResult], tablefmt: str = "simple") -> str:
-    """One line per expectation judged: the model, the claim, the case against its reference, the bound (with the
-    estimate's prediction for memory) and the status."""
-    rows = [[o.model, o.claim, o.measured, o.expected, o.status] for o in outcomes]
-    if tablefmt == "github":
-        rows = [[_md_escape(cell) for cell in row] for row in rows]
-    return tabulate(rows, headers=["model", "expected effect", "measured", "bound", "status"],
-                    disable_numparse=True, tablefmt=tablefmt)
-
-
-# -- pytest-benchmark machine_info ---------------------------------------------------------------------------------
-
-
-def update_machine_info(machine_info: dict) -> None:
-    """GPU name, compute capability, torch, CUDA and driver versions (pytest-benchmark's machine id ignores them)."""
-    import torch
-
-    machine_info["torch"] = torch.__version__
-    machine_info["cuda"] = torch.version.cuda
-    machine_info["cpu_model"] = identity.cpu_model()
-    machine_info["torch_threads"] = torch.get_num_threads()
-    machine_info["device_slug"] = identity.session_slug()
-    machine_info["python_implementation"] = platform.python_implementation()
-    if torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability(0)
-        machine_info["gpu"] = {"name": torch.cuda.get_device_name(0), "compute_capability": f"{major}.{minor}",
-                               "count": torch.cuda.device_count(), "driver": identity.driver_version(),
-                               "cudnn": torch.backends.cudnn.version()}
-    else:
-        machine_info["gpu"] = None

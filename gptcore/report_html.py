@@ -23,7 +23,7 @@ from typing import Any
 
 from . import baselines, expectations, identity
 from .baselines import BaselineFile, Entry, Tolerances
-from .config import RECIPE_NOTES, get_model, get_recipe
+from .presets import RECIPE_NOTES, get_model, get_recipe
 from .convergence import Convergence
 from .memory import CATEGORIES, estimate, resolve
 from .report import BUSY_SHARE, Record, load_run, number, recorded_busy
@@ -143,7 +143,7 @@ def now_vs_baseline_figure(group: str, recs: Sequence[Record], base: BaselineFil
                                    color=COLORS["band"], alpha=0.18, lw=0)
             ax_s.barh(y + 0.19, base_s, 0.36, color=COLORS["base"], xerr=(e.tokens_per_s_iqr or 0) / 2, capsize=2)
         if now_s is not None:
-            ax_s.barh(y - 0.19, now_s, 0.36, color=COLORS["fail" if status == "FAIL" else "now"],
+            ax_s.barh(y - 0.19, now_s, 0.36, color=COLORS["fail" if status == Status.FAIL else "now"],
                       xerr=(r.speed_iqr or 0) / 2, capsize=2, hatch="//" if r.busy else None, edgecolor="black")
             if r.busy:
                 ax_s.text(now_s, y - 0.19, f"  busy (cpu_share {r.info.get('cpu_share'):.2f})", va="center",
@@ -359,7 +359,7 @@ def _case_rows(recs: Sequence[Record], base: BaselineFile | None, tol: Tolerance
         cells = [html.escape(r.name), f"{r.values['speed']:,.0f}" if r.values["speed"] is not None else "—",
                  f"{r.speed_iqr:,.0f}" if r.speed_iqr is not None else "—",
                  f"{e.tokens_per_s:,.0f}" if e and e.tokens_per_s is not None else "—", s_delta,
-                 s_status + (" (CPU: reported only)" if s_status == "not gated" else ""),
+                 s_status + (" (CPU: reported only)" if s_status == Status.NOT_GATED else ""),
                  f"{in_unit(m_now, 'MiB'):,.2f}" if m_now is not None else "—",
                  f"{in_unit(e.peak_allocated_bytes, 'MiB'):,.2f}" if e and e.peak_allocated_bytes else "—",
                  m_delta, m_status, busy, html.escape(str(r.info.get("verdict") or "—"))]

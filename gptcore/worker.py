@@ -15,7 +15,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from .config import get_model, get_recipe
+from .presets import get_model, get_recipe
 from .distributed import max_over_ranks, this_rank
 from .measure import CaseRunner
 from .train import resolve_device

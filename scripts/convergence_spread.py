@@ -16,7 +16,8 @@ import statistics
 import sys
 import time
 
-from gptcore.config import CPU_SHAPE_SHORT, STUDIES, Schedule, get_model, get_recipe
+from gptcore.config import Schedule
+from gptcore.presets import CPU_SHAPE_SHORT, STUDIES, get_model, get_recipe
 
 SEEDS = (1337, 1, 2)
 FULL = STUDIES["cpu-shape"].schedule

@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from gptcore.config import get_model, get_recipe
+from gptcore.presets import get_model, get_recipe
 from gptcore.memory.snapshot import peak_of_trace
 from gptcore.units import format_bytes
 

@@ -19,7 +19,7 @@ from dataclasses import asdict
 
 from tabulate import tabulate
 
-from gptcore.config import get_model, get_recipe
+from gptcore.presets import get_model, get_recipe
 from gptcore.memory.partition import check_plannable
 from gptcore.units import common_unit, format_bytes
 

@@ -19,7 +19,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from gptcore.config import get_model, get_recipe
+from gptcore.presets import get_model, get_recipe
 from gptcore.train import Trainer, resolve_device
 
 

@@ -56,7 +56,7 @@ def imported_parts(path: Path, name: str | None = None) -> set[str]:
                 target = node.module.split(".")[1:]
             else:
                 continue
-            if node.module is None:  # from . import x
+            if node.module is None or not target:  # from . import x, from gptcore import x
                 found.update(".".join(target + [alias.name]) for alias in node.names)
             else:
                 found.add(".".join(target))
@@ -94,6 +94,16 @@ def test_the_import_check_catches_a_forbidden_import(tmp_path):
     planted.write_text(copy.read_text() + "\nfrom .data import CORPORA\n")
     assert imported_parts(copy) - allowed_imports()["config"][0] == set()
     assert imported_parts(planted, "config") - allowed_imports()["config"][0] == {"data"}
+
+
+def test_the_import_check_sees_every_form_of_import(tmp_path):
+    # planted in a copy: each way of naming a part is one import of it
+    planted = tmp_path / "gate.py"
+    planted.write_text("from gptcore import identity, units as u\nfrom gptcore.rules import judge\n"
+                       "from . import verdicts\nimport gptcore.work\n"
+                       "def f():\n    from gptcore import config\n")
+    assert imported_parts(planted, "gate") == {"identity", "units", "rules", "verdicts", "work",
+                                               "config"}
 
 
 def test_torch_free_modules_load_without_torch():

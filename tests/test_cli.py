@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from gptcore.cli import main
-from gptcore.config import MODELS, RECIPES, RENAMED_RECIPES
+from gptcore.presets import MODELS, RECIPES, RENAMED_RECIPES
 
 pytestmark = pytest.mark.cpu
 

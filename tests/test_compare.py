@@ -284,7 +284,7 @@ def test_bisect_names_the_commit_that_planted_a_regression(repo, monkeypatch, ca
     good = git(repo, "rev-parse", "HEAD")
     (repo / "NOTES").write_text("harmless\n")
     commit(repo, "harmless 1")
-    config = repo / "gptcore" / "config.py"
+    config = repo / "gptcore" / "presets.py"
     text = config.read_text()
     planted = "_CPU = GPTConfig(n_layer=4, n_head=4, n_embd=160,"
     assert text.count("_CPU = GPTConfig(n_layer=4, n_head=4, n_embd=128,") == 1

@@ -7,8 +7,9 @@ import dataclasses
 
 import pytest
 
-from gptcore.config import (CHAR_VOCAB, LADDER, MEMORY_RECIPES, MODEL_NOTES, MODELS, RECIPE_NOTES, RECIPES,
-                            RENAMED_RECIPES, STUDIES, Recipe, get_model, get_recipe)
+from gptcore.config import CHAR_VOCAB, Recipe
+from gptcore.presets import (LADDER, MEMORY_RECIPES, MODEL_NOTES, MODELS, RECIPE_NOTES, RECIPES, RENAMED_RECIPES,
+                             STUDIES, get_model, get_recipe)
 from gptcore.data import CORPORA, load_corpus
 from gptcore.train import UnsupportedRecipe, check_runnable
 

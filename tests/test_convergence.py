@@ -14,7 +14,8 @@ import torch
 from gptcore import baselines, identity, train
 from gptcore.baselines import BaselineError, Entry, Tolerances
 from gptcore.verdicts import verdict_of
-from gptcore.config import CPU_SHAPE_SHORT, Schedule, get_model, get_recipe
+from gptcore.config import Schedule
+from gptcore.presets import CPU_SHAPE_SHORT, get_model, get_recipe
 from gptcore.convergence import Convergence, converge, schedule_recipe, torch_threads
 from gptcore.train import Trainer
 
@@ -163,7 +164,8 @@ def test_a_schedule_that_decays_too_early_fails_the_convergence_gate_and_no_step
 
 
 def test_the_end_tables_show_a_convergence_case():
-    from gptcore.gate import Row, convergence_table, gate_table
+    from gptcore.gate import Row
+    from gptcore.summary import convergence_table, gate_table
 
     now, before = entry(run([4.3, 2.5, 2.0, 1.93])), entry(run([4.3, 2.5, 2.0, 1.90]))
     verdict = verdict_of("case", now, before, Tolerances.default_for("cpu"))

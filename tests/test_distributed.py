@@ -19,7 +19,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from gptcore.config import MODELS, PARALLELS, RECIPES, DDPOptions, FSDP2Options, Parallel, Recipe
+from gptcore.config import PARALLELS, DDPOptions, FSDP2Options, Parallel, Recipe
+from gptcore.presets import MODELS, RECIPES
 from gptcore.memory import resolve
 from gptcore.memory.parallel import estimate_per_rank
 from gptcore.train import Trainer, UnsupportedRecipe

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from gptcore.config import RECIPES, STUDIES
+from gptcore.presets import RECIPES, STUDIES
 from gptcore.expectations import EXPECTATIONS, Expectation, Figures, Session, judge_effect
 
 from .test_gate import ENV_DROP, ENV_SET, ROOT

@@ -342,7 +342,8 @@ def test_failure_message_names_case_metric_and_numbers() -> None:
 
 
 def test_end_table_puts_both_peak_columns_in_one_unit() -> None:
-    from gptcore.gate import Row, gate_table
+    from gptcore.gate import Row
+    from gptcore.summary import gate_table
 
     big = measured(peak_allocated_bytes=40 * 2**30)
     rows = [Row("a", big, dataclasses.replace(big, peak_allocated_bytes=39 * 2**30), "ok", estimate=44 * 2**30,
@@ -354,7 +355,8 @@ def test_end_table_puts_both_peak_columns_in_one_unit() -> None:
 
 
 def test_end_table_says_where_mfu_flops_come_from_and_what_work_moved() -> None:
-    from gptcore.gate import Row, gate_table
+    from gptcore.gate import Row
+    from gptcore.summary import gate_table
 
     row = Row("a", BASE, BASE, "FAIL: syncs +1", mfu="41.3% (counted)", work="syncs +1")
     line = gate_table([row]).splitlines()[2]

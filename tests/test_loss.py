@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from gptcore.config import MODELS, GPTConfig, Recipe
+from gptcore.config import GPTConfig, Recipe
+from gptcore.presets import MODELS
 from gptcore.data import markov_source
 from gptcore.train import Trainer
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gptcore import measure
-from gptcore.config import MODELS, RECIPES
+from gptcore.presets import MODELS, RECIPES
 from gptcore.measure import mfu, out_of_memory_in, peak_flops, run_case, throughput
 from gptcore.memory import track_training
 from gptcore.train import Trainer

@@ -211,7 +211,7 @@ def test_cuda_rounding_and_simulation_agree_with_the_estimate_for_gpt2_xl():
 def test_estimate_is_arithmetic():
     # no tensor is made: the analytic estimate runs without even loading torch
     code = ("import sys\n"
-            "from gptcore.config import get_model, get_recipe\n"
+            "from gptcore.presets import get_model, get_recipe\n"
             "from gptcore.memory import estimate, resolve\n"
             "est = estimate(resolve(get_model('gpt2-xl'), get_recipe('bf16'), batch=32, seq=1024))\n"
             "print(est.total_bytes, 'torch' in sys.modules)")

@@ -9,7 +9,8 @@ import torch
 from torch.testing import assert_close
 from torch.utils.flop_counter import FlopCounterMode
 
-from gptcore.config import MODELS, Recipe
+from gptcore.config import Recipe
+from gptcore.presets import MODELS
 from gptcore.model import GPT, attention_unsupported
 
 from .helpers import TINY, batches

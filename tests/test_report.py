@@ -339,18 +339,18 @@ def test_a_real_browser_loads_the_page_runs_its_script_and_finds_every_case(
 
 
 def test_gate_says_where_pytest_benchmark_history_is_when_it_split_the_storage(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gptcore import gate, identity
+    from gptcore import gate, identity, plugin
 
     monkeypatch.setattr(identity, "session_slug", lambda: "cpu")
     config = SimpleNamespace(invocation_params=SimpleNamespace(args=()),
-                             option=SimpleNamespace(benchmark_storage=gate.PLUGIN_DEFAULT_STORAGE))
-    note = gate._split_storage_per_device(config)
+                             option=SimpleNamespace(benchmark_storage=plugin.PLUGIN_DEFAULT_STORAGE))
+    note = plugin._split_storage_per_device(config)
     assert config.option.benchmark_storage == "file://./.benchmarks/cpu"
     assert note == ("pytest-benchmark history for this device: .benchmarks/cpu (pytest-benchmark list/compare need "
                     "--storage .benchmarks/cpu)")
     given = SimpleNamespace(invocation_params=SimpleNamespace(args=("--benchmark-storage=x",)),
                             option=SimpleNamespace(benchmark_storage="file://x"))
-    assert gate._split_storage_per_device(given) is None  # the user's storage: left alone, no note
+    assert plugin._split_storage_per_device(given) is None  # the user's storage: left alone, no note
     g = gate.Gate(directory=Path("baselines"), update=False, strict=False, overrides={},
                   timing_override=(None, None, None), history_note=note, cpu_model="test")
     assert note not in g.summary_notes()  # no case ran (pytest tests): no section for it
@@ -388,7 +388,7 @@ def test_html_status_of_each_case_is_the_gates(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
     from gptcore import baselines, verdicts
-    from gptcore.gate import _pct
+    from gptcore.summary import _pct
     from gptcore.measure import Measurement
     from gptcore.report_html import build_html
 

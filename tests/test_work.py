@@ -13,7 +13,8 @@ import torch
 
 from gptcore.baselines import Entry, Tolerances
 from gptcore.verdicts import verdict_of
-from gptcore.config import RECIPES, Recipe
+from gptcore.config import Recipe
+from gptcore.presets import RECIPES
 from gptcore.measure import run_case
 from gptcore.model import GPT
 from gptcore.train import Trainer

@@ -1,0 +1,219 @@
+"""The benchmark gate's pytest wiring; the root conftest.py only holds thin hooks that call into here.
+
+* :func:`add_options`: the gate's command-line options;
+* :func:`configure`: --require-gpu, pytest-benchmark storage split per device, --benchmark-compare without a
+  saved run turned off with a note, and the session's :class:`~gptcore.gate.Gate`;
+* :func:`preload`: the baseline files the collected benchmarks need, loaded before anything runs;
+* :func:`finish`: writes the recorded cases and collects pytest-benchmark's --benchmark-compare-fail regressions,
+  which fail the run;
+* :func:`write_summary`: the end table and its notes (rendered by :mod:`gptcore.summary`), printed in every
+  outcome, and the markdown verdict;
+* :func:`update_machine_info`: GPU name, compute capability and versions in pytest-benchmark's machine_info.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+import pytest
+from pytest_benchmark.session import PerformanceRegression
+
+from gptcore import identity
+from gptcore.baselines import BaselineError
+from gptcore.gate import Gate
+from gptcore.summary import CONVERGENCE, PAYS, convergence_table, expectations_table, gate_markdown, gate_table
+
+__all__ = ["GATE", "PerformanceRegression", "add_options", "configure", "finish", "preload", "regression_lines",
+           "update_machine_info", "write_summary"]
+
+GATE = pytest.StashKey[Gate]()
+MARKDOWN_ENV = "GPTCORE_GATE_MARKDOWN"
+"""The default of --gate-markdown (a workflow sets it where the test command must stay the README's)."""
+PLUGIN_DEFAULT_STORAGE = "file://./.benchmarks"
+SECTION = "gptcore benchmark gate"
+
+
+def add_options(parser: pytest.Parser, root: Path) -> None:
+    """The gate's command-line options; ``root`` is the repository (its baselines/ is the default)."""
+    group = parser.getgroup("gptcore", "gptcore benchmark gate")
+    group.addoption("--require-gpu", action="store_true",
+                    help="fail at once when CUDA is not available (the self-hosted GPU job)")
+    group.addoption("--baselines-dir", default=str(root / "baselines"), metavar="DIR",
+                    help="where <device-slug>.json baselines live (default: baselines/ of the repo)")
+    group.addoption("--update-baselines", action="store_true",
+                    help="record the cases that ran into the baseline files (atomically; other entries kept)")
+    group.addoption("--update-loss-references", action="store_true",
+                    help="add this CPU model's loss of each case that ran to its recorded entry, and change nothing "
+                         "else (for a CI machine with another CPU model: the same-CPU loss tolerances then apply)")
+    group.addoption("--gate-markdown", metavar="FILE", default=os.environ.get(MARKDOWN_ENV),
+                    help="write the gate's verdict as GitHub-flavoured markdown to FILE (failures first, the table, "
+                         f"the expected effects), e.g. for a PR comment; default: ${MARKDOWN_ENV}. With "
+                         "$GITHUB_STEP_SUMMARY set (GitHub Actions) it is also appended there")
+    group.addoption("--baseline-strict", action="store_true",
+                    help="a case with no baseline entry fails (default: it passes, says 'no baseline' and warns)")
+    group.addoption("--mem-tol", type=float, metavar="FRAC", help="override the peak-memory tolerance (0.02 = +2%%)")
+    group.addoption("--speed-tol", type=float, metavar="FRAC",
+                    help="override the tokens/s tolerance (0.05 = -5%%); on CPU, where tokens/s is reported but not "
+                         "gated by default, this turns the gate on")
+    group.addoption("--loss-tol", type=float, metavar="NATS", help="override every loss tolerance (absolute nats)")
+    group.addoption("--bench-warmup", type=int, metavar="N", help="override every case's warm-up steps")
+    group.addoption("--bench-rounds", type=int, metavar="N", help="override every case's timed rounds")
+    group.addoption("--bench-steps", type=int, metavar="N", help="override every case's steps per round")
+
+
+def _under_xdist() -> bool:
+    return bool(os.environ.get("PYTEST_XDIST_WORKER"))
+
+
+# -- configuration -------------------------------------------------------------------------------------------------
+
+
+def configure(config: pytest.Config) -> Gate:
+    """Check --require-gpu, set up pytest-benchmark's storage and comparison, and build the session's Gate."""
+    if config.getoption("require_gpu") and not identity.cuda_available():
+        import torch
+
+        raise pytest.UsageError(f"--require-gpu: CUDA is not available (torch {torch.__version__}, built for CUDA "
+                                f"{torch.version.cuda}); this job must run on a GPU runner")
+    notes: list[str] = []
+    history = None
+    if config.pluginmanager.hasplugin("benchmark") and not _under_xdist():
+        history = _split_storage_per_device(config)
+        notes += _disable_compare_without_history(config)
+    gate = Gate.from_config(config, notes)
+    gate.history_note = history
+    return gate
+
+
+def _split_storage_per_device(config: pytest.Config) -> str | None:
+    """pytest-benchmark keys its storage by OS/Python only: by default put each device's history apart. Returns
+    the note that says where it went (None when the storage was left as given)."""
+    passed = any(arg.startswith("--benchmark-storage") for arg in config.invocation_params.args)
+    if not passed and config.option.benchmark_storage == PLUGIN_DEFAULT_STORAGE:
+        config.option.benchmark_storage = f"{PLUGIN_DEFAULT_STORAGE}/{identity.session_slug()}"
+        path = config.option.benchmark_storage.removeprefix("file://./")
+        return f"pytest-benchmark history for this device: {path} (pytest-benchmark list/compare need --storage {path})"
+    return None
+
+
+def _disable_compare_without_history(config: pytest.Config) -> list[str]:
+    """--benchmark-compare on a runner with no saved run would make --benchmark-compare-fail a UsageError at the
+    end: say so and turn both off for this run (the baselines gate still applies)."""
+    compare = config.option.benchmark_compare
+    storage = config.option.benchmark_storage
+    if not compare or not storage.startswith("file://"):
+        return []
+    from pytest_benchmark.logger import Logger
+    from pytest_benchmark.storage.file import FileStorage
+    from pytest_benchmark.utils import get_machine_id
+
+    files = FileStorage(storage[len("file://"):], logger=Logger(Logger.QUIET, config=config),
+                        default_machine_id=get_machine_id())
+    if list(files.load() if compare is True else files.load(compare)):
+        return []
+    config.option.benchmark_compare = []
+    config.option.benchmark_compare_fail = None
+    return [f"--benchmark-compare: no saved benchmark run{'' if compare is True else f' matching {compare!r}'} in "
+            f"{files.path} (first run on this runner? save one with --benchmark-autosave); comparison and "
+            f"--benchmark-compare-fail are off for this run, the baselines gate still applies"]
+
+
+def preload(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Load the baseline files the collected benchmarks need (a broken file stops the run before anything runs);
+    under xdist, skip the benchmarks with the reason (pytest-benchmark switches itself off there)."""
+    bench = [item for item in items if "gate" in getattr(item, "fixturenames", ())]
+    if not bench:
+        return
+    if _under_xdist():
+        skip = pytest.mark.skip(reason="pytest-benchmark is disabled under xdist: run bench/ without -n")
+        for item in bench:
+            item.add_marker(skip)
+        return
+    gate = config.stash[GATE]
+    def marked(*names: str) -> bool:
+        return any(item.get_closest_marker(name) for item in bench for name in names)
+
+    slugs = {"cpu"} if marked("cpu", "convergence") else set()
+    if identity.cuda_available() and marked("gpu", "convergence"):
+        slugs.add(identity.device_slug("cuda"))
+    try:
+        for slug in sorted(slugs):
+            gate.load(slug)
+    except BaselineError as err:
+        raise pytest.UsageError(f"baselines: {err}") from None
+
+
+def finish(session: pytest.Session) -> None:
+    """Write the recorded baselines and collect --benchmark-compare-fail's regressions; either failing fails the
+    run. Runs after pytest-benchmark's own session finish, which compares with the saved run."""
+    gate = session.config.stash.get(GATE, None)
+    if gate is None:
+        return
+    failed = False
+    if gate.pending:
+        try:
+            gate.notes += gate.write_updates()
+        except (BaselineError, OSError) as err:
+            gate.notes.append(f"baselines: NOT written: {err}")
+            failed = True
+    gate.regressions = regression_lines(session.config)
+    if (failed or gate.regressions) and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def regression_lines(config: pytest.Config) -> list[str]:
+    """One 'FAIL: <case> (<saved run>): <pytest-benchmark's own message>' line per --benchmark-compare-fail check
+    that failed, as pytest-benchmark found them in its session finish (nothing recomputed here)."""
+    bench = getattr(config, "_benchmarksession", None)
+    return [f"FAIL: {name}: {message}" for name, message in getattr(bench, "performance_regressions", None) or []]
+
+
+def write_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """The end table and its notes as the 'gptcore benchmark gate' section (nothing when there is neither)."""
+    gate = config.stash.get(GATE, None)
+    notes = gate.summary_notes() if gate is not None else []
+    if gate is None or not (gate.rows or notes):
+        return
+    terminalreporter.section(SECTION)
+    if gate.rows:
+        terminalreporter.write_line(gate_table(gate.rows))
+    if any(r.measured and r.measured.convergence for r in gate.rows):
+        terminalreporter.write_line(f"{CONVERGENCE}:")
+        terminalreporter.write_line(convergence_table(gate.rows))
+    if gate.expected.outcomes:
+        terminalreporter.write_line(f"{PAYS}:")
+        terminalreporter.write_line(expectations_table(gate.expected.outcomes))
+    for note in notes:
+        terminalreporter.write_line(note, red=note.startswith("FAIL"))
+    if gate.rows:
+        for path, mode in ((gate.markdown, "w"), (os.environ.get("GITHUB_STEP_SUMMARY"), "a")):
+            if path:
+                try:
+                    with open(path, mode, encoding="utf-8") as out:
+                        out.write(gate_markdown(gate, notes))
+                except OSError as err:
+                    terminalreporter.write_line(f"gate markdown: NOT written to {path}: {err}", red=True)
+
+
+# -- pytest-benchmark machine_info ---------------------------------------------------------------------------------
+
+
+def update_machine_info(machine_info: dict) -> None:
+    """GPU name, compute capability, torch, CUDA and driver versions (pytest-benchmark's machine id ignores them)."""
+    import torch
+
+    machine_info["torch"] = torch.__version__
+    machine_info["cuda"] = torch.version.cuda
+    machine_info["cpu_model"] = identity.cpu_model()
+    machine_info["torch_threads"] = torch.get_num_threads()
+    machine_info["device_slug"] = identity.session_slug()
+    machine_info["python_implementation"] = platform.python_implementation()
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability(0)
+        machine_info["gpu"] = {"name": torch.cuda.get_device_name(0), "compute_capability": f"{major}.{minor}",
+                               "count": torch.cuda.device_count(), "driver": identity.driver_version(),
+                               "cudnn": torch.backends.cudnn.version()}
+    else:
+        machine_info["gpu"] = None

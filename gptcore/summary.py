@@ -1,0 +1,132 @@
+"""The gate's end-of-run rendering: the end table (:func:`gate_table`), the "does it still learn" table
+(:func:`convergence_table`), the "does each optimization still pay" table (:func:`expectations_table`) and the same
+verdict as markdown (:func:`gate_markdown`). Text only: what is judged is decided in :mod:`gptcore.gate`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from tabulate import tabulate
+
+from gptcore.rules import delta, delta_text
+from gptcore.units import common_unit, format_bytes
+
+if TYPE_CHECKING:
+    from gptcore.expectations import EffectResult
+    from gptcore.gate import Gate, Row
+
+__all__ = ["CONVERGENCE", "PAYS", "convergence_table", "expectations_table", "gate_markdown", "gate_table"]
+
+CONVERGENCE = "does it still learn (convergence runs: validation loss and time-to-loss)"
+PAYS = "does each optimization still pay (expected effects, judged within this run)"
+
+
+def gate_markdown(gate: Gate, notes: Sequence[str]) -> str:
+    """The verdict as GitHub-flavoured markdown: the failing cases first, one line each; then the table; then the
+    expected effects; then the notes."""
+    failures = gate.failures + [line.removeprefix("FAIL: ") for line in gate.regressions]
+    verdict = f"FAIL: {len(failures)} failure(s)" if failures else "ok"
+    out = [f"## gptcore benchmark gate: {verdict} ({len(gate.rows)} case{'s' if len(gate.rows) != 1 else ''})", ""]
+    if failures:
+        out += ["### Failing", "", *(f"- {_md_escape(line)}" for line in failures), ""]
+    out += ["### Cases", "", gate_table(gate.rows, tablefmt="github"), ""]
+    if any(r.measured and r.measured.convergence for r in gate.rows):
+        out += [f"### {CONVERGENCE[0].upper()}{CONVERGENCE[1:]}", "", convergence_table(gate.rows, "github"), ""]
+    if gate.expected.outcomes:
+        out += [f"### {PAYS[0].upper()}{PAYS[1:]}", "", expectations_table(gate.expected.outcomes, "github"), ""]
+    rest = [n for n in notes if not n.startswith("FAIL")]
+    if rest:
+        out += ["<details><summary>notes</summary>", "", *(f"- {_md_escape(n)}" for n in rest), "", "</details>", ""]
+    return "\n".join(out) + "\n"
+
+
+def _md_escape(text: str) -> str:
+    """Text safe in a markdown list item or table cell ([, ], | and * are markdown)."""
+    return text.replace("|", "\\|").replace("[", "\\[").replace("]", "\\]").replace("*", "\\*")
+
+
+def _pct(measured: float | None, baseline: float | None, status: str | None = None) -> str:
+    return delta_text(delta(measured, baseline, relative=True), status)
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "—" if value is None else format(value, fmt)
+
+
+def gate_table(rows: Sequence[Row], tablefmt: str = "simple") -> str:
+    """One line per case: tokens/s and peak memory measured / baseline / delta (in parentheses when not gated),
+    the estimate over the measured peak, MFU and the source of its FLOPs, the loss and its drift, what moved in the
+    work ledger, and the verdict. Both memory columns share one unit."""
+    peaks = [(r.measured.peak_allocated_bytes if r.measured else None,
+              r.baseline.peak_allocated_bytes if r.baseline else None) for r in rows]
+    unit = common_unit(b for pair in peaks for b in pair)
+    table = []
+    for row, (peak, base_peak) in zip(rows, peaks):
+        m, b = row.measured, row.baseline
+        est = row.estimate
+        est_meas = f"{est / peak:.2f}" if isinstance(est, (int, float)) and peak else ("err" if est == "err" else "—")
+        reference = b.loss_reference(m.cpu_model)[0] if m and b else None
+        loss = m.loss if m else None
+        if m and m.convergence:  # a whole training run: its final validation loss
+            loss = m.convergence.final_val_loss
+            reference = b.convergence.final_val_loss if b and b.convergence else None
+            loss_delta = "—" if reference is None else f"{loss - reference:+.4f}"
+        elif not (m and b and m.loss is not None and reference is not None):
+            loss_delta = "—"
+        elif m.loss_step != b.loss_step:
+            loss_delta = f"(step {m.loss_step}≠{b.loss_step})"
+        else:
+            loss_delta = f"{m.loss - reference:+.1e}"
+        table.append([
+            row.case,
+            _num(m.tokens_per_s if m else None, ",.0f"), _num(b.tokens_per_s if b else None, ",.0f"),
+            _pct(m.tokens_per_s if m else None, b.tokens_per_s if b else None, row.status.get("tokens/s")),
+            format_bytes(peak, unit), format_bytes(base_peak, unit),
+            _pct(peak, base_peak, row.status.get("peak memory")),
+            est_meas, row.mfu,
+            ("val " if m and m.convergence else "") + _num(loss, ".4f"), loss_delta, row.work,
+            row.verdict if not row.error else f"{row.verdict} ({row.error})",
+        ])
+    headers = ["case", "tok/s", "base tok/s", "Δ", "peak", "base peak", "Δ", "est/meas", "MFU", "loss", "Δ loss",
+               "work", "verdict"]
+    if tablefmt == "github":
+        table = [[_md_escape(cell) for cell in line] for line in table]
+    return tabulate(table, headers=headers, disable_numparse=True, stralign="right", tablefmt=tablefmt)
+
+
+def convergence_table(rows: Sequence[Row], tablefmt: str = "simple") -> str:
+    """The convergence cases: validation loss at the start, the middle and the end (baseline's end beside it),
+    time-to-loss now and in the baseline (steps, tokens, training seconds), training tokens/s."""
+    table = []
+    for row in rows:
+        m, b = row.measured, row.baseline
+        now, before = (m.convergence if m else None), (b.convergence if b else None)
+        if now is None:
+            continue
+        mid = len(now.steps) // 2
+        reached = now.time_to_loss()
+        was = before.time_to_loss(now.target_loss) if before else None
+        table.append([
+            row.case, f"{now.val_loss[0]:.3f}", f"{now.val_loss[mid]:.3f} @{now.steps[mid]}",
+            f"{now.final_val_loss:.4f} @{now.steps[-1]}", _num(before.final_val_loss if before else None, ".4f"),
+            _num(now.target_loss, "g"),
+            "never" if reached is None else f"{reached[0]:,} ({reached[1]:,} tok, {reached[2]:.0f} s)",
+            "—" if before is None else "never" if was is None else f"{was[0]:,}",
+            _num(now.tokens_per_s, ",.0f"), row.verdict,
+        ])
+    headers = ["case", "val @0", "val mid", "val end", "base end", "target", "time-to-loss (steps)", "base steps",
+               "tok/s", "verdict"]
+    if tablefmt == "github":
+        table = [[_md_escape(cell) for cell in line] for line in table]
+    return tabulate(table, headers=headers, disable_numparse=True, stralign="right", tablefmt=tablefmt)
+
+
+def expectations_table(outcomes: Sequence[EffectResult], tablefmt: str = "simple") -> str:
+    """One line per expectation judged: the model, the claim, the case against its reference, the bound (with the
+    estimate's prediction for memory) and the status."""
+    rows = [[o.model, o.claim, o.measured, o.expected, o.status] for o in outcomes]
+    if tablefmt == "github":
+        rows = [[_md_escape(cell) for cell in row] for row in rows]
+    return tabulate(rows, headers=["model", "expected effect", "measured", "bound", "status"],
+                    disable_numparse=True, tablefmt=tablefmt)

@@ -1,0 +1,77 @@
+"""The end table and the markdown verdict of a recorded CPU run, byte for byte.
+
+``tests/data/gate_render/`` holds what the gate printed for ``tests/data/cpu-run.json`` (10 CPU-shape cases) against
+``baselines/cpu.json`` when it was one module; the split into gptcore.gate (judging), gptcore.summary (rendering)
+and gptcore.plugin (pytest wiring) must not change a byte. The run is moved so that every status shows: a case
+over its memory tolerance, one leaner, one faster with speed gated, an out-of-memory case, a case with no baseline
+under --baseline-strict, unmet expected effects, and a convergence run slower to its target. After a change that
+is meant to alter the output, rewrite the files with ``python -m tests.test_summary`` and review the diff.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytestmark = pytest.mark.cpu
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data"
+GOLDEN = DATA / "gate_render"
+CPU_MODEL = "AMD EPYC (family 25, model 17)"
+
+
+def render_recorded_run() -> tuple[str, str]:
+    """(the end table, its convergence and expectations tables and notes; the markdown verdict)."""
+    from gptcore import baselines
+    from gptcore.convergence import Convergence
+    from gptcore.gate import Gate
+    from gptcore.measure import Measurement
+    from gptcore.summary import convergence_table, expectations_table, gate_markdown, gate_table
+
+    run = json.loads((DATA / "cpu-run.json").read_text())
+    gate = Gate(directory=ROOT / "baselines", update=False, strict=True, overrides={"speed": 0.05},
+                timing_override=(None,) * 3, cpu_model=CPU_MODEL)
+    names = {f.name for f in dataclasses.fields(Measurement)}
+    moves = itertools.cycle([(1.0, 1.0), (1.03, 0.90), (0.97, 1.10), (1.01, 0.97), (1.02, 1.05)])
+    for i, (bench, (memory, speed)) in enumerate(zip(run["benchmarks"], moves)):
+        info = dict(bench["extra_info"])
+        info["peak_allocated_bytes"] = round(info["peak_allocated_bytes"] * memory)
+        info["tokens_per_s"] *= speed
+        if i == 3:
+            info["error"] = "out of memory after 0 steps: planted"
+        m = Measurement(**{k: v for k, v in info.items() if k in names})
+        name = bench["name"] if i != 5 else bench["name"].replace("]", "-unrecorded]")
+        node = SimpleNamespace(name=name, nodeid=f"bench/test_cpu_shape.py::{name}")
+        gate.judge(node, m, model=info["model"], recipe=info["recipe"], precision=info["precision"],
+                   estimate=info["estimate_bytes"])
+    name = "test_convergence_cpu_shape_short[cpu-small-ckpt-fp32]"
+    before = baselines.load(ROOT / "baselines" / "cpu.json").entries[name].convergence
+    now = Convergence(before.steps, [v + 0.01 for v in before.val_loss], before.train_loss, before.seconds,
+                      before.tokens_per_step, before.target_loss)
+    gate.judge_convergence(SimpleNamespace(name=name, nodeid=f"bench/test_convergence_cpu_shape.py::{name}"), now,
+                           device="cpu", precision="fp32")
+    notes = gate.summary_notes()
+    table = "\n".join([gate_table(gate.rows), convergence_table(gate.rows),
+                       expectations_table(gate.expected.outcomes), *notes])
+    return table, gate_markdown(gate, notes)
+
+
+def test_end_table_and_markdown_of_a_recorded_run_are_unchanged_byte_for_byte() -> None:
+    table, markdown = render_recorded_run()
+    assert table == (GOLDEN / "table.txt").read_text()
+    assert markdown == (GOLDEN / "markdown.md").read_text()
+    for status in ("FAIL: peak memory", "refresh the baseline", "FAIL: out of memory", "no baseline (strict: FAIL)",
+                   "expected effect not met", "FAIL: time-to-loss"):
+        assert status in markdown  # the recorded run reaches every status it is meant to pin
+
+
+if __name__ == "__main__":
+    table, markdown = render_recorded_run()
+    (GOLDEN / "table.txt").write_text(table)
+    (GOLDEN / "markdown.md").write_text(markdown)
+    print(f"wrote {GOLDEN}/table.txt and markdown.md")

@@ -113,6 +113,11 @@ class Entry:
     """The memory estimate's peak by category (any device), the same where the device has no tracker."""
     convergence: Convergence | None = None
     """A convergence case's whole run (validation curve, time-to-loss); None for a benchmark case."""
+    seconds: float | None = None
+    """Wall time of the case (warm-up, timed rounds, the tracked and ledger passes): how --deadline plans it."""
+    clocks: dict[str, Any] | None = None
+    """GPU only: the clocks the timed rounds ran at (gptcore.clocks.summary), to tell a run at other clocks
+    from a code change."""
 
     @classmethod
     def from_measurement(cls, m: Any, *, precision: str, cpu_model: str | None,
@@ -126,7 +131,8 @@ class Entry:
                    loss=m.loss, loss_step=m.loss_step, precision=precision,
                    cpu_model=cpu_model if m.device.startswith("cpu") else None, cpu_share=m.cpu_share,
                    work=WorkLedger.from_json(m.work) if m.work else None,
-                   peak_by_category=m.peak_by_category, estimate_by_category=estimate_by_category)
+                   peak_by_category=m.peak_by_category, estimate_by_category=estimate_by_category,
+                   seconds=getattr(m, "case_seconds", None) or None, clocks=getattr(m, "clocks", None))
 
     @classmethod
     def from_convergence(cls, run: Convergence | None, *, device: str, precision: str,
@@ -158,6 +164,8 @@ class Entry:
             **({"peak_by_category": self.peak_by_category} if self.peak_by_category else {}),
             **({"estimate_by_category": self.estimate_by_category} if self.estimate_by_category else {}),
             **({"convergence": self.convergence.to_json()} if self.convergence else {}),
+            **({"seconds": round(self.seconds, 2)} if self.seconds is not None else {}),
+            **({"clocks": self.clocks} if self.clocks else {}),
             "recorded_at": self.recorded_at,
             "commit": self.commit,
         }
@@ -201,6 +209,8 @@ class Entry:
             peak_by_category=_categories(data.get("peak_by_category"), where, "peak_by_category"),
             estimate_by_category=_categories(data.get("estimate_by_category"), where, "estimate_by_category"),
             convergence=_convergence(data.get("convergence"), where),
+            seconds=get(data, "seconds", num, "seconds") if "seconds" in data else None,
+            clocks=get(data, "clocks", (dict,), "clocks") if "clocks" in data else None,
         )
 
 

@@ -1,9 +1,7 @@
 """The benchmark gate's state and judgment for one pytest session: :class:`Gate` holds the baseline files per
 device, judges each case against its baseline (:meth:`Gate.judge`, :meth:`Gate.judge_convergence`), keeps one
-:class:`Row` per case for the end table, and writes what is to be recorded (:meth:`Gate.write_updates`).
-
-The pytest wiring is in :mod:`gptcore.plugin`, the end-of-run rendering in :mod:`gptcore.summary`.
-"""
+:class:`Row` per case for the end table, and records cases as they end (:meth:`Gate.write_updates`). The pytest
+wiring is in :mod:`gptcore.plugin`, the end-of-run rendering in :mod:`gptcore.summary`."""
 
 from __future__ import annotations
 
@@ -15,13 +13,14 @@ from typing import TYPE_CHECKING
 import pytest
 
 from gptcore import baselines, expectations, identity, verdicts
-from gptcore.baselines import BaselineFile, Entry, Tolerances
+from gptcore.baselines import BaselineError, BaselineFile, Entry, Tolerances
 from gptcore.expectations import Figures
 from gptcore.verdicts import Verdict
 
 if TYPE_CHECKING:
     from gptcore.convergence import Convergence
     from gptcore.measure import Measurement
+    from gptcore.results import ResultsLog
 
 __all__ = ["Gate", "Outcome", "Row"]
 
@@ -42,6 +41,11 @@ class Row:
     """The work ledger against its baseline: '=' when every count is the same, else the counts that moved."""
     mfu: str = "—"
     """MFU and where its FLOPs come from ('analytic' 6N + attention, or 'counted' by the work ledger)."""
+
+    def cells(self) -> dict:
+        """What the end table shows of the case beside its figures (kept in the results log)."""
+        return {"verdict": self.verdict, "estimate": self.estimate, "error": self.error, "status": self.status,
+                "work": self.work, "mfu": self.mfu}
 
 
 @dataclass
@@ -87,6 +91,17 @@ class Gate:
     """Where pytest-benchmark's history of this device is, when the gate split its storage (shown when cases ran)."""
     expected: expectations.Session = field(default_factory=expectations.Session)
     """Each optimization's declared effect, judged within the run (gptcore.expectations)."""
+    log: ResultsLog | None = None
+    """--results-log: one line per case, written as the case ends (gptcore.results)."""
+    cases: dict[str, dict] = field(default_factory=dict)
+    """What judging each case leaves for its results-log line: nodeid -> slug, verdict, failures, entry, row."""
+    recorded: dict[Path, list[int]] = field(default_factory=dict)
+    """Per baseline file: the cases written into it, each as it ended, and those --update-loss-references skipped."""
+    resumed: list[str] = field(default_factory=list)
+    """--resume: the cases a log had finished, shown from it and not run again (gptcore.plugin)."""
+    resumed_failed: bool = False
+    not_started: list[str] = field(default_factory=list)
+    """--deadline: the cases not started because they would likely have ended after it."""
 
     @classmethod
     def from_config(cls, config: pytest.Config, notes: list[str]) -> Gate:
@@ -117,8 +132,7 @@ class Gate:
     def path_for(self, slug: str) -> Path:
         return self.directory / f"{slug}.json"
 
-    def load(self, slug: str) -> BaselineFile | None:
-        """The device's baseline file (cached); BaselineError when it is unusable."""
+    def load(self, slug: str) -> BaselineFile | None:  # the device's baseline file (cached); BaselineError if bad
         if slug not in self.files:
             self.files[slug] = baselines.load(self.path_for(slug), expect_slug=slug)
         return self.files[slug]
@@ -128,13 +142,23 @@ class Gate:
         return dataclasses.replace(base, **self.overrides)
 
     @staticmethod
-    def record_command(*nodeids: str) -> str:
-        """The command that records these cases into their baseline files."""
+    def record_command(*nodeids: str) -> str:  # the command that records these cases into their baseline files
         return "python -m pytest " + " ".join(f'"{n}"' for n in nodeids) + " --update-baselines"
 
     def summary_notes(self) -> list[str]:
         """The lines under the end table: setup notes, what was not gated, what to record, the regressions."""
         notes = list(self.notes)
+        for path, (n, skipped) in self.recorded.items():
+            notes.append(f"baselines: added {n} loss reference(s) of {self.cpu_model} to {path}"
+                         + (f"; skipped {skipped} (no entry, or a loss read at another step)" if skipped else "")
+                         if self.update_loss else f"baselines: recorded {n} case(s) into {path}, each as it ended")
+        if self.resumed:
+            notes.append(f"resumed: {len(self.resumed)} case(s) finished in {self.log.path if self.log else 'the log'} "
+                         f"shown from it, not run again")
+        if self.not_started:
+            notes.append(f"deadline: {len(self.not_started)} case(s) not started: {', '.join(self.not_started)}")
+        if self.log and (self.rows or self.not_started):
+            notes.append(f"results log: {self.log.path} (--resume {self.log.path} runs what it has not finished)")
         notes += [f"{reason} ({n} case{'s' if n > 1 else ''}; shown in parentheses)"
                   for reason, n in self.not_gated.items()]
         if self.missing:
@@ -159,7 +183,11 @@ class Gate:
         estimate's peak by category, kept to say where a memory change is."""
         measured = Entry.from_measurement(m, precision=precision, cpu_model=self.cpu_model,
                                           estimate_by_category=estimate_by_category)
-        verdict = self.judge_entry(node, measured, m.device, estimate=estimate, error=m.error, mfu=_mfu_cell(m))
+        verdict = self.judge_entry(node, measured, m.device, estimate=estimate, error=m.error, mfu=_mfu_cell(m),
+                                   unfit=m.unfit)
+        if m.flagged_rounds:  # said under the end table: which rounds the median left out
+            self.notes.append(f"{node.name}: tokens/s over {len(m.round_seconds) - len(m.flagged_rounds)} of "
+                              f"{len(m.round_seconds)} rounds, the rest ran below the GPU's clocks")
         unmet = [] if m.error else self._expect(model, recipe, m, estimate, world)
         return self._outcome(node, m.device, m.error, verdict, unmet)
 
@@ -175,6 +203,11 @@ class Gate:
         failures = [f"{node.name}: {error}"] if error else []
         failures += [verdict.failure_message()] if verdict is not None and verdict.failed else []
         failures += [f"{node.name}: expected effect not met: {line}" for line in unmet]
+        if self.pending:  # recorded now, so that a run killed later keeps this case
+            try:
+                self.write_updates()
+            except (BaselineError, OSError) as err:
+                failures.append(f"{node.name}: baselines: NOT written: {err}")
         missing = None
         if not failures and verdict is not None and verdict.missing:
             missing = (f"{node.name}: no baseline for {identity.device_slug(device)}; record it with: "
@@ -182,30 +215,33 @@ class Gate:
             if self.strict:
                 failures.append(missing + " (--baseline-strict)")
         self.failures += failures
+        self.cases.setdefault(node.nodeid, {})["failures"] = failures
         return Outcome(verdict, failures, missing)
 
     def judge_entry(self, node: pytest.Item, measured: Entry, device: str, *, estimate: int | str | None = None,
-                    error: str | None = None, mfu: str = "—") -> Verdict | None:
+                    error: str | None = None, mfu: str = "—", unfit: str | None = None) -> Verdict | None:
         """Record (under --update-baselines) or judge ``measured`` against the device's baseline, and keep a row."""
         device_type = device.split(":")[0]
         slug = identity.device_slug(device)
         file = self.load(slug)
         baseline = file.entries.get(node.name) if file else None
+        self.cases[node.nodeid] = {"slug": slug, "entry": measured.to_json(), "recorded": False}
         if error:
-            self.rows.append(Row(node.name, measured, baseline, "FAIL: out of memory", estimate, error))
+            self._row(node, Row(node.name, measured, baseline, "FAIL: out of memory", estimate, error))
             return None
         if self.update or (self.update_loss and device_type == "cpu"):
             self.pending.setdefault(slug, {})[node.name] = measured
             what = "recorded" if self.update else f"loss reference of {self.cpu_model} recorded"
-            self.rows.append(Row(node.name, measured, baseline, what, estimate))
+            self.cases[node.nodeid]["recorded"] = True
+            self._row(node, Row(node.name, measured, baseline, what, estimate))
             return None
-        verdict = verdicts.verdict_of(node.name, measured, baseline, self.tolerances(file, device_type))
+        verdict = verdicts.verdict_of(node.name, measured, baseline, self.tolerances(file, device_type), unfit)
         if baseline is not None and device_type == "cpu" and measured.convergence is None:  # a step loss held
             model = baseline.loss_reference(measured.cpu_model)[1]
             other = "" if model == measured.cpu_model else ", another CPU model: the wider tolerance"
             key = f"{model}{other}"
             self.loss_references[key] = self.loss_references.get(key, 0) + 1
-        summary = verdict.summary()
+        summary = verdict.summary() if not unfit else f"machine unfit; {verdict.summary()}"
         if verdict.missing:
             summary += " (strict: FAIL)" if self.strict else ""
             self.missing.append(node.nodeid)
@@ -213,10 +249,13 @@ class Gate:
             if c.status == verdicts.NOT_GATED and c.delta is not None:
                 reason = f"{c.metric} not gated: {c.note}"
                 self.not_gated[reason] = self.not_gated.get(reason, 0) + 1
-        self.rows.append(Row(node.name, measured, baseline, summary, estimate,
-                             status={c.metric: c.status for c in verdict.checks},
-                             work=_work_cell(verdict), mfu=mfu))
+        self._row(node, Row(node.name, measured, baseline, summary, estimate,
+                            status={c.metric: c.status for c in verdict.checks}, work=_work_cell(verdict), mfu=mfu))
         return verdict
+
+    def _row(self, node: pytest.Item, row: Row) -> None:
+        self.rows.append(row)
+        self.cases[node.nodeid]["row"] = row.cells()
 
     def _expect(self, model: str, recipe: str, m: Measurement, estimate: int | str | None,
                 world: int = 1) -> list[str]:
@@ -225,28 +264,26 @@ class Gate:
         judged = self.expected.record(model, recipe, m.device.split(":")[0], figures, world)
         return [o.line for o in judged if o.status == "FAIL"]
 
-    def write_updates(self) -> list[str]:
-        """Write the recorded cases into their files; one line per file written."""
+    def write_updates(self) -> None:
+        """Write the recorded cases into their files, merged entry by entry (the gate calls it as each case ends);
+        ``recorded`` counts them per file."""
         import torch
 
-        lines = []
         for slug, entries in self.pending.items():
             device = "cpu" if slug == "cpu" else "cuda"
             path = self.path_for(slug)
+            counts = self.recorded.setdefault(path, [0, 0])
             if self.update_loss:
                 added, skipped = baselines.add_loss_references(path, slug, entries)
-                lines.append(f"baselines: added {added} loss reference(s) of {self.cpu_model} to {path}"
-                             + (f"; skipped {len(skipped)} (no entry, or a loss read at another step)"
-                                if skipped else ""))
+                counts[0] += added
+                counts[1] += len(skipped)
                 continue
             baselines.update(path, slug, entries, device_name=identity.device_name(device), device_type=device,
                              torch_version=torch.__version__, cuda=torch.version.cuda,
                              driver=identity.driver_version() if device == "cuda" else None,
                              commit=identity.git_commit(self.root))
-            lines.append(f"baselines: recorded {len(entries)} case(s) into {path}")
+            counts[0] += len(entries)
         self.pending.clear()
-        return lines
-
 
 
 def _mfu_cell(m: Measurement) -> str:

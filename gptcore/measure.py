@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from .clocks import Clocks, Sample, open_clocks
+from .clocks import summary as clock_summary
 from .config import GPTConfig, Recipe
 from .work import compile_stats, count_step
 
@@ -184,6 +186,16 @@ class Measurement:
     busy with something else and tokens/s says little (see StepTimer)."""
     error: str | None = None
     """Set when the case failed (out of memory), with what was allocated at the time."""
+    case_seconds: float = 0.0
+    """Wall time of the whole case: building, warm-up, timed rounds, the tracked and ledger passes."""
+    round_clocks: list[dict] | None = None
+    """GPU only: the NVML sample of each timed round, taken while its work ran (gptcore.clocks.Sample)."""
+    flagged_rounds: list[int] | None = None
+    """GPU only: the rounds run below the GPU's clocks (throttled); the tokens/s median leaves them out."""
+    clocks: dict | None = None
+    """GPU only: the clocks of the unflagged rounds (gptcore.clocks.summary), recorded with a baseline."""
+    unfit: str | None = None
+    """Set when more than half of the rounds were flagged: the machine could not run the case at its clocks."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -194,13 +206,15 @@ class CaseRunner:
     ``finish()`` returns the Measurement (and on CPU runs the separate tracked pass for peak memory)."""
 
     def __init__(self, cfg: GPTConfig, recipe: Recipe, device: torch.device | str, *, warmup: int,
-                 steps_per_round: int) -> None:
+                 steps_per_round: int, gpu_clocks: Clocks | None = None) -> None:
         if warmup < 0 or steps_per_round < 1:
             raise ValueError(f"warmup must be >= 0 and steps_per_round >= 1, got {warmup}, {steps_per_round}")
         self.cfg, self.recipe, self.device = cfg, recipe, torch.device(device)
         self.warmup, self.steps_per_round = warmup, steps_per_round
         self.trainer = None
         self.timer = StepTimer(self.device)
+        self.gpu_clocks = gpu_clocks or open_clocks(self.device)
+        self._samples: list[Sample] = []
         self.last_loss: torch.Tensor | None = None
         self._shares: list[float] = []
         self.m = Measurement(device=str(self.device), tokens_per_step=recipe.tokens_per_step(cfg),
@@ -227,6 +241,8 @@ class CaseRunner:
         with self.timer:
             for _ in range(self.steps_per_round):
                 self.last_loss = self.trainer.step()
+            if self.gpu_clocks is not None:  # while the round's work still runs: before the timer's one sync
+                self._samples.append(self.gpu_clocks.sample())
         self.m.round_seconds.append(self.timer.seconds)
         if self.timer.cpu_share is not None:
             self._shares.append(self.timer.cpu_share)
@@ -246,7 +262,7 @@ class CaseRunner:
         m, trainer = self.m, self.trainer
         if m.error is None:
             if m.round_seconds:
-                m.tokens_per_s, m.tokens_per_s_iqr = throughput(m.round_seconds,
+                m.tokens_per_s, m.tokens_per_s_iqr = throughput(self._trusted_rounds(),
                                                                 m.tokens_per_step * self.steps_per_round)
             if self._shares:
                 m.cpu_share = statistics.median(self._shares)
@@ -266,6 +282,23 @@ class CaseRunner:
             m.peak_allocated_bytes, m.peak_by_category = report.peak_bytes, dict(report.by_category)
         return m
 
+
+    def _trusted_rounds(self) -> list[float]:
+        """The rounds that count for tokens/s: those not run below the GPU's clocks (all where nothing was
+        sampled); more than half flagged makes the case "machine unfit"."""
+        m, samples = self.m, self._samples
+        if not samples:
+            return m.round_seconds
+        why = {i: self.gpu_clocks.flag(s) for i, s in enumerate(samples)}
+        m.flagged_rounds = [i for i, w in why.items() if w]
+        m.round_clocks = [s.to_json() | ({"flag": why[i]} if why[i] else {}) for i, s in enumerate(samples)]
+        m.clocks = clock_summary(samples, m.flagged_rounds, self.gpu_clocks.default_sm_mhz)
+        if 2 * len(m.flagged_rounds) > len(samples):
+            reasons = sorted({w for w in why.values() if w})
+            m.unfit = (f"machine unfit: {len(m.flagged_rounds)} of {len(samples)} rounds ran below the GPU's clocks "
+                       f"({'; '.join(reasons)})")
+        kept = [t for i, t in enumerate(m.round_seconds) if i not in m.flagged_rounds]
+        return kept or m.round_seconds
 
     def _count_work(self) -> None:
         """The work ledger of one more step (after the loss and the peaks are read), and MFU from its FLOPs where
@@ -332,6 +365,7 @@ def run_case(cfg: GPTConfig, recipe: Recipe, device: torch.device | str, *, warm
     anywhere is caught: the Measurement carries ``error`` and what was allocated, and memory is freed."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
+    t0 = time.perf_counter()
     runner = CaseRunner(cfg, recipe, device, warmup=warmup, steps_per_round=steps_per_round)
     try:
         runner.prepare()
@@ -340,4 +374,6 @@ def run_case(cfg: GPTConfig, recipe: Recipe, device: torch.device | str, *, warm
         if (oom := out_of_memory_in(err)) is None:
             raise
         runner.out_of_memory(oom)
-    return runner.finish()  # outside the except: the traceback (and the tensors its frames hold) is gone
+    m = runner.finish()  # outside the except: the traceback (and the tensors its frames hold) is gone
+    m.case_seconds = time.perf_counter() - t0
+    return m

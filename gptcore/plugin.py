@@ -13,16 +13,19 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import platform
+import time
 from pathlib import Path
 
 import pytest
 from pytest_benchmark.session import PerformanceRegression
 
-from gptcore import identity
-from gptcore.baselines import BaselineError
-from gptcore.gate import Gate
+from gptcore import identity, plan, results
+from gptcore.baselines import BaselineError, Entry
+from gptcore.gate import Gate, Row
+from gptcore.results import Record, ResultsLog
 from gptcore.summary import CONVERGENCE, PAYS, convergence_table, expectations_table, gate_markdown, gate_table
 
 __all__ = ["GATE", "PerformanceRegression", "add_options", "configure", "finish", "preload", "regression_lines",
@@ -33,6 +36,8 @@ MARKDOWN_ENV = "GPTCORE_GATE_MARKDOWN"
 """The default of --gate-markdown (a workflow sets it where the test command must stay the README's)."""
 PLUGIN_DEFAULT_STORAGE = "file://./.benchmarks"
 SECTION = "gptcore benchmark gate"
+DEADLINE_ENV = "GPTCORE_DEADLINE"
+"""The default of --deadline, for scripts whose pytest command stays the same."""
 
 
 def add_options(parser: pytest.Parser, root: Path) -> None:
@@ -61,6 +66,26 @@ def add_options(parser: pytest.Parser, root: Path) -> None:
     group.addoption("--bench-warmup", type=int, metavar="N", help="override every case's warm-up steps")
     group.addoption("--bench-rounds", type=int, metavar="N", help="override every case's timed rounds")
     group.addoption("--bench-steps", type=int, metavar="N", help="override every case's steps per round")
+    group.addoption("--results-log", metavar="FILE",
+                    help="append one JSON line per case to FILE the moment the case ends (flushed and fsynced); "
+                         "default: beside pytest-benchmark's saved runs, .benchmarks/<device>/results-<time>.jsonl "
+                         "(with --resume: the log resumed)")
+    group.addoption("--resume", metavar="LOG",
+                    help="run only the cases that the results log LOG has not finished (passed or failed); the end "
+                         "table shows the union, the finished cases as LOG has them")
+    group.addoption("--deadline", type=float, metavar="SECONDS", default=_env_float(DEADLINE_ENV),
+                    help="start no case that would likely end more than SECONDS after pytest started (judged from "
+                         "the case's last time in the results log or its baseline, else from its FLOPs at an "
+                         f"assumed throughput: gptcore/plan.py); skip those with the reason 'deadline'. "
+                         f"Default: ${DEADLINE_ENV}")
+
+
+def _env_float(name: str) -> float | None:
+    value = os.environ.get(name)
+    try:
+        return float(value) if value else None
+    except ValueError:
+        raise pytest.UsageError(f"${name}: {value!r} is not a number of seconds") from None
 
 
 def _under_xdist() -> bool:
@@ -84,7 +109,88 @@ def configure(config: pytest.Config) -> Gate:
         notes += _disable_compare_without_history(config)
     gate = Gate.from_config(config, notes)
     gate.history_note = history
+    if not _under_xdist():
+        deadline = config.getoption("deadline")
+        if deadline is not None and deadline <= 0:
+            raise pytest.UsageError(f"--deadline: {deadline} is not a positive number of seconds")
+        resume = config.getoption("resume")
+        log = config.getoption("results_log") or resume or _default_log(config)
+        gate.log = ResultsLog(log)
+        config.pluginmanager.register(CaseHooks(gate, deadline), "gptcore-cases")
     return gate
+
+
+def _default_log(config: pytest.Config) -> Path:
+    storage = str(getattr(config.option, "benchmark_storage", "") or "")
+    folder = Path(storage.removeprefix("file://")) if storage.startswith("file://") else Path(".benchmarks")
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return folder / f"results-{stamp}.jsonl"
+
+
+class CaseHooks:
+    """Per-case hooks of the benchmarks: the deadline before a case starts, and its results-log line the moment
+    it ends (outcome and wall time over setup, call and teardown)."""
+
+    def __init__(self, gate: Gate, deadline: float | None) -> None:
+        self.gate, self.deadline = gate, deadline
+        self.started = time.monotonic()
+        self.bench: set[str] = set()
+        self.history: dict[str, float] = {}
+        self.reports: dict[str, list[pytest.TestReport]] = {}
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        if self.deadline is None or item.nodeid not in self.bench:
+            return
+        planned = self.planned(item)
+        left = self.deadline - (time.monotonic() - self.started)
+        if planned.seconds > left:
+            self.gate.not_started.append(item.name)
+            pytest.skip(f"deadline: {max(left, 0):.0f} s left of {self.deadline:.0f} s, the case would take about "
+                        f"{planned.seconds:.0f} s ({planned.source})")
+
+    def planned(self, item: pytest.Item) -> plan.Estimate:
+        case = plan.item_case(item)
+        seconds = None
+        if case is not None:
+            slug = identity.device_slug(case["device"]) if case["device"] == "cpu" or identity.cuda_available() else None
+            file = self.gate.files.get(slug) if slug else None
+            entry = file.entries.get(item.name) if file else None
+            seconds = entry.seconds if entry else None
+        return plan.estimate(item, self.history, self.gate.timing_override, seconds)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.nodeid in self.bench:
+            self.reports.setdefault(report.nodeid, []).append(report)
+
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        reports = self.reports.pop(nodeid, [])
+        if nodeid not in self.bench or not reports or self.gate.log is None:
+            return
+        failed = next((r for r in reports if r.failed), None)
+        skipped = next((r for r in reports if r.skipped), None)
+        outcome = "failed" if failed else "skipped" if skipped else "passed"
+        reason = None
+        if failed is not None:
+            reason = _first_line(failed.longreprtext)
+        elif skipped is not None and isinstance(skipped.longrepr, tuple):
+            reason = str(skipped.longrepr[2]).removeprefix("Skipped: ")
+        case = self.gate.cases.get(nodeid, {})
+        record = Record(nodeid=nodeid, name=nodeid.rsplit("::", 1)[-1], outcome=outcome,
+                        seconds=round(sum(r.duration for r in reports), 3), reason=reason, slug=case.get("slug"),
+                        verdict=(case.get("row") or {}).get("verdict"), failures=case.get("failures", []),
+                        row=case.get("row"), entry=case.get("entry"), recorded=case.get("recorded", False))
+        try:
+            self.gate.log.write(record)
+        except OSError as err:
+            self.gate.notes.append(f"results log: NOT written to {self.gate.log.path}: {err}")
+            self.gate.log = None
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("E ")]
+    return (errors[0][1:].strip() if errors else lines[-1] if lines else "failed")[:300]
 
 
 def _split_storage_per_device(config: pytest.Config) -> str | None:
@@ -132,6 +238,24 @@ def preload(config: pytest.Config, items: list[pytest.Item]) -> None:
             item.add_marker(skip)
         return
     gate = config.stash[GATE]
+    hooks = config.pluginmanager.get_plugin("gptcore-cases")
+    resume = config.getoption("resume")
+    if resume:
+        try:
+            records = results.read(resume)
+            done = _resume(gate, records, Path(resume))
+        except (results.LogError, BaselineError) as err:
+            raise pytest.UsageError(f"--resume: {err}") from None
+        skipped = [item for item in items if item.nodeid in done]
+        if skipped:
+            config.hook.pytest_deselected(items=skipped)
+            items[:] = [item for item in items if item.nodeid not in done]
+            bench = [item for item in bench if item.nodeid not in done]
+        if hooks is not None:
+            hooks.history = {r.nodeid: r.seconds for r in records if r.outcome in results.FINISHED}
+    if hooks is not None:
+        hooks.bench = {item.nodeid for item in bench}
+
     def marked(*names: str) -> bool:
         return any(item.get_closest_marker(name) for item in bench for name in names)
 
@@ -145,20 +269,38 @@ def preload(config: pytest.Config, items: list[pytest.Item]) -> None:
         raise pytest.UsageError(f"baselines: {err}") from None
 
 
+def _resume(gate: Gate, records: list[Record], log: Path) -> set[str]:
+    """Take the cases that ``records`` (a results log) finished into the end table as they were, and return their
+    node ids: --resume runs them no more. A resumed failure fails this run too (the verdict is the union's)."""
+    done = {nodeid: r for nodeid, r in results.latest(records).items() if r.outcome in results.FINISHED}
+    for nodeid, r in done.items():
+        file = gate.load(r.slug) if r.slug else None
+        baseline = file.entries.get(r.name) if file else None
+        measured = Entry.from_json(r.entry, f"{log}: {nodeid}") if r.entry else None
+        cells = r.row or {"verdict": r.verdict or r.outcome, "error": r.reason}
+        gate.rows.append(Row(r.name, measured, baseline, **cells))
+        gate.failures += r.failures or ([f"{r.name}: {r.reason}"] if r.outcome == "failed" else [])
+        gate.resumed_failed |= r.outcome == "failed"
+    gate.resumed = list(done)
+    return set(done)
+
+
 def finish(session: pytest.Session) -> None:
     """Write the recorded baselines and collect --benchmark-compare-fail's regressions; either failing fails the
     run. Runs after pytest-benchmark's own session finish, which compares with the saved run."""
     gate = session.config.stash.get(GATE, None)
     if gate is None:
         return
-    failed = False
-    if gate.pending:
+    failed = gate.resumed_failed
+    if gate.pending:  # each case is written as it ends; anything left is written now
         try:
-            gate.notes += gate.write_updates()
+            gate.write_updates()
         except (BaselineError, OSError) as err:
             gate.notes.append(f"baselines: NOT written: {err}")
             failed = True
     gate.regressions = regression_lines(session.config)
+    if gate.resumed and session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:  # all was done: the union is
+        session.exitstatus = pytest.ExitCode.OK  # the run's result, not "no tests"
     if (failed or gate.regressions) and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

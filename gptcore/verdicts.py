@@ -127,11 +127,19 @@ def memory_check(now: int | None, before: int | None, tol: Tolerances, *, report
     return Check("peak memory", now, before, d, status, note + (f"; {where}" if where else ""))
 
 
-def speed_check(now: float | None, before: float | None, tol: Tolerances) -> Check:
-    """tokens/s: FAIL below -tol.speed, better above +tol.speed; not gated where tol.speed is None (CPU)."""
+CLOCK_TOL = 0.05
+"""A GPU run whose median SM clock differs from its baseline's by more than this ran at other clocks: its speed is
+not compared (a clock change is not a code change)."""
+
+
+def speed_check(now: float | None, before: float | None, tol: Tolerances, off: str | None = None) -> Check:
+    """tokens/s: FAIL below -tol.speed, better above +tol.speed; not gated where tol.speed is None (CPU) or
+    where ``off`` says why not (a machine unfit to time, other clocks)."""
     status, d = judge(now, before, tol.speed, worse="lower", relative=True)
     if d is None:
         return Check("tokens/s", now, before, None, status, "no figure to compare")
+    if off:
+        return Check("tokens/s", now, before, d, NOT_GATED, off)
     if tol.speed is None:
         return Check("tokens/s", now, before, d, status, "reported only on CPU; gate it with --speed-tol")
     return Check("tokens/s", now, before, d, status, f"{now:,.0f} vs {before:,.0f} tok/s, tolerance -{tol.speed:.0%}")
@@ -150,8 +158,19 @@ def loss_check(now: float | None, before: float | None, tolerance: float, *, ste
                  f"{now:.7f} vs {before:.7f}{at}, tolerance ±{tolerance:g} nats{where}")
 
 
-def verdict_of(case: str, measured: Entry, baseline: Entry | None, tol: Tolerances) -> Verdict:
-    """Verdicts of ``measured`` against ``baseline`` (None: no baseline recorded) under ``tol``."""
+def clocks_moved(now: dict | None, before: dict | None) -> str | None:
+    """Why two GPU runs' speeds are not comparable: their SM clocks differ beyond CLOCK_TOL (None: comparable)."""
+    if not now or not before or not before.get("sm_mhz"):
+        return None
+    if abs(now["sm_mhz"] - before["sm_mhz"]) <= CLOCK_TOL * before["sm_mhz"]:
+        return None
+    return f"run at other clocks (SM {now['sm_mhz']:,.0f} vs {before['sm_mhz']:,.0f} MHz)"
+
+
+def verdict_of(case: str, measured: Entry, baseline: Entry | None, tol: Tolerances,
+               unfit: str | None = None) -> Verdict:
+    """Verdicts of ``measured`` against ``baseline`` (None: no baseline recorded) under ``tol``; ``unfit``: why
+    the machine could not time this case (its speed is then not gated)."""
     if measured.convergence is not None:
         return Verdict(case, _convergence_checks(measured, baseline, tol))
     if baseline is None:
@@ -163,7 +182,8 @@ def verdict_of(case: str, measured: Entry, baseline: Entry | None, tol: Toleranc
         estimated = moved_categories(measured.estimate_by_category, baseline.estimate_by_category)
         where = where or (f"estimate: {estimated}" if estimated else None)
         memory = memory_check(measured.peak_allocated_bytes, baseline.peak_allocated_bytes, tol, where=where)
-    checks = [memory, speed_check(measured.tokens_per_s, baseline.tokens_per_s, tol)]
+    off = unfit or clocks_moved(measured.clocks, baseline.clocks)
+    checks = [memory, speed_check(measured.tokens_per_s, baseline.tokens_per_s, tol, off)]
     checks += _work_checks(measured.work, baseline.work, tol.work)
 
     # the loss: held to this CPU model's reference where there is one, else to the recorded loss, wider when that

@@ -1,0 +1,111 @@
+"""GPU clocks and throttling around every timed round, read through NVML (nvidia-ml-py, the optional ``gpu`` extra),
+as nvbench does: a round run below the GPU's clocks says nothing about the code.
+
+A round is flagged when its SM clock was below :data:`SLOW_CLOCK` of the default application clock, or when a
+thermal or power throttle reason was set while it ran. gptcore.measure samples each round while its work is still
+running (after the steps are queued, before the round's one sync), leaves flagged rounds out of the tokens/s
+median, and calls the case "machine unfit" when more than half were flagged. Without NVML (no GPU, no package, no
+permission) nothing is sampled and nothing changes. Tests hand in a fake NVML module.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["Clocks", "Sample", "SLOW_CLOCK", "open_clocks", "summary"]
+
+SLOW_CLOCK = 0.75
+"""A round whose SM clock is below this share of the default application clock is flagged."""
+#: NVML's clock-event (throttle) reason bits that mean the GPU slowed itself down (nvml.h,
+#: nvmlClocksEventReason*): idle, application-clock and sync-boost reasons are not slowdowns of a busy GPU.
+THROTTLE_REASONS = {
+    0x04: "power cap (software)",
+    0x08: "hardware slowdown",
+    0x20: "thermal (software)",
+    0x40: "thermal (hardware)",
+    0x80: "power brake (hardware)",
+}
+NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One NVML reading."""
+
+    sm_mhz: int
+    mem_mhz: int
+    temperature_c: int
+    power_w: float
+    reasons: int
+    """The clock-event (throttle) reasons bitmask."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Clocks:
+    """NVML readings of one GPU: ``sample()`` now, ``flag(sample)`` why a round at it is not to be trusted."""
+
+    def __init__(self, nvml: Any, handle: Any) -> None:
+        self.nvml, self.handle = nvml, handle
+        self.default_sm_mhz = int(nvml.nvmlDeviceGetDefaultApplicationsClock(handle, NVML_CLOCK_SM))
+        reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        self._reasons = reasons or nvml.nvmlDeviceGetCurrentClocksThrottleReasons  # older nvidia-ml-py
+
+    def sample(self) -> Sample:
+        n, h = self.nvml, self.handle
+        return Sample(sm_mhz=int(n.nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM)),
+                      mem_mhz=int(n.nvmlDeviceGetClockInfo(h, NVML_CLOCK_MEM)),
+                      temperature_c=int(n.nvmlDeviceGetTemperature(h, NVML_TEMPERATURE_GPU)),
+                      power_w=n.nvmlDeviceGetPowerUsage(h) / 1000.0, reasons=int(self._reasons(h)))
+
+    def flag(self, s: Sample) -> str | None:
+        """Why a round sampled at ``s`` ran below the GPU's clocks, or None."""
+        why = [name for bit, name in THROTTLE_REASONS.items() if s.reasons & bit]
+        if s.sm_mhz < SLOW_CLOCK * self.default_sm_mhz:
+            why.insert(0, f"SM clock {s.sm_mhz} MHz < {SLOW_CLOCK:.0%} of {self.default_sm_mhz}")
+        return "; ".join(why) or None
+
+
+def load_nvml() -> Any:
+    """The pynvml module of nvidia-ml-py, or None when it is not installed."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    return pynvml
+
+
+def open_clocks(device: Any, nvml: Any = None) -> Clocks | None:
+    """NVML readings of a CUDA ``device`` (a torch.device), or None on CPU or without a usable NVML."""
+    if getattr(device, "type", "cpu") != "cuda":
+        return None
+    nvml = nvml or load_nvml()
+    if nvml is None:
+        return None
+    try:
+        nvml.nvmlInit()
+        import torch
+
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+        try:  # by UUID: right under CUDA_VISIBLE_DEVICES, whose indices are not NVML's
+            handle = nvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}") if uuid else None
+        except Exception:  # noqa: BLE001 - an NVML error of its own type: fall back to the index
+            handle = None
+        handle = handle or nvml.nvmlDeviceGetHandleByIndex(index)
+        return Clocks(nvml, handle)
+    except Exception:  # noqa: BLE001 - NVML's own error types (no driver, no permission): no clocks, no change
+        return None
+
+
+def summary(samples: list[Sample], flagged: list[int], default_sm_mhz: int) -> dict[str, Any]:
+    """The clocks of the rounds that count (the unflagged ones; all when every round was flagged), for the
+    baseline entry."""
+    kept = [s for i, s in enumerate(samples) if i not in flagged] or samples
+    return {"sm_mhz": statistics.median(s.sm_mhz for s in kept), "mem_mhz": statistics.median(s.mem_mhz for s in kept),
+            "default_sm_mhz": default_sm_mhz, "temperature_c_max": max(s.temperature_c for s in samples),
+            "power_w_median": round(statistics.median(s.power_w for s in kept), 1),
+            "flagged_rounds": len(flagged), "rounds": len(samples)}

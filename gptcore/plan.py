@@ -1,0 +1,126 @@
+"""How long a benchmark case will take, before it runs: from its own history when there is one (the wall time a
+results log or its baseline entry recorded), else from the analytic FLOPs of its steps at an assumed throughput.
+``--deadline`` starts no case that would likely end after it; ``scripts/gpu_stage.py plan`` prints each GPU stage's
+cases with this estimate, so that a stage can be checked against its 9-minute call before a GPU is at hand.
+
+The stated assumptions (a planning figure, never a measurement):
+- a GPU runs at :data:`ASSUMED_MFU` of the H100 SXM's dense peak for the recipe's precision (fp32 on CUDA cores,
+  TF32 or 16-bit on tensor cores); a CPU at :data:`CPU_FLOPS` (fp32; bf16 is emulated on CPUs without native bf16);
+- building a case costs :data:`SETUP_SECONDS`, and a compiled recipe :func:`compile_seconds` more;
+- a case with history is planned at its last wall time x :data:`HISTORY_MARGIN`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .config import GPTConfig, Recipe, Schedule
+from .presets import MODELS, RECIPES
+
+ASSUMED_MFU = 0.30
+"""Share of the GPU's dense peak a training step reaches (nanoGPT-sized models, eager or compiled)."""
+PLAN_GPU = "H100 SXM"
+"""The GPU a plan assumes when no GPU is present."""
+CPU_FLOPS = {"fp32": 20e9, "16-bit": 2e9}
+"""FLOP/s of a training step on 2 CPU cores; 16-bit is bf16 without AVX512-BF16 (emulated, ~10x slower)."""
+SETUP_SECONDS = {"cpu": 1.0, "cuda": 5.0}
+"""Building the model and optimizer, the first CUDA context, the estimate, the report."""
+HISTORY_MARGIN = 1.15
+"""A case planned from its history: its last wall time plus 15%."""
+TRACKED_PASS_COST = 3.0
+"""The CPU tracked pass (2 steps under the live-bytes tracker) costs about this many plain steps per step."""
+
+
+def compile_seconds(cfg: GPTConfig, recipe: Recipe) -> float:
+    """Assumed cold-compile time: inductor's time grows with the graph (the whole model: per block), regional
+    compilation compiles one block."""
+    if not recipe.compile:
+        return 0.0
+    return 20.0 + (3.0 if recipe.compile_scope == "blocks" else 3.0 * cfg.n_layer)
+
+
+def flops_per_token(cfg: GPTConfig, recipe: Recipe) -> float:
+    """Training FLOPs per token, as gptcore.model.GPT.flops_per_token counts them (6 x matmul weights +
+    12 L d T), without building the model; checkpointing recomputes the blocks' forward (+1/3 of their work)."""
+    d, layers = cfg.n_embd, cfg.n_layer
+    blocks = 6 * 12 * d * d * layers + 12 * layers * d * cfg.block_size
+    if recipe.checkpoint:
+        blocks *= 4 / 3
+    return blocks + 6 * recipe.vocab_rows(cfg) * d
+
+
+def step_seconds(cfg: GPTConfig, recipe: Recipe, device: str, world: int = 1) -> float:
+    """Assumed seconds of one optimizer step."""
+    from .measure import PEAK_TFLOPS  # a planning figure from the datasheet table (imports torch when called)
+
+    klass = "fp32" if recipe.precision == "fp32" else "tf32" if recipe.precision == "tf32" else "16-bit"
+    if device == "cuda":
+        rate = PEAK_TFLOPS[PLAN_GPU][klass] * 1e12 * ASSUMED_MFU * world
+    else:
+        rate = CPU_FLOPS["fp32" if klass != "16-bit" else "16-bit"]
+    return recipe.tokens_per_step(cfg) * flops_per_token(cfg, recipe) / rate
+
+
+def case_seconds(model: str, recipe_name: str, device: str, *, warmup: int = 0, rounds: int = 0,
+                 steps_per_round: int = 0, schedule: Schedule | None = None, world: int = 1) -> float:
+    """Assumed wall time of a benchmark case (warm-up, timed rounds, the ledger's step, on CPU the tracked pass)
+    or of a convergence case (``schedule``: its steps and evaluations)."""
+    cfg, recipe = MODELS[model], RECIPES[recipe_name]
+    step = step_seconds(cfg, recipe, device, world)
+    if schedule is not None:
+        evals = len(schedule.eval_steps) * schedule.eval_batches / 3  # a forward is a third of a step
+        steps = schedule.steps + evals
+    else:
+        steps = warmup + rounds * steps_per_round + 1
+        if device == "cpu" and not recipe.compile:
+            steps += 2 * TRACKED_PASS_COST
+    return SETUP_SECONDS[device] + compile_seconds(cfg, recipe) + steps * step
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A case's planned wall time and where it comes from ('results log', 'baseline' or 'assumed')."""
+
+    seconds: float
+    source: str
+
+
+def item_case(item: Any) -> dict | None:
+    """What a collected benchmark item runs: model, recipe, device, timing or schedule, world; None when it is
+    not a study case (its module has no STUDY)."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    module = getattr(item, "module", None)
+    study = getattr(module, "STUDY", None)
+    if "model" not in params or "recipe" not in params or study is None:
+        return None
+    device = params.get("device", study.device)
+    timing = getattr(module, "TIMING", None)
+    timing = timing.get(device) if isinstance(timing, dict) else timing
+    schedule = getattr(module, "SCHEDULE", None) if timing is None else None
+    if timing is None and schedule is None and "convergence" in item.name:
+        schedule = study.schedule
+    return {"model": params["model"], "recipe": params["recipe"], "device": device, "timing": timing,
+            "schedule": schedule, "world": params.get("world", 1)}
+
+
+def estimate(item: Any, history: dict[str, float], overrides: tuple[int | None, int | None, int | None] = (None,) * 3,
+             baseline_seconds: float | None = None) -> Estimate:
+    """The planned wall time of ``item``: its last time in a results log (``history``: node id -> seconds), else
+    its baseline entry's, else the assumed time from its FLOPs (with --bench-warmup/rounds/steps applied)."""
+    if item.nodeid in history:
+        return Estimate(history[item.nodeid] * HISTORY_MARGIN, "results log")
+    if baseline_seconds:
+        return Estimate(baseline_seconds * HISTORY_MARGIN, "baseline")
+    case = item_case(item)
+    if case is None:
+        return Estimate(60.0, "assumed (not a study case: 60 s)")
+    timing = case["timing"]
+    counts = {}
+    if timing is not None:
+        w, r, s = overrides
+        counts = {"warmup": timing.warmup if w is None else w, "rounds": timing.rounds if r is None else r,
+                  "steps_per_round": timing.steps_per_round if s is None else s}
+    seconds = case_seconds(case["model"], case["recipe"], case["device"], schedule=case["schedule"],
+                           world=case["world"], **counts)
+    return Estimate(seconds, "assumed")

@@ -1,0 +1,105 @@
+"""The results log: one JSON line per benchmark case, written the moment the case ends (flushed and fsynced), so
+that a run killed in case k keeps cases 1..k-1 (``--results-log``); and read back for ``--resume`` (skip the cases
+a log has finished and show them in the end table) and for ``--deadline`` (how long a case took last time).
+
+A line holds what the end table needs (the measured entry, the verdict, the statuses), the failure lines, the
+outcome pytest gave the case, and its wall time. It is JSON Lines, so ``jq``, pandas or a text editor read it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["FINISHED", "Record", "ResultsLog", "read"]
+
+FINISHED = ("passed", "failed")
+"""The outcomes of a case that --resume does not run again (a skipped case, the deadline's included, runs)."""
+
+
+@dataclass
+class Record:
+    """One case's line of the results log."""
+
+    nodeid: str
+    name: str
+    outcome: str
+    """pytest's outcome of the whole case: passed, failed or skipped."""
+    seconds: float
+    """Wall time of the case (setup, call and teardown)."""
+    reason: str | None = None
+    """Why it was skipped, or the first line of why it failed."""
+    slug: str | None = None
+    """The device's baseline-file slug."""
+    verdict: str | None = None
+    failures: list[str] = field(default_factory=list)
+    row: dict[str, Any] | None = None
+    """The end table's cells of the case (estimate, error, statuses, work, MFU)."""
+    entry: dict[str, Any] | None = None
+    """The measured figures as a baseline entry (gptcore.baselines.Entry.to_json): what --update-baselines
+    records."""
+    recorded: bool = False
+    """Whether this run wrote the entry into its baseline file."""
+    time: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Record:
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+class ResultsLog:
+    """Appends one Record per line to ``path``; each line is on disk (fsynced) when ``write`` returns."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def write(self, record: Record) -> None:
+        record.time = record.time or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as out:
+            out.write(json.dumps(record.to_json(), sort_keys=False) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+
+
+class LogError(ValueError):
+    """A results log that cannot be read (the message names the file and the line)."""
+
+
+def read(path: str | Path) -> list[Record]:
+    """Every record of the log at ``path``, in order. A last line cut short by a kill is ignored; any other bad
+    line is a LogError naming the file and the line."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise LogError(f"{path}: no such results log") from None
+    except OSError as err:
+        raise LogError(f"{path}: cannot read: {err.strerror}") from None
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+            if not isinstance(data, dict) or not isinstance(data.get("nodeid"), str):
+                raise ValueError("not a results-log record")
+            records.append(Record.from_json(data))
+        except (ValueError, TypeError) as err:
+            if number == len(lines):  # the write a kill interrupted
+                break
+            raise LogError(f"{path}: line {number}: {err}") from None
+    return records
+
+
+def latest(records: list[Record]) -> dict[str, Record]:
+    """The last record of each case (a case run again in a later stage replaces its earlier line)."""
+    return {r.nodeid: r for r in records}

@@ -1,0 +1,135 @@
+"""A GPU call cut off at its limit keeps what it measured: each case is in the results log and (with
+--update-baselines) in its baseline file the moment it ends; --deadline starts no case that would end after it and
+still prints the end table; --resume runs only what a log has not finished."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gptcore import results
+
+from .test_gate import ROOT, child_env
+
+pytestmark = pytest.mark.cpu
+
+FOUR = [str(ROOT / "bench" / "test_cpu_shape.py"), "-k", "cpu-small and not bf16", "-p", "no:cacheprovider",
+        "--bench-warmup", "1", "--bench-rounds", "1", "--bench-steps", "1"]
+"""Four CPU-shape cases of about a second each, in this order: ckpt-fp32, half-batch, grad-accum-2, sgd-cosine."""
+NAMES = [f"test_cpu_shape[cpu-small-{r}]" for r in ("ckpt-fp32", "ckpt-half-batch", "ckpt-grad-accum-2",
+                                                     "ckpt-sgd-cosine")]
+
+
+def cases(expression: str) -> list[str]:
+    """FOUR with another -k."""
+    return [FOUR[0], "-k", expression, *FOUR[3:]]
+
+
+STAMPS = ("recorded_at", "commit", "loss")  # what recording sets beside the measured figures (loss: by_cpu kept)
+
+
+def _copy_baselines(tmp_path: Path) -> Path:
+    directory = tmp_path / "baselines"
+    directory.mkdir()
+    (directory / "cpu.json").write_text((ROOT / "baselines" / "cpu.json").read_text())
+    return directory
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+@pytest.mark.slow  # four cases in a child pytest: ~10 s on 2 busy cores
+def test_a_run_killed_after_its_third_case_keeps_cases_one_to_three_in_the_log_and_the_baselines(tmp_path):
+    baselines = _copy_baselines(tmp_path)
+    before = json.loads((baselines / "cpu.json").read_text())
+    log = tmp_path / "results.jsonl"
+    child = subprocess.Popen([sys.executable, "-m", "pytest", *FOUR, "--update-baselines", "--baselines-dir",
+                              str(baselines), "--results-log", str(log)], cwd=tmp_path, env=child_env(),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        give_up = time.monotonic() + 240
+        while _lines(log) < 3 and child.poll() is None and time.monotonic() < give_up:
+            time.sleep(0.005)
+        os.killpg(child.pid, signal.SIGKILL)  # no end of session: no end-of-run hook writes anything
+    finally:
+        child.wait(timeout=60)
+    assert child.returncode == -signal.SIGKILL, "the child ended before it was killed"
+    logged = results.read(log)
+    assert [r.name for r in logged] == NAMES[:3]  # the fourth case was cut off while it ran
+    assert all(r.outcome == "passed" and r.recorded and r.seconds > 0 for r in logged)
+    after = json.loads((baselines / "cpu.json").read_text())
+    changed = {name for name in after["benchmarks"] if after["benchmarks"][name] != before["benchmarks"].get(name)}
+    assert changed == set(NAMES[:3])
+    for r in logged:  # what the log says was recorded is what the file holds
+        entry = after["benchmarks"][r.name]
+        assert {k: v for k, v in entry.items() if k not in STAMPS} == \
+               {k: v for k, v in r.entry.items() if k not in STAMPS}
+    assert after["tolerances"] == before["tolerances"] and after["device"] == before["device"]
+
+
+@pytest.mark.slow  # three child pytest runs of one or two cases: ~10 s
+def test_the_deadline_skips_what_would_end_after_it_and_resume_runs_only_that(tmp_path):
+    baselines = _copy_baselines(tmp_path)
+    data = json.loads((baselines / "cpu.json").read_text())
+    # the baselines say the first case takes 1 s and the second 200 s: with 150 s, the first fits and the second not
+    data["benchmarks"][NAMES[0]]["seconds"], data["benchmarks"][NAMES[1]]["seconds"] = 1.0, 200.0
+    (baselines / "cpu.json").write_text(json.dumps(data))
+    log = tmp_path / "results.jsonl"
+    two = cases("cpu-small-ckpt-fp32 or cpu-small-ckpt-half-batch")
+    first = subprocess.run([sys.executable, "-m", "pytest", *two, "--baselines-dir", str(baselines),
+                            "--results-log", str(log), "--deadline", "150", "-rs"], cwd=tmp_path, env=child_env(),
+                           capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "1 passed, 1 skipped" in first.stdout
+    assert f"deadline: 1 case(s) not started: {NAMES[1]}" in first.stdout
+    assert "gptcore benchmark gate" in first.stdout and NAMES[0] in first.stdout  # the end table, printed anyway
+    assert "the case would take about 230 s (baseline)" in first.stdout  # 200 s + 15%
+    outcomes = {r.name: r.outcome for r in results.read(log)}
+    assert outcomes == {NAMES[0]: "passed", NAMES[1]: "skipped"}
+
+    second = subprocess.run([sys.executable, "-m", "pytest", *two, "--baselines-dir", str(baselines),
+                             "--resume", str(log)], cwd=tmp_path, env=child_env(), capture_output=True, text=True,
+                            timeout=300)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "1 passed, 19 deselected" in second.stdout  # only the case the deadline left (18 by -k, 1 resumed)
+    assert f"resumed: 1 case(s) finished in {log}" in second.stdout
+    table = second.stdout.split("gptcore benchmark gate", 1)[1]
+    assert NAMES[0] in table and NAMES[1] in table  # the end table covers the union
+    assert [r.name for r in results.read(log)] == [NAMES[0], NAMES[1], NAMES[1]]  # appended to the resumed log
+
+
+def test_a_resumed_failure_fails_the_run_and_a_bad_log_is_one_line(tmp_path, monkeypatch):
+    for key in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID", "PYTEST_ADDOPTS"):
+        monkeypatch.delenv(key, raising=False)
+    log = tmp_path / "results.jsonl"
+    failed = results.Record(nodeid=f"bench/test_cpu_shape.py::{NAMES[0]}", name=NAMES[0], outcome="failed",
+                            seconds=1.0, reason="planted", slug="cpu", failures=[f"{NAMES[0]}: planted failure"])
+    results.ResultsLog(log).write(failed)
+    run = subprocess.run([sys.executable, "-m", "pytest", *cases("cpu-small-ckpt-fp32"),
+                          "--resume", str(log)], cwd=tmp_path, env=child_env(), capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 1, run.stdout + run.stderr  # nothing ran, but the union has a failure
+    assert "planted" in run.stdout
+    log.write_text("not json\n{}\n")
+    bad = subprocess.run([sys.executable, "-m", "pytest", *FOUR, "--resume", str(log)], cwd=tmp_path,
+                         env=child_env(), capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 4 and "Traceback" not in bad.stdout + bad.stderr
+    assert f"--resume: {log}: line 1:" in bad.stderr
+
+
+def test_a_log_cut_off_in_its_last_line_reads_up_to_it(tmp_path):
+    log = tmp_path / "results.jsonl"
+    sink = results.ResultsLog(log)
+    for name in NAMES[:2]:
+        sink.write(results.Record(nodeid=f"x::{name}", name=name, outcome="passed", seconds=1.0))
+    with open(log, "a") as out:
+        out.write('{"nodeid": "x::cut", "na')  # the kill came in the middle of a write
+    assert [r.name for r in results.read(log)] == NAMES[:2]

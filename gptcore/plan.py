@@ -28,16 +28,20 @@ SETUP_SECONDS = {"cpu": 1.0, "cuda": 5.0}
 """Building the model and optimizer, the first CUDA context, the estimate, the report."""
 HISTORY_MARGIN = 1.15
 """A case planned from its history: its last wall time plus 15%."""
+OTHER_SECONDS = 30.0
+"""A test that is not a study case (the smoke stage's estimate-against-measured check)."""
+PLAN_GPUS = 1
+"""GPUs a plan assumes when none is present (a lent machine has one): a 2-rank case then skips itself."""
 TRACKED_PASS_COST = 3.0
 """The CPU tracked pass (2 steps under the live-bytes tracker) costs about this many plain steps per step."""
 
 
 def compile_seconds(cfg: GPTConfig, recipe: Recipe) -> float:
-    """Assumed cold-compile time: inductor's time grows with the graph (the whole model: per block), regional
-    compilation compiles one block."""
+    """Assumed cold-compile time: 30 s, and 1 s a block for the whole model (the blocks' kernels are alike, so
+    inductor's code cache serves most of them); regional compilation compiles one block."""
     if not recipe.compile:
         return 0.0
-    return 20.0 + (3.0 if recipe.compile_scope == "blocks" else 3.0 * cfg.n_layer)
+    return 30.0 + (1.0 if recipe.compile_scope == "blocks" else 1.0 * cfg.n_layer)
 
 
 def flops_per_token(cfg: GPTConfig, recipe: Recipe) -> float:
@@ -78,6 +82,15 @@ def case_seconds(model: str, recipe_name: str, device: str, *, warmup: int = 0, 
     return SETUP_SECONDS[device] + compile_seconds(cfg, recipe) + steps * step
 
 
+def gpus_for_plan(device: str) -> int:
+    """The GPUs a case on ``device`` will see: those present, else PLAN_GPUS; a CPU case runs its ranks anyway."""
+    if device != "cuda":
+        return 1 << 30
+    import torch
+
+    return torch.cuda.device_count() or PLAN_GPUS
+
+
 @dataclass(frozen=True)
 class Estimate:
     """A case's planned wall time and where it comes from ('results log', 'baseline' or 'assumed')."""
@@ -92,13 +105,13 @@ def item_case(item: Any) -> dict | None:
     params = getattr(getattr(item, "callspec", None), "params", {})
     module = getattr(item, "module", None)
     study = getattr(module, "STUDY", None)
-    if "model" not in params or "recipe" not in params or study is None:
+    if "model" not in params or "recipe" not in params or (study is None and "device" not in params):
         return None
-    device = params.get("device", study.device)
+    device = params.get("device") or study.device
     timing = getattr(module, "TIMING", None)
     timing = timing.get(device) if isinstance(timing, dict) else timing
     schedule = getattr(module, "SCHEDULE", None) if timing is None else None
-    if timing is None and schedule is None and "convergence" in item.name:
+    if timing is None and schedule is None and study is not None and "convergence" in item.name:
         schedule = study.schedule
     return {"model": params["model"], "recipe": params["recipe"], "device": device, "timing": timing,
             "schedule": schedule, "world": params.get("world", 1)}
@@ -114,7 +127,9 @@ def estimate(item: Any, history: dict[str, float], overrides: tuple[int | None, 
         return Estimate(baseline_seconds * HISTORY_MARGIN, "baseline")
     case = item_case(item)
     if case is None:
-        return Estimate(60.0, "assumed (not a study case: 60 s)")
+        return Estimate(OTHER_SECONDS, f"assumed (a plain test: {OTHER_SECONDS:.0f} s)")
+    if case["world"] > gpus_for_plan(case["device"]):
+        return Estimate(0.0, f"skipped: needs {case['world']} GPUs")
     timing = case["timing"]
     counts = {}
     if timing is not None:

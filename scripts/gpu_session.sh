@@ -1,53 +1,26 @@
 #!/usr/bin/env bash
-# Everything the GPU issue needs from a GPU machine, in as few calls as possible. Tables, logs and JSON go to
-# one output folder. Stages (each fits a 10-minute call; `all` runs them in order):
-#   record   device facts, measured matmul peak, the whole GPU tier once with --update-baselines (wall time)
-#   verify   the whole GPU tier again against the baselines just written: a false failure shows here
-#   profile  the top ladder rung under torch.profiler, and the report tables of the verify run
-#   converge the GPU convergence tier with --update-baselines: the char-shape study at 5,000 steps (about 1-2
-#            minutes a case on an H100: split it over calls with CONVERGE_K, e.g. CONVERGE_K=char-ctx2), then the
-#            memory recipes' quality on real text (not part of `all`)
-#   budget   why a compile memory budget runs out of memory (not part of `all`): the partitioner's plan for
-#            deep-1.6b on CUDA (compile, budget-0.60, budget-0.05), then the allocator history of budget-0.05 and
-#            budget-0.60 over 3 steps, each summarized by the lines that allocated what was live at the peak
+# A GPU session in stages, each made to fit one 10-minute call (gptcore/stages.py says what each runs). Every
+# pytest stage runs with a deadline (no case starts that would end after it), writes a results log line and its
+# baseline entry the moment each case ends, and resumes from out/gpu/STAGE.jsonl when an earlier call's log was
+# brought back there: a killed call costs only the case it was in.
+#   plan         on CPU, no GPU: every stage's cases with a planned H100 time, cut into calls
+#   smoke        one case of each kind, in order, stopping at the first failure (3 minutes at most)
+#   ladder       GPT-2 124M up the ladder, recorded            memory   deep-1.6b x the 11 memory recipes, recorded
+#   char         the char-shape study, recorded                convergence  the convergence tier that fits a call
+#   verify       the GPU tier against what was recorded: a false failure shows here
+#   budget       why a compile memory budget runs out of memory: the partitioner's plan, the allocator's history
+#   profile      device facts, the bf16 matmul peak, the top ladder rung under torch.profiler, the report
 # Usage: bash scripts/gpu_session.sh STAGE [OUT_DIR]   (OUT_DIR defaults to $OUT, else out/gpu)
 set -uo pipefail
-stage=${1:?stage: record, verify, profile, converge, budget or all}
+stage=${1:?stage: plan, smoke, ladder, memory, char, convergence, verify, budget or profile}
 out=${2:-${OUT:-out/gpu}}
-mkdir -p "$out"
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/gptcore-inductor}
-python -m pip install --quiet --no-deps --no-build-isolation -e . >/dev/null 2>&1 || export PYTHONPATH=$PWD
 
-record() {
-  { nvidia-smi; python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"; } >"$out/env.txt" 2>&1
-  python scripts/matmul_peak.py --dtype bf16 --json "$out/matmul-bf16.json"
-  start=$(date +%s)
-  pytest bench -m gpu --require-gpu --update-baselines --benchmark-json "$out/record.json" 2>&1 | tee "$out/record.log"
-  echo "GPU tier wall time (record): $(( $(date +%s) - start )) s" | tee -a "$out/record.log"
-  cp baselines/nvidia-*.json "$out/" 2>/dev/null
-}
-
-verify() {
-  start=$(date +%s)
-  pytest bench -m gpu --require-gpu --benchmark-json "$out/verify.json" 2>&1 | tee "$out/verify.log"
-  echo "GPU tier wall time (verify): $(( $(date +%s) - start )) s" | tee -a "$out/verify.log"
-}
-
-profile() {
-  python scripts/profile_step.py --model gpt2 --recipe ladder-8 --out "$out" 2>&1 | tail -60
-  for run in verify record; do
-    if [ -f "$out/$run.json" ]; then python -m gptcore report "$out/$run.json" >"$out/report.txt" 2>&1; break; fi
-  done
-}
-
-converge() {
-  start=$(date +%s)
-  pytest bench/test_convergence_char_shape.py bench/test_convergence_memory_recipes.py --require-gpu \
-    --update-baselines -k "${CONVERGE_K:-convergence}" --benchmark-json "$out/converge.json" 2>&1 | tee "$out/converge.log"
-  echo "convergence tier wall time: $(( $(date +%s) - start )) s" | tee -a "$out/converge.log"
-  cp baselines/nvidia-*.json "$out/" 2>/dev/null
+setup() {
+  mkdir -p "$out"
+  python -m pip install --quiet --no-deps --no-build-isolation -e . >/dev/null 2>&1 || export PYTHONPATH=$PWD
 }
 
 budget() {
@@ -60,12 +33,19 @@ budget() {
   echo "budget stage wall time: $(( $(date +%s) - start )) s" | tee -a "$out/budget.log"
 }
 
+profile() {
+  { nvidia-smi; python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"; } >"$out/env.txt" 2>&1
+  python scripts/matmul_peak.py --dtype bf16 --json "$out/matmul-bf16.json"
+  python scripts/profile_step.py --model gpt2 --recipe ladder-8 --out "$out" 2>&1 | tail -60
+  for run in verify ladder memory char; do
+    if [ -f "$out/$run.json" ]; then python -m gptcore report "$out/$run.json" >"$out/report.txt" 2>&1; break; fi
+  done
+}
+
 case "$stage" in
-  budget) budget ;;
-  converge) converge ;;
-  record) record ;;
-  verify) verify ;;
-  profile) profile ;;
-  all) record; verify; profile ;;
-  *) echo "unknown stage $stage: record, verify, profile, converge, budget or all" >&2; exit 2 ;;
+  plan) python scripts/gpu_stage.py plan ;;
+  smoke|ladder|memory|char|convergence|verify) setup; python scripts/gpu_stage.py run "$stage" --out "$out" ;;
+  budget) setup; budget ;;
+  profile) setup; profile ;;
+  *) echo "unknown stage $stage: plan, smoke, ladder, memory, char, convergence, verify, budget or profile" >&2; exit 2 ;;
 esac

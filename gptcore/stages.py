@@ -1,0 +1,71 @@
+"""The stages of a GPU session, each made to fit one 9-minute call: what each runs, in which order, with which
+options. ``scripts/gpu_stage.py`` runs a stage (with a deadline, a results log and resume, everything written
+under the output folder as it ends) and plans them all on CPU; ``scripts/gpu_session.sh STAGE`` is the way in.
+
+A first GPU session runs them in :data:`ORDER`: ``smoke`` first (one case of each kind, stopping at the first
+failure), then the recording stages, then ``verify`` against what they recorded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+CALL_SECONDS = 540
+"""The deadline of a stage: a 10-minute call less a minute for the start, the imports and the end table."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One call's worth of work."""
+
+    name: str
+    what: str
+    pytest: list[str] = field(default_factory=list)
+    """pytest's arguments (node ids are run in the order given); empty for a stage that runs scripts."""
+    options: list[str] = field(default_factory=list)
+    """Further pytest options of the stage (--update-baselines, -x, timing overrides)."""
+    deadline: float = CALL_SECONDS
+    script_seconds: float = 0.0
+    """A script stage's planned time (stated: it has no cases to plan)."""
+    writes: str = ""
+
+
+SMOKE = [
+    "bench/test_ladder.py::test_ladder[gpt2-ladder-0]",
+    "bench/test_ladder.py::test_ladder[gpt2-ladder-8]",
+    "bench/test_char_shape.py::test_char_shape[char-fp16]",
+    "bench/test_char_shape.py::test_char_shape[char-bf16]",
+    "bench/test_ladder.py::test_ladder[gpt2-ladder-5]",  # the rung that turns FlashAttention on
+    "bench/test_memory_recipes.py::test_memory_recipes[deep-1.6b-budget-0.60]",  # a compiled memory recipe
+    "bench/test_distributed.py::test_distributed[gpt2-ddp-x2]",  # skips itself with fewer than 2 GPUs
+    "tests/test_estimate_gpu.py::test_the_estimate_matches_the_cuda_allocator",
+]
+RECORD = ["--require-gpu", "--update-baselines"]
+CONVERGENCE_IN_A_CALL = "not (ctx2 or layers2 or embd2) or fp16 or bf16 or small-batch"
+"""The convergence cases that fit one call by the plan: 5,000 steps of a doubled char model in fp32 (TF32 off) are
+planned at 10-11 minutes each on an H100."""
+
+STAGES: dict[str, Stage] = {s.name: s for s in (
+    Stage("smoke", "one case of each kind, in order, stopping at the first failure: does anything break on CUDA?",
+          SMOKE, ["--require-gpu", "-x", "--bench-warmup", "2", "--bench-rounds", "2", "--bench-steps", "2"],
+          deadline=180, writes="smoke.jsonl, smoke.log, smoke.json"),
+    Stage("ladder", "GPT-2 124M up the ladder, recorded", ["bench/test_ladder.py"], RECORD,
+          writes="ladder.jsonl, ladder.log, ladder.json, baselines/<gpu>.json"),
+    Stage("memory", "deep-1.6b under the 11 memory recipes, recorded", ["bench/test_memory_recipes.py"], RECORD,
+          writes="memory.jsonl, memory.log, memory.json, baselines/<gpu>.json"),
+    Stage("char", "the char-shape study, recorded (run it again to resume where the deadline stopped it)",
+          ["bench/test_char_shape.py"], RECORD, writes="char.jsonl, char.log, char.json, baselines/<gpu>.json"),
+    Stage("convergence", "the GPU convergence tier that fits a call, recorded (several calls: each resumes the "
+          "last); the doubled char models in fp32, SGD and accumulation take longer than a call (gpu.yml runs them)",
+          ["bench/test_convergence_char_shape.py", "bench/test_convergence_memory_recipes.py",
+           "-k", CONVERGENCE_IN_A_CALL], RECORD,
+          writes="convergence.jsonl, convergence.log, convergence.json, baselines/<gpu>.json"),
+    Stage("verify", "the whole GPU tier against the baselines just recorded: a false failure shows here",
+          ["bench", "-m", "gpu"], ["--require-gpu"], writes="verify.jsonl, verify.log, verify.json"),
+    Stage("budget", "why a compile memory budget runs out of memory: the partitioner's plan for deep-1.6b on CUDA "
+          "and the allocator's history of budget-0.05 and budget-0.60", script_seconds=420,
+          writes="budget.log, partition-deep-1.6b.json, snapshots"),
+    Stage("profile", "the top ladder rung under torch.profiler, the bf16 matmul peak, the report of the last run",
+          script_seconds=150, writes="profile tables, matmul-bf16.json, report.txt"),
+)}
+ORDER = ("smoke", "ladder", "memory", "char", "convergence", "verify", "budget", "profile")

@@ -1,0 +1,110 @@
+"""GPU clocks and throttling, proved on CPU with a fake NVML: a round run below the GPU's clocks is flagged and
+left out of the tokens/s median, more than half flagged makes the case "machine unfit" (never a regression), and
+the clocks are recorded with the baseline so that a run at other clocks is told apart from a code change."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from gptcore import clocks, verdicts
+from gptcore.baselines import Entry, Tolerances
+from gptcore.config import Recipe
+from gptcore.gate import Gate
+from gptcore.measure import CaseRunner, throughput
+
+from .helpers import TINY
+
+pytestmark = pytest.mark.cpu
+
+DEFAULT_SM = 1980  # an H100 SXM's default application SM clock, MHz
+FAST = dict(sm=1980, reasons=0)
+SLOW = dict(sm=1200, reasons=0)  # below 75% of 1980 (1485 MHz)
+HOT = dict(sm=1755, reasons=0x40)  # hardware thermal slowdown at a clock that alone would pass
+IDLE = dict(sm=1980, reasons=0x01 | 0x02)  # idle and application-clock bits: not slowdowns
+
+
+def fake_nvml(script: list[dict]) -> SimpleNamespace:
+    """An NVML module whose readings follow ``script``, one entry per sample."""
+    readings = iter(script)
+    now: dict = {}
+
+    def clock(handle, kind):
+        if kind == clocks.NVML_CLOCK_SM:
+            now.clear()
+            now.update(next(readings))
+            return now["sm"]
+        return 2619
+
+    return SimpleNamespace(
+        nvmlInit=lambda: None, nvmlDeviceGetHandleByIndex=lambda i: "gpu0",
+        nvmlDeviceGetDefaultApplicationsClock=lambda h, kind: DEFAULT_SM, nvmlDeviceGetClockInfo=clock,
+        nvmlDeviceGetTemperature=lambda h, sensor: 71, nvmlDeviceGetPowerUsage=lambda h: 612_000,
+        nvmlDeviceGetCurrentClocksEventReasons=lambda h: now["reasons"])
+
+
+def run_rounds(script: list[dict]):
+    """A tiny CPU case timed for len(script) rounds, each sampled by the fake NVML."""
+    runner = CaseRunner(TINY, Recipe(), "cpu", warmup=1, steps_per_round=1,
+                        gpu_clocks=clocks.Clocks(fake_nvml(script), "gpu0"))
+    runner.prepare()
+    for _ in script:
+        runner.round()
+    return runner.finish()
+
+
+def test_a_round_below_the_clocks_or_throttled_is_flagged_and_left_out_of_the_median():
+    m = run_rounds([FAST, SLOW, FAST, HOT, IDLE, FAST])
+    assert m.flagged_rounds == [1, 3]
+    assert "SM clock 1200 MHz < 75% of 1980" in m.round_clocks[1]["flag"]
+    assert m.round_clocks[3]["flag"] == "thermal (hardware)"
+    assert "flag" not in m.round_clocks[4]  # idle and application-clock reasons are no slowdown
+    kept = [s for i, s in enumerate(m.round_seconds) if i not in (1, 3)]
+    assert (m.tokens_per_s, m.tokens_per_s_iqr) == throughput(kept, m.tokens_per_step)
+    assert m.unfit is None
+    assert m.clocks == {"sm_mhz": 1980, "mem_mhz": 2619, "default_sm_mhz": DEFAULT_SM, "temperature_c_max": 71,
+                        "power_w_median": 612.0, "flagged_rounds": 2, "rounds": 6}
+
+
+def test_more_than_half_flagged_is_machine_unfit_and_never_a_regression(tmp_path: Path):
+    m = run_rounds([SLOW, HOT, FAST, SLOW])
+    assert m.flagged_rounds == [0, 1, 3] and m.unfit.startswith("machine unfit: 3 of 4 rounds")
+    measured = Entry.from_measurement(m, precision="fp32", cpu_model=None)
+    assert measured.clocks == m.clocks  # recorded with a baseline
+    baseline = dataclasses.replace(measured, tokens_per_s=measured.tokens_per_s * 10)  # 90% slower than before
+    tol = dataclasses.replace(Tolerances.default_for("cuda"))
+    assert verdicts.verdict_of("case", measured, baseline, tol).failed  # the planted slowdown, judged plainly
+    verdict = verdicts.verdict_of("case", measured, baseline, tol, unfit=m.unfit)
+    speed = next(c for c in verdict.checks if c.metric == "tokens/s")
+    assert not verdict.failed and speed.status == verdicts.NOT_GATED and speed.note == m.unfit
+    gate = Gate(directory=tmp_path, update=False, strict=False, overrides={}, timing_override=(None,) * 3)
+    node = SimpleNamespace(name="test_x[tiny-fp32]", nodeid="bench/x.py::test_x[tiny-fp32]")
+    gate.judge_entry(node, measured, "cpu", unfit=m.unfit)
+    assert gate.rows[-1].verdict.startswith("machine unfit")
+
+
+def test_a_run_at_other_clocks_is_not_compared_for_speed():
+    now = Entry(tokens_per_s=700.0, tokens_per_s_iqr=1.0, peak_allocated_bytes=10, peak_reserved_bytes=10, loss=1.0,
+                loss_step=5, clocks={"sm_mhz": 1410})
+    before = dataclasses.replace(now, tokens_per_s=1000.0, clocks={"sm_mhz": 1980})
+    tol = Tolerances.default_for("cuda")
+    speed = next(c for c in verdicts.verdict_of("c", now, before, tol).checks if c.metric == "tokens/s")
+    assert speed.status == verdicts.NOT_GATED and speed.note == "run at other clocks (SM 1,410 vs 1,980 MHz)"
+    same = dataclasses.replace(now, clocks={"sm_mhz": 1965})  # within 5%: the same clocks, a real slowdown
+    speed = next(c for c in verdicts.verdict_of("c", same, before, tol).checks if c.metric == "tokens/s")
+    assert speed.status == verdicts.FAIL
+
+
+def test_without_nvml_nothing_is_sampled(monkeypatch):
+    assert clocks.open_clocks(SimpleNamespace(type="cpu")) is None
+    monkeypatch.setattr(clocks, "load_nvml", lambda: None)
+    assert clocks.open_clocks(SimpleNamespace(type="cuda", index=0)) is None
+
+    def broken():
+        raise RuntimeError("NVML Shared Library Not Found")
+
+    nvml = SimpleNamespace(nvmlInit=broken)
+    assert clocks.open_clocks(SimpleNamespace(type="cuda", index=0), nvml) is None

@@ -22,8 +22,9 @@ ASSUMED_MFU = 0.30
 """Share of the GPU's dense peak a training step reaches (nanoGPT-sized models, eager or compiled)."""
 PLAN_GPU = "H100 SXM"
 """The GPU a plan assumes when no GPU is present."""
-CPU_FLOPS = {"fp32": 20e9, "16-bit": 2e9}
-"""FLOP/s of a training step on 2 CPU cores; 16-bit is bf16 without AVX512-BF16 (emulated, ~10x slower)."""
+CPU_FLOPS = {"fp32": 60e9, "16-bit": 6e9}
+"""FLOP/s of a training step on 2 CPU cores (cpu-small ran at ~90 GFLOP/s on a 2-core EPYC 9004); 16-bit is bf16,
+emulated about 10x slower on CPUs without AVX512-BF16."""
 SETUP_SECONDS = {"cpu": 1.0, "cuda": 5.0}
 """Building the model and optimizer, the first CUDA context, the estimate, the report."""
 HISTORY_MARGIN = 1.15

@@ -32,6 +32,10 @@ class Timing:
     warmup: int
     rounds: int
     steps_per_round: int
+    loss_step: int | None = None
+    """The optimizer step after which the loss is read, however many rounds are timed (None: the last one)."""
+    speed_rounds: int | None = None
+    """CPU: the rounds ``--cpu-speed`` times, for a median worth reading; ``rounds`` is what the exact checks need."""
 
 
 def run_if(*, cuda: bool = False, bf16: bool = False, min_capability: tuple[int, int] | None = None,
@@ -96,19 +100,21 @@ def benchmark_case(benchmark, gate, request: pytest.FixtureRequest, study: Study
     reason = unsupported_reason(recipe, device, cfg)
     if reason:
         pytest.skip(reason)
-    warmup, rounds, steps_per_round = gate.timing(timing.warmup, timing.rounds, timing.steps_per_round)
+    rounds = timing.speed_rounds if gate.cpu_speed and timing.speed_rounds else timing.rounds
+    warmup, rounds, steps_per_round = gate.timing(timing.warmup, rounds, timing.steps_per_round)
     estimate, estimate_by_category = estimate_of(model, recipe, device)
     skip_if_it_cannot_fit(estimate, device)
 
-    def timed_loop(round_fn: Callable[[], None], n: int) -> None:
-        benchmark.pedantic(round_fn, rounds=n, iterations=1, warmup_rounds=0)
+    def timed_loop(round_fn: Callable[[], None], n: int, between: Callable[[], None]) -> None:
+        benchmark.pedantic(round_fn, setup=between, rounds=n, iterations=1, warmup_rounds=0)
 
     m = run_case(cfg, recipe, device, warmup=warmup, rounds=rounds, steps_per_round=steps_per_round,
-                 timed_loop=timed_loop)
+                 timed_loop=timed_loop, loss_step=timing.loss_step)
     outcome = gate.judge(request.node, m, model=model, recipe=recipe_name, precision=recipe.precision,
                          estimate=estimate, estimate_by_category=estimate_by_category)
     benchmark.extra_info.update(model=model, recipe=recipe_name, precision=recipe.precision,
                                 batch=recipe.batch_size(cfg), block_size=cfg.block_size, estimate_bytes=estimate,
+                                cpu_model=gate.cpu_model if device == "cpu" else None,
                                 verdict=outcome.verdict.summary() if outcome.verdict else None, **m.to_dict())
     conclude(outcome)
     return m

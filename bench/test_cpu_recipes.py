@@ -11,7 +11,8 @@ from bench.harness import Timing, grid, benchmark_case
 from gptcore.presets import STUDIES
 
 STUDY = STUDIES["cpu-recipe"]
-TIMING = Timing(warmup=2, rounds=5, steps_per_round=2)  # compile happens in the warm-up, outside the timing
+# compile happens in the warm-up, outside the timing
+TIMING = Timing(warmup=2, rounds=3, steps_per_round=2, loss_step=8, speed_rounds=5)
 
 pytestmark = pytest.mark.cpu
 

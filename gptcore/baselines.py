@@ -115,6 +115,8 @@ class Entry:
     """A convergence case's whole run (validation curve, time-to-loss); None for a benchmark case."""
     seconds: float | None = None
     """Wall time of the case (warm-up, timed rounds, the tracked and ledger passes): how --deadline plans it."""
+    speed_note: str | None = None
+    """CPU: why tokens/s was not recorded ('speed not recorded: machine busy (share 0.33)'); its median is null."""
     clocks: dict[str, Any] | None = None
     """GPU only: the clocks the timed rounds ran at (gptcore.clocks.summary), to tell a run at other clocks
     from a code change."""
@@ -132,7 +134,8 @@ class Entry:
                    cpu_model=cpu_model if m.device.startswith("cpu") else None, cpu_share=m.cpu_share,
                    work=WorkLedger.from_json(m.work) if m.work else None,
                    peak_by_category=m.peak_by_category, estimate_by_category=estimate_by_category,
-                   seconds=getattr(m, "case_seconds", None) or None, clocks=getattr(m, "clocks", None))
+                   seconds=getattr(m, "case_seconds", None) or None, clocks=getattr(m, "clocks", None),
+                   speed_note=getattr(m, "speed_note", None) if m.device.startswith("cpu") else None)
 
     @classmethod
     def from_convergence(cls, run: Convergence | None, *, device: str, precision: str,
@@ -152,7 +155,8 @@ class Entry:
 
     def to_json(self) -> dict:
         return {
-            "tokens_per_s": {"median": self.tokens_per_s, "iqr": self.tokens_per_s_iqr},
+            "tokens_per_s": {"median": self.tokens_per_s, "iqr": self.tokens_per_s_iqr}
+            | ({"not_recorded": self.speed_note} if self.speed_note else {}),
             "peak_allocated_bytes": self.peak_allocated_bytes,
             "peak_reserved_bytes": self.peak_reserved_bytes,
             "loss": {"value": self.loss, "step": self.loss_step}
@@ -195,6 +199,8 @@ class Entry:
         return cls(
             tokens_per_s=get(speed, "median", num, "tokens_per_s.median"),
             tokens_per_s_iqr=get(speed, "iqr", num, "tokens_per_s.iqr"),
+            speed_note=get(speed, "not_recorded", (str,), "tokens_per_s.not_recorded") if "not_recorded" in speed
+            else None,
             peak_allocated_bytes=get(data, "peak_allocated_bytes", (int,), "peak_allocated_bytes"),
             peak_reserved_bytes=get(data, "peak_reserved_bytes", (int,), "peak_reserved_bytes"),
             loss=get(loss, "value", num, "loss.value"),
@@ -363,6 +369,8 @@ def update(path: str | Path, slug: str, entries: dict[str, Entry], *, device_nam
                 kept = {m: v for m, v in old.loss_by_cpu.items() if m != entry.cpu_model}
                 if old.cpu_model and old.cpu_model != entry.cpu_model and old.loss is not None:
                     kept[old.cpu_model] = old.loss
+        if entry.speed_note:  # a CPU speed measured on a busy machine is no reference: not recorded
+            entry = dataclasses.replace(entry, tokens_per_s=None, tokens_per_s_iqr=None)
         current.entries[name] = dataclasses.replace(entry, recorded_at=now, commit=commit, loss_by_cpu=kept)
     current.device_name, current.torch, current.cuda, current.driver = device_name, torch_version, cuda, driver
     current.recorded_at, current.commit = now, commit

@@ -410,7 +410,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     import json
 
     from .compare import compare, to_json
-    from .report import BUSY_SHARE
+    from .rules import BUSY_SHARE
 
     def progress(result, done: int, total: int) -> None:  # noqa: ANN001 (gptcore.compare.CaseResult)
         a, b = result.tokens("a"), result.tokens("b")

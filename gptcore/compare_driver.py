@@ -56,7 +56,8 @@ def main(spec: dict) -> dict:
             count_step = None
         if count_step is not None:
             ledger = count_step(trainer).to_json()
-            out["work"] = {k: ledger[k] for k in ("flops", "op_calls", "syncs", "allocations", "allocated_bytes")}
+            out["work"] = {k: ledger[k] for k in ("flops", "op_calls", "syncs", "allocations", "allocated_bytes",
+                                                  "ops", "allocations_by_op", "flops_by_op") if k in ledger}
     if device.type != "cuda" and spec["memory"] and not recipe.compile:
         trainer = loss = None
         gc.collect()

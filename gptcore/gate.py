@@ -100,29 +100,12 @@ class Gate:
     resumed: list[str] = field(default_factory=list)
     """--resume: the cases a log had finished, shown from it and not run again (gptcore.plugin)."""
     resumed_failed: bool = False
+    cpu_speed: bool = False
+    """--cpu-speed: time a CPU study's full ``speed_rounds`` (the default times only what the exact checks need)."""
+    leaner: list[str] = field(default_factory=list)
+    """--baseline-strict: the cases whose exact counts went down (their baseline is stale)."""
     not_started: list[str] = field(default_factory=list)
     """--deadline: the cases not started because they would likely have ended after it."""
-
-    @classmethod
-    def from_config(cls, config: pytest.Config, notes: list[str]) -> Gate:
-        """The gate the command-line options ask for; UsageError for a tolerance out of range."""
-        overrides = {}
-        loss_fields = ("loss", "loss_amp", "loss_other_cpu", "loss_amp_other_cpu")
-        for option, names in (("mem_tol", ("memory",)), ("speed_tol", ("speed",)), ("loss_tol", loss_fields)):
-            value = config.getoption(option)
-            if value is not None:
-                if value < 0 or (option == "speed_tol" and value > 1):
-                    raise pytest.UsageError(f"--{option.replace('_', '-')}: {value} is out of range")
-                overrides.update(dict.fromkeys(names, value))
-        counts = tuple(config.getoption(o) for o in ("bench_warmup", "bench_rounds", "bench_steps"))
-        if config.getoption("update_baselines") and config.getoption("update_loss_references"):
-            raise pytest.UsageError("--update-baselines and --update-loss-references: choose one")
-        markdown = config.getoption("gate_markdown")
-        return cls(directory=Path(config.getoption("baselines_dir")), update=config.getoption("update_baselines"),
-                   markdown=Path(markdown) if markdown else None,
-                   update_loss=config.getoption("update_loss_references"),
-                   strict=config.getoption("baseline_strict"), overrides=overrides, timing_override=counts,
-                   root=config.rootpath, notes=notes)
 
     def timing(self, warmup: int, rounds: int, steps: int) -> tuple[int, int, int]:
         """The case's (warm-up, rounds, steps per round), with the command-line overrides applied."""
@@ -152,6 +135,9 @@ class Gate:
             notes.append(f"baselines: added {n} loss reference(s) of {self.cpu_model} to {path}"
                          + (f"; skipped {skipped} (no entry, or a loss read at another step)" if skipped else "")
                          if self.update_loss else f"baselines: recorded {n} case(s) into {path}, each as it ended")
+        if self.leaner:
+            notes.append(f"{len(self.leaner)} case(s) leaner than the baseline; refresh exactly those with: "
+                         f"{self.record_command(*self.leaner)}")
         if self.resumed:
             notes.append(f"resumed: {len(self.resumed)} case(s) finished in {self.log.path if self.log else 'the log'} "
                          f"shown from it, not run again")
@@ -235,7 +221,10 @@ class Gate:
             self.cases[node.nodeid]["recorded"] = True
             self._row(node, Row(node.name, measured, baseline, what, estimate))
             return None
-        verdict = verdicts.verdict_of(node.name, measured, baseline, self.tolerances(file, device_type), unfit)
+        verdict = verdicts.verdict_of(node.name, measured, baseline, self.tolerances(file, device_type), unfit,
+                                      strict=self.strict)
+        if any(c.failed and c.note.startswith(verdicts.LEANER) for c in verdict.checks):
+            self.leaner.append(node.nodeid)
         if baseline is not None and device_type == "cpu" and measured.convergence is None:  # a step loss held
             model = baseline.loss_reference(measured.cpu_model)[1]
             other = "" if model == measured.cpu_model else ", another CPU model: the wider tolerance"

@@ -25,6 +25,7 @@ import torch
 from .clocks import Clocks, Sample, open_clocks
 from .clocks import summary as clock_summary
 from .config import GPTConfig, Recipe
+from .rules import BUSY_SHARE
 from .work import compile_stats, count_step
 
 
@@ -134,6 +135,27 @@ class StepTimer:
             self.cpu_share = cpu / (self.seconds * torch.get_num_threads()) if self.seconds > 0 else None
 
 
+CALIBRATION_SIZE = 384
+CALIBRATION_SPREAD = 0.10
+"""A CPU tokens/s is recorded only if the calibration kernel timed after every round is within this of its median."""
+_CALIBRATION: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+def calibration_kernel() -> float:
+    """Seconds of a fixed piece of CPU work: 8 fp32 matmuls of 384 x 384 (0.9 GFLOP, ~10 ms on 2 cores), on the
+    process's torch threads. Timed between rounds, it says whether the machine stayed the same, and a step's time
+    over it is a speed figure that other load moves less than raw tokens/s (the "calibrated step cost")."""
+    global _CALIBRATION
+    if _CALIBRATION is None:
+        g = torch.Generator().manual_seed(0)
+        _CALIBRATION = tuple(torch.randn(CALIBRATION_SIZE, CALIBRATION_SIZE, generator=g) for _ in range(2))
+    a, b = _CALIBRATION
+    t0 = time.perf_counter()
+    for _ in range(8):
+        torch.mm(a, b)
+    return time.perf_counter() - t0
+
+
 def throughput(round_seconds: Sequence[float], tokens_per_round: int) -> tuple[float, float]:
     """(median, IQR) of tokens/s over rounds; quartiles by linear interpolation (numpy's default). One round has
     an IQR of 0."""
@@ -196,6 +218,14 @@ class Measurement:
     """GPU only: the clocks of the unflagged rounds (gptcore.clocks.summary), recorded with a baseline."""
     unfit: str | None = None
     """Set when more than half of the rounds were flagged: the machine could not run the case at its clocks."""
+    calibration_seconds: list[float] = field(default_factory=list)
+    """CPU only: a fixed fp32 matmul (:func:`calibration_kernel`) timed after each round."""
+    calibrated_cost: float | None = None
+    """CPU only: the median over rounds of one step's time / the calibration kernel's time beside it."""
+    speed_note: str | None = None
+    """CPU only: why this tokens/s is not to be recorded ('speed not recorded: machine busy (share 0.33)'): some
+    round had less than BUSY_SHARE of the CPU, or the calibration kernel strayed more than CALIBRATION_SPREAD
+    from its median. None: quiet, recorded."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -206,11 +236,12 @@ class CaseRunner:
     ``finish()`` returns the Measurement (and on CPU runs the separate tracked pass for peak memory)."""
 
     def __init__(self, cfg: GPTConfig, recipe: Recipe, device: torch.device | str, *, warmup: int,
-                 steps_per_round: int, gpu_clocks: Clocks | None = None) -> None:
+                 steps_per_round: int, gpu_clocks: Clocks | None = None, loss_step: int | None = None) -> None:
         if warmup < 0 or steps_per_round < 1:
             raise ValueError(f"warmup must be >= 0 and steps_per_round >= 1, got {warmup}, {steps_per_round}")
         self.cfg, self.recipe, self.device = cfg, recipe, torch.device(device)
-        self.warmup, self.steps_per_round = warmup, steps_per_round
+        self.warmup, self.steps_per_round, self.loss_step = warmup, steps_per_round, loss_step
+        self.loss_at: torch.Tensor | None = None  # the loss of step ``loss_step``, kept on the device (no sync)
         self.trainer = None
         self.timer = StepTimer(self.device)
         self.gpu_clocks = gpu_clocks or open_clocks(self.device)
@@ -230,7 +261,7 @@ class CaseRunner:
             self.m.setup_seconds = time.perf_counter() - t0
             t0 = time.perf_counter()
             for _ in range(self.warmup):
-                self.last_loss = self.trainer.step()
+                self._step()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -240,12 +271,22 @@ class CaseRunner:
         """One timed round of ``steps_per_round`` optimizer steps; the loss stays on the device."""
         with self.timer:
             for _ in range(self.steps_per_round):
-                self.last_loss = self.trainer.step()
+                self._step()
             if self.gpu_clocks is not None:  # while the round's work still runs: before the timer's one sync
                 self._samples.append(self.gpu_clocks.sample())
         self.m.round_seconds.append(self.timer.seconds)
         if self.timer.cpu_share is not None:
             self._shares.append(self.timer.cpu_share)
+
+    def calibrate(self) -> None:
+        """CPU: time the calibration kernel (before each round, outside its timing)."""
+        if self.device.type == "cpu":
+            self.m.calibration_seconds.append(calibration_kernel())
+
+    def _step(self) -> None:
+        self.last_loss = self.trainer.step()
+        if self.trainer.step_count == self.loss_step:
+            self.loss_at = self.last_loss
 
     def out_of_memory(self, err: torch.OutOfMemoryError) -> None:
         """Record an OOM with what was allocated at the time (call inside the ``except``)."""
@@ -266,9 +307,13 @@ class CaseRunner:
                                                                 m.tokens_per_step * self.steps_per_round)
             if self._shares:
                 m.cpu_share = statistics.median(self._shares)
-            if self.last_loss is not None:
-                m.loss = float(self.last_loss.item())
-            m.loss_step = trainer.step_count
+                self._judge_quiet()
+            while self.loss_step is not None and trainer.step_count < self.loss_step:  # fewer rounds than the
+                self._step()  # loss step: the steps up to it, untimed
+            loss = self.loss_at if self.loss_step is not None else self.last_loss
+            if loss is not None:
+                m.loss = float(loss.item())
+            m.loss_step = self.loss_step if self.loss_step is not None else trainer.step_count
             if self.device.type == "cuda":
                 m.peak_allocated_bytes = torch.cuda.max_memory_allocated(self.device)
                 m.peak_reserved_bytes = torch.cuda.max_memory_reserved(self.device)
@@ -282,6 +327,19 @@ class CaseRunner:
             m.peak_allocated_bytes, m.peak_by_category = report.peak_bytes, dict(report.by_category)
         return m
 
+
+    def _judge_quiet(self) -> None:
+        """CPU: the calibrated step cost, and whether the machine was quiet enough to record tokens/s."""
+        m, cal = self.m, self.m.calibration_seconds
+        stray = 0.0
+        if cal:  # a timed loop that calls ``calibrate`` before each round
+            m.calibrated_cost = statistics.median(t / self.steps_per_round / c for t, c in zip(m.round_seconds, cal))
+            middle = statistics.median(cal)
+            stray = max(abs(c / middle - 1) for c in cal)
+        if min(self._shares) < BUSY_SHARE:
+            m.speed_note = f"speed not recorded: machine busy (share {min(self._shares):.2f})"
+        elif stray > CALIBRATION_SPREAD:
+            m.speed_note = f"speed not recorded: machine busy (calibration kernel {stray:.0%} off its median)"
 
     def _trusted_rounds(self) -> list[float]:
         """The rounds that count for tokens/s: those not run below the GPU's clocks (all where nothing was
@@ -338,11 +396,13 @@ def cpu_peak_bytes(cfg: GPTConfig, recipe: Recipe, steps: int = 2) -> int:
     return cpu_peak(cfg, recipe, steps).peak_bytes
 
 
-TimedLoop = Callable[[Callable[[], None], int], None]
+TimedLoop = Callable[[Callable[[], None], int, Callable[[], None]], None]
+"""timed_loop(round_fn, rounds, between): run ``round_fn`` ``rounds`` times, ``between`` before each, untimed."""
 
 
-def _plain_loop(round_fn: Callable[[], None], rounds: int) -> None:
+def _plain_loop(round_fn: Callable[[], None], rounds: int, between: Callable[[], None]) -> None:
     for _ in range(rounds):
+        between()
         round_fn()
 
 
@@ -359,17 +419,18 @@ def out_of_memory_in(err: BaseException) -> torch.OutOfMemoryError | None:
 
 
 def run_case(cfg: GPTConfig, recipe: Recipe, device: torch.device | str, *, warmup: int, rounds: int,
-             steps_per_round: int, timed_loop: TimedLoop | None = None) -> Measurement:
+             steps_per_round: int, timed_loop: TimedLoop | None = None, loss_step: int | None = None) -> Measurement:
     """Measure one case: warm-up, then ``rounds`` timed rounds of ``steps_per_round`` steps through
-    ``timed_loop(round_fn, rounds)`` (default: a plain loop; a benchmark passes benchmark.pedantic). An OOM
+    ``timed_loop(round_fn, rounds, between)`` (default: a plain loop; a benchmark passes benchmark.pedantic with
+    ``between`` as its untimed setup). An OOM
     anywhere is caught: the Measurement carries ``error`` and what was allocated, and memory is freed."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     t0 = time.perf_counter()
-    runner = CaseRunner(cfg, recipe, device, warmup=warmup, steps_per_round=steps_per_round)
+    runner = CaseRunner(cfg, recipe, device, warmup=warmup, steps_per_round=steps_per_round, loss_step=loss_step)
     try:
         runner.prepare()
-        (timed_loop or _plain_loop)(runner.round, rounds)
+        (timed_loop or _plain_loop)(runner.round, rounds, runner.calibrate)
     except Exception as err:  # noqa: BLE001 - only an OOM, also one raised while compiling, is handled
         if (oom := out_of_memory_in(err)) is None:
             raise

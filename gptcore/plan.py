@@ -68,7 +68,8 @@ def step_seconds(cfg: GPTConfig, recipe: Recipe, device: str, world: int = 1) ->
 
 
 def case_seconds(model: str, recipe_name: str, device: str, *, warmup: int = 0, rounds: int = 0,
-                 steps_per_round: int = 0, schedule: Schedule | None = None, world: int = 1) -> float:
+                 steps_per_round: int = 0, loss_step: int | None = None, schedule: Schedule | None = None,
+                 world: int = 1) -> float:
     """Assumed wall time of a benchmark case (warm-up, timed rounds, the ledger's step, on CPU the tracked pass)
     or of a convergence case (``schedule``: its steps and evaluations)."""
     cfg, recipe = MODELS[model], RECIPES[recipe_name]
@@ -77,7 +78,7 @@ def case_seconds(model: str, recipe_name: str, device: str, *, warmup: int = 0, 
         evals = len(schedule.eval_steps) * schedule.eval_batches / 3  # a forward is a third of a step
         steps = schedule.steps + evals
     else:
-        steps = warmup + rounds * steps_per_round + 1
+        steps = max(warmup + rounds * steps_per_round, loss_step or 0) + 1
         if device == "cpu" and not recipe.compile:
             steps += 2 * TRACKED_PASS_COST
     return SETUP_SECONDS[device] + compile_seconds(cfg, recipe) + steps * step
@@ -136,6 +137,7 @@ def estimate(item: Any, history: dict[str, float], overrides: tuple[int | None, 
     if timing is not None:
         w, r, s = overrides
         counts = {"warmup": timing.warmup if w is None else w, "rounds": timing.rounds if r is None else r,
+                  "loss_step": getattr(timing, "loss_step", None),
                   "steps_per_round": timing.steps_per_round if s is None else s}
     seconds = case_seconds(case["model"], case["recipe"], case["device"], schedule=case["schedule"],
                            world=case["world"], **counts)

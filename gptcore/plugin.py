@@ -66,6 +66,9 @@ def add_options(parser: pytest.Parser, root: Path) -> None:
     group.addoption("--bench-warmup", type=int, metavar="N", help="override every case's warm-up steps")
     group.addoption("--bench-rounds", type=int, metavar="N", help="override every case's timed rounds")
     group.addoption("--bench-steps", type=int, metavar="N", help="override every case's steps per round")
+    group.addoption("--cpu-speed", action="store_true",
+                    help="on CPU, time each study's full rounds (a tokens/s median worth reading); by default a CPU "
+                         "case times only the few rounds its exact checks need (memory, loss, work ledger)")
     group.addoption("--results-log", metavar="FILE",
                     help="append one JSON line per case to FILE the moment the case ends (flushed and fsynced); "
                          "default: beside pytest-benchmark's saved runs, .benchmarks/<device>/results-<time>.jsonl "
@@ -107,7 +110,7 @@ def configure(config: pytest.Config) -> Gate:
     if config.pluginmanager.hasplugin("benchmark") and not _under_xdist():
         history = _split_storage_per_device(config)
         notes += _disable_compare_without_history(config)
-    gate = Gate.from_config(config, notes)
+    gate = gate_from_config(config, notes)
     gate.history_note = history
     if not _under_xdist():
         deadline = config.getoption("deadline")
@@ -118,6 +121,27 @@ def configure(config: pytest.Config) -> Gate:
         gate.log = ResultsLog(log)
         config.pluginmanager.register(CaseHooks(gate, deadline), "gptcore-cases")
     return gate
+
+
+def gate_from_config(config: pytest.Config, notes: list[str]) -> Gate:
+    """The gate the command-line options ask for; UsageError for a tolerance out of range."""
+    overrides = {}
+    loss_fields = ("loss", "loss_amp", "loss_other_cpu", "loss_amp_other_cpu")
+    for option, names in (("mem_tol", ("memory",)), ("speed_tol", ("speed",)), ("loss_tol", loss_fields)):
+        value = config.getoption(option)
+        if value is not None:
+            if value < 0 or (option == "speed_tol" and value > 1):
+                raise pytest.UsageError(f"--{option.replace('_', '-')}: {value} is out of range")
+            overrides.update(dict.fromkeys(names, value))
+    counts = tuple(config.getoption(o) for o in ("bench_warmup", "bench_rounds", "bench_steps"))
+    if config.getoption("update_baselines") and config.getoption("update_loss_references"):
+        raise pytest.UsageError("--update-baselines and --update-loss-references: choose one")
+    markdown = config.getoption("gate_markdown")
+    return Gate(directory=Path(config.getoption("baselines_dir")), update=config.getoption("update_baselines"),
+                markdown=Path(markdown) if markdown else None,
+                update_loss=config.getoption("update_loss_references"),
+                strict=config.getoption("baseline_strict"), overrides=overrides, timing_override=counts,
+                root=config.rootpath, notes=notes, cpu_speed=config.getoption("cpu_speed"))
 
 
 def _default_log(config: pytest.Config) -> Path:
@@ -153,7 +177,8 @@ class CaseHooks:
         case = plan.item_case(item)
         seconds = None
         if case is not None:
-            slug = identity.device_slug(case["device"]) if case["device"] == "cpu" or identity.cuda_available() else None
+            present = case["device"] == "cpu" or identity.cuda_available()
+            slug = identity.device_slug(case["device"]) if present else None
             file = self.gate.files.get(slug) if slug else None
             entry = file.entries.get(item.name) if file else None
             seconds = entry.seconds if entry else None

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from .rules import BUSY_SHARE
 from .units import in_unit
 
 
@@ -39,10 +40,6 @@ METRICS: dict[str, tuple[str, str]] = {
 #: metric key -> its axis label (with the unit) in plots
 AXIS_LABELS: dict[str, str] = {"memory": "peak allocated memory (MiB)", "reserved": "peak reserved memory (MiB)",
                                "speed": "tokens/s (median over rounds)", "loss": "loss (nats)"}
-
-
-BUSY_SHARE = 0.9
-"""Below this share of the CPU the process got while timed, a CPU tokens/s figure is flagged as busy."""
 
 
 @dataclass(frozen=True)

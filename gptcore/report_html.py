@@ -26,10 +26,10 @@ from .baselines import BaselineFile, Entry, Tolerances
 from .presets import RECIPE_NOTES, get_model, get_recipe
 from .convergence import Convergence
 from .memory import CATEGORIES, estimate, resolve
-from .report import BUSY_SHARE, Record, load_run, number, recorded_busy
-from .rules import Status, delta_text
+from .report import Record, load_run, number, recorded_busy
+from .rules import BUSY_SHARE, Status, delta_text
 from .units import common_unit, in_unit
-from .verdicts import Check, memory_check, speed_check
+from .verdicts import Check, memory_check, speed_check, speed_incomparable
 
 LADDER_RUNG = re.compile(r"^ladder-(\d+)$")
 COLORS = {"now": "#1f77b4", "fail": "#d62728", "better": "#2ca02c", "base": "#9e9e9e", "band": "#2ca02c"}
@@ -117,7 +117,8 @@ def case_checks(r: Record, e: Entry | None, tol: Tolerances) -> tuple[Check, Che
     if e is None:
         return (Check("tokens/s", r.values["speed"], None, None, Status.NO_BASELINE),
                 Check("peak memory", number(r.info.get("peak_allocated_bytes")), None, None, Status.NO_BASELINE))
-    return (speed_check(r.values["speed"], e.tokens_per_s, tol),
+    incomparable = speed_incomparable(r.info.get("cpu_model"), e) if "cpu_model" in r.info else None
+    return (speed_check(r.values["speed"], e.tokens_per_s, tol, incomparable=incomparable),
             memory_check(number(r.info.get("peak_allocated_bytes")), e.peak_allocated_bytes, tol))
 
 

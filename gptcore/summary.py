@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from tabulate import tabulate
 
-from gptcore.rules import delta, delta_text
+from gptcore.rules import Status, delta, delta_text
 from gptcore.units import common_unit, format_bytes
 
 if TYPE_CHECKING:
@@ -47,6 +47,9 @@ def _md_escape(text: str) -> str:
 
 
 def _pct(measured: float | None, baseline: float | None, status: str | None = None) -> str:
+    """A delta cell: none where the gate found the figures not comparable (Status.NO_FIGURE)."""
+    if status == Status.NO_FIGURE:
+        return "—"
     return delta_text(delta(measured, baseline, relative=True), status)
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .baselines import Entry, Tolerances
-from .rules import Status, delta, judge
+from .rules import BUSY_SHARE, Status, delta, judge
 from .units import format_bytes
 
 if TYPE_CHECKING:
@@ -38,8 +38,12 @@ if TYPE_CHECKING:
 OK, FAIL, BETTER, NOT_GATED, NO_BASELINE = Status.OK, Status.FAIL, Status.BETTER, Status.NOT_GATED, Status.NO_BASELINE
 #: the work ledger's gated counts (gptcore.work.WorkLedger.gated); their Check.delta is absolute
 WORK_METRICS = ("flops", "op calls", "syncs", "allocations", "allocated bytes", "graphs", "graph breaks",
-                "recompiles")
+                "recompiles", "kernels")
 _PER_PHASE = {"flops": "flops", "op calls": "op_calls"}
+LEANER = "leaner than the baseline"
+"""--baseline-strict: an exact figure that went down fails with this, since its baseline is stale."""
+BY_OP = ("op calls", "allocations", "flops")
+"""The counts the ledger keeps by operator, named in a verdict when they move (:func:`moved_ops`)."""
 
 
 @dataclass
@@ -53,6 +57,8 @@ class Check:
     delta: float | None
     status: Status
     note: str = ""
+    moved: str | None = None
+    """The work ledger: the operators whose counts moved ('aten.detach +4, aten.alias +4')."""
 
     @property
     def failed(self) -> bool:
@@ -100,8 +106,27 @@ def _describe(c: Check) -> str:
     if c.metric == "time-to-loss":
         return f"{c.metric} {int(c.delta):+,} steps" if c.delta else c.metric
     if c.metric in WORK_METRICS:
-        return f"{c.metric} {int(c.delta):+,}"
+        return f"{c.metric} {int(c.delta):+,}" + (f" ({c.moved})" if c.moved else "")
     return f"{c.metric} {c.delta:+.1%}"
+
+
+def short_name(op: str) -> str:
+    """'aten.detach.default' -> 'aten.detach' (an overload named only where it is not the default)."""
+    return op.removesuffix(".default")
+
+
+def moved_ops(now: dict[str, int] | None, before: dict[str, int] | None, top: int = 3) -> str | None:
+    """The operators whose counts changed, largest change first: 'aten.detach +4, aten.alias +4' (the top
+    ``top``, then '+N more'); 'operators not recorded' when either side has no per-operator counts; None when
+    none changed."""
+    if now is None or before is None:
+        return "operators not recorded"
+    deltas = {op: now.get(op, 0) - before.get(op, 0) for op in {*now, *before}}
+    moved = sorted(((op, d) for op, d in deltas.items() if d), key=lambda od: (-abs(od[1]), od[0]))
+    if not moved:
+        return None
+    text = ", ".join(f"{short_name(op)} {d:+,}" for op, d in moved[:top])
+    return text + (f", +{len(moved) - top} more" if len(moved) > top else "")
 
 
 def moved_categories(now: dict[str, int] | None, before: dict[str, int] | None) -> str | None:
@@ -132,9 +157,27 @@ CLOCK_TOL = 0.05
 not compared (a clock change is not a code change)."""
 
 
-def speed_check(now: float | None, before: float | None, tol: Tolerances, off: str | None = None) -> Check:
+def speed_incomparable(cpu_model: str | None, baseline: Entry) -> str | None:
+    """Why a CPU run's tokens/s has no delta against ``baseline`` at all: its speed was not recorded (a busy
+    machine), was recorded on a busy machine before that rule, or on another CPU model. None on a GPU."""
+    if baseline.speed_note:
+        return baseline.speed_note
+    if cpu_model is None or baseline.cpu_model is None:
+        return None
+    if baseline.cpu_share is not None and baseline.cpu_share < BUSY_SHARE:
+        return f"speed recorded on a busy machine (share {baseline.cpu_share:.2f})"
+    if cpu_model != baseline.cpu_model:
+        return f"speed recorded on another CPU model ({baseline.cpu_model})"
+    return None
+
+
+def speed_check(now: float | None, before: float | None, tol: Tolerances, off: str | None = None,
+                incomparable: str | None = None) -> Check:
     """tokens/s: FAIL below -tol.speed, better above +tol.speed; not gated where tol.speed is None (CPU) or
-    where ``off`` says why not (a machine unfit to time, other clocks)."""
+    where ``off`` says why not (a machine unfit to time, other clocks); no delta at all where ``incomparable``
+    says why (:func:`speed_incomparable`)."""
+    if incomparable:
+        return Check("tokens/s", now, before, None, Status.NO_FIGURE, incomparable)
     status, d = judge(now, before, tol.speed, worse="lower", relative=True)
     if d is None:
         return Check("tokens/s", now, before, None, status, "no figure to compare")
@@ -168,9 +211,11 @@ def clocks_moved(now: dict | None, before: dict | None) -> str | None:
 
 
 def verdict_of(case: str, measured: Entry, baseline: Entry | None, tol: Tolerances,
-               unfit: str | None = None) -> Verdict:
+               unfit: str | None = None, *, strict: bool = False) -> Verdict:
     """Verdicts of ``measured`` against ``baseline`` (None: no baseline recorded) under ``tol``; ``unfit``: why
-    the machine could not time this case (its speed is then not gated)."""
+    the machine could not time this case (its speed is then not gated); ``strict`` (--baseline-strict): an exact
+    figure that went down (the work ledger's counts, CPU tracked memory) fails as leaner than the baseline, on a GPU
+    and on the CPU model that recorded the baseline."""
     if measured.convergence is not None:
         return Verdict(case, _convergence_checks(measured, baseline, tol))
     if baseline is None:
@@ -182,9 +227,17 @@ def verdict_of(case: str, measured: Entry, baseline: Entry | None, tol: Toleranc
         estimated = moved_categories(measured.estimate_by_category, baseline.estimate_by_category)
         where = where or (f"estimate: {estimated}" if estimated else None)
         memory = memory_check(measured.peak_allocated_bytes, baseline.peak_allocated_bytes, tol, where=where)
+    # --baseline-strict judges exact figures both ways where the baseline can be refreshed: on a GPU, and on the
+    # CPU model that recorded it (another CPU model's kernels may allocate differently: a drop there passes)
+    strict = strict and measured.cpu_model == baseline.cpu_model
+    if strict and measured.cpu_model is not None and memory.delta is not None and memory.delta < 0:
+        where = moved_categories(measured.peak_by_category, baseline.peak_by_category) or "no breakdown"
+        memory.status = FAIL
+        memory.note = f"{LEANER}: {memory.note.split(', tolerance')[0]}; {where}; refresh with --update-baselines"
     off = unfit or clocks_moved(measured.clocks, baseline.clocks)
-    checks = [memory, speed_check(measured.tokens_per_s, baseline.tokens_per_s, tol, off)]
-    checks += _work_checks(measured.work, baseline.work, tol.work)
+    checks = [memory, speed_check(measured.tokens_per_s, baseline.tokens_per_s, tol, off,
+                                  speed_incomparable(measured.cpu_model, baseline))]
+    checks += _work_checks(measured.work, baseline.work, tol.work, strict)
 
     # the loss: held to this CPU model's reference where there is one, else to the recorded loss, wider when that
     # was recorded on another CPU model
@@ -197,9 +250,10 @@ def verdict_of(case: str, measured: Entry, baseline: Entry | None, tol: Toleranc
     return Verdict(case, checks)
 
 
-def _work_checks(now: WorkLedger | None, before: WorkLedger | None, tol: float) -> list[Check]:
+def _work_checks(now: WorkLedger | None, before: WorkLedger | None, tol: float, strict: bool = False) -> list[Check]:
     """The work ledger, count by count: more than the baseline (beyond ``tol``, relative) fails with the per-phase
-    delta, less passes with a refresh note; one "work" check when every count is the same."""
+    delta and the operators that moved; less passes with a refresh note, or under ``strict`` fails as leaner than
+    the baseline; one "work" check when every count is the same."""
     if now is None or before is None:
         return [Check("work", None, None, None, NOT_GATED, "no work ledger to compare")]
     figures_now, figures_before = now.gated(), before.gated()
@@ -215,7 +269,12 @@ def _work_checks(now: WorkLedger | None, before: WorkLedger | None, tol: float) 
             phases = [f"{p} {getattr(now, field)[p] - getattr(before, field)[p]:+,}" for p in getattr(now, field)
                       if getattr(now, field)[p] != getattr(before, field).get(p)]
             note += f" ({', '.join(phases)})"
-        checks.append(Check(metric, a, b, a - b, status, note + ", gated exactly"))
+        moved = moved_ops(now.by_op(metric), before.by_op(metric)) if metric in BY_OP else None
+        if strict and status == BETTER:
+            status, note = FAIL, f"{LEANER}: {note}; refresh with --update-baselines"
+        else:
+            note += ", gated exactly"
+        checks.append(Check(metric, a, b, a - b, status, note, moved))
     return checks or [Check("work", None, None, 0, OK, "every count the same")]
 
 

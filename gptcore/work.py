@@ -5,11 +5,13 @@ rounds never see:
 
 * FLOPs per phase (forward, backward, optimizer), with FlopCounterMode's formulas
   (``torch.utils.flop_counter.flop_registry``);
-* aten operator calls per phase (a proxy for kernel launches) and the most called operators;
+* aten operator calls per phase (a proxy for kernel launches), and per phase every operator overload called with
+  its count, so that a change names what moved (``gptcore.verdicts.moved_ops``);
 * host-device syncs: host reads of a tensor's value (``aten._local_scalar_dense``, which ``.item()`` and
   ``bool(tensor)`` dispatch) and copies from a GPU to the host, counted through the dispatcher so that they show
   on CPU too. The optimizers' own step counters, which PyTorch keeps on the host and reads there, are not syncs;
-* allocation traffic: storages allocated during the step and their bytes (``memory.tracker.LiveBytes``);
+* allocation traffic: storages allocated during the step and their bytes (``memory.tracker.LiveBytes``), and
+  the storages by the operator that allocated them (FLOPs too are kept by operator);
 * under compile, from the warm-up in which compilation happens: Dynamo's graphs, graph breaks and recompilations,
   and inductor's generated kernels.
 
@@ -37,6 +39,8 @@ from .memory.tracker import LiveBytes, phases
 
 PHASES: tuple[str, ...] = ("forward", "backward", "optimizer")
 TOP_OPS = 8
+OUTSIDE = "outside an operator"
+"""Where allocations that no operator made are kept (in-place storage resizes, seen by the tracker directly)."""
 
 
 @dataclass
@@ -67,6 +71,23 @@ class WorkLedger:
     """The most called operators and their counts (reported, not gated)."""
     compile: CompileStats | None = None
     """Compiled recipes only."""
+    ops: dict[str, dict[str, int]] | None = None
+    """Per phase, every aten operator overload called and its count ('aten.mm.default': 63); None in entries
+    recorded before the ledger kept them."""
+    allocations_by_op: dict[str, int] | None = None
+    """Storages allocated, by the operator that allocated them ('outside an operator': in-place resizes)."""
+    flops_by_op: dict[str, int] | None = None
+    """FLOPs by operator overload."""
+
+    def by_op(self, metric: str) -> dict[str, int] | None:
+        """The per-operator counts behind a gated total: 'op calls' (summed over phases), 'allocations', 'flops';
+        None where the ledger has none."""
+        if metric == "op calls" and self.ops is not None:
+            total: Counter[str] = Counter()
+            for counts in self.ops.values():
+                total.update(counts)
+            return dict(total)
+        return {"allocations": self.allocations_by_op, "flops": self.flops_by_op}.get(metric)
 
     def gated(self) -> dict[str, int]:
         """The figures the gate compares exactly: totals, and the compile counts of compiled recipes."""
@@ -74,12 +95,20 @@ class WorkLedger:
                    "allocations": self.allocations, "allocated bytes": self.allocated_bytes}
         if self.compile is not None:
             figures.update({"graphs": self.compile.graphs, "graph breaks": self.compile.graph_breaks,
-                            "recompiles": self.compile.recompiles})
+                            "recompiles": self.compile.recompiles, "kernels": self.compile.kernels})
         return figures
 
     def to_json(self) -> dict:
         data = dataclasses.asdict(self)
         data["top_ops"] = [list(pair) for pair in self.top_ops]
+        for key in ("ops", "allocations_by_op", "flops_by_op"):  # only non-zero counts, sorted: a file that diffs well
+            if data[key] is None:
+                del data[key]
+        if self.ops is not None:
+            data["ops"] = {phase: _nonzero(counts) for phase, counts in self.ops.items()}
+        for key in ("allocations_by_op", "flops_by_op"):
+            if key in data:
+                data[key] = _nonzero(data[key])
         return data
 
     @classmethod
@@ -88,7 +117,14 @@ class WorkLedger:
         return cls(flops=dict(data["flops"]), op_calls=dict(data["op_calls"]), syncs=data["syncs"],
                    allocations=data["allocations"], allocated_bytes=data["allocated_bytes"],
                    top_ops=[tuple(pair) for pair in data.get("top_ops", [])],
-                   compile=CompileStats(**compile_stats) if compile_stats else None)
+                   compile=CompileStats(**compile_stats) if compile_stats else None,
+                   ops={phase: dict(counts) for phase, counts in data["ops"].items()} if "ops" in data else None,
+                   allocations_by_op=dict(data["allocations_by_op"]) if "allocations_by_op" in data else None,
+                   flops_by_op=dict(data["flops_by_op"]) if "flops_by_op" in data else None)
+
+
+def _nonzero(counts: dict[str, int]) -> dict[str, int]:
+    return {name: n for name, n in sorted(counts.items()) if n}
 
 
 class _OpCounter(TorchDispatchMode):
@@ -100,19 +136,28 @@ class _OpCounter(TorchDispatchMode):
         self.flops: Counter[str] = Counter()
         self.calls: Counter[str] = Counter()
         self.ops: Counter[str] = Counter()
+        self.by_phase: dict[str, Counter[str]] = {p: Counter() for p in PHASES}
+        self.allocs: Counter[str] = Counter()
+        self.flops_by_op: Counter[str] = Counter()
         self.syncs = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        allocated = self.tracker.allocations
+        out = func(*args, **kwargs)  # the tracker (the mode below this one) counts what it allocates
         if func.namespace == "profiler":  # record_function markers: bookkeeping, no work
             return out
+        name = str(func)
+        self.allocs[name] += self.tracker.allocations - allocated
         phase = self.tracker.phase if self.tracker.phase in PHASES else "optimizer"  # after the step: its tail
         self.calls[phase] += 1
         self.ops[str(func.overloadpacket)] += 1
+        self.by_phase[phase][name] += 1
         formula = flop_registry.get(func.overloadpacket)
         if formula is not None:
-            self.flops[phase] += int(formula(*args, **kwargs, out_val=out))
+            flops = int(formula(*args, **kwargs, out_val=out))
+            self.flops[phase] += flops
+            self.flops_by_op[name] += flops
         if self._is_sync(func, args, kwargs):
             self.syncs += 1
         return out
@@ -146,10 +191,17 @@ def count_step(trainer, batch: tuple[torch.Tensor, torch.Tensor] | None = None) 
         before, before_bytes = tracker.allocations, tracker.allocated_bytes
         with tracker, counts:
             trainer.step(batch)
+    allocations = tracker.allocations - before
+    by_op = dict(counts.allocs)
+    outside = allocations - sum(by_op.values())  # in-place storage resizes bypass the dispatcher
+    if outside:
+        by_op[OUTSIDE] = outside
     return WorkLedger(flops={p: counts.flops[p] for p in PHASES}, op_calls={p: counts.calls[p] for p in PHASES},
-                      syncs=counts.syncs, allocations=tracker.allocations - before,
+                      syncs=counts.syncs, allocations=allocations,
                       allocated_bytes=tracker.allocated_bytes - before_bytes,
-                      top_ops=counts.ops.most_common(TOP_OPS))
+                      top_ops=counts.ops.most_common(TOP_OPS),
+                      ops={p: dict(counts.by_phase[p]) for p in PHASES}, allocations_by_op=by_op,
+                      flops_by_op=dict(counts.flops_by_op))
 
 
 @contextmanager

@@ -87,9 +87,10 @@ def test_run_case_cpu_peak_equals_track_training_on_the_same_config() -> None:
 def test_run_case_times_the_rounds_apart_from_warmup_and_reads_the_last_loss() -> None:
     calls = []
 
-    def timed_loop(round_fn, rounds: int) -> None:
+    def timed_loop(round_fn, rounds: int, between) -> None:
         calls.append(rounds)
         for _ in range(rounds):
+            between()
             round_fn()
 
     m = run_case(CPU_SMALL, RECIPES["fp32"], "cpu", warmup=2, rounds=3, steps_per_round=2, timed_loop=timed_loop)

@@ -1,11 +1,13 @@
 """The end table and the markdown verdict of a recorded CPU run, byte for byte.
 
 ``tests/data/gate_render/`` holds what the gate printed for ``tests/data/cpu-run.json`` (10 CPU-shape cases) against
-``baselines/cpu.json`` when it was one module; the split into gptcore.gate (judging), gptcore.summary (rendering)
-and gptcore.plugin (pytest wiring) must not change a byte. The run is moved so that every status shows: a case
-over its memory tolerance, one leaner, one faster with speed gated, an out-of-memory case, a case with no baseline
-under --baseline-strict, unmet expected effects, and a convergence run slower to its target. After a change that
-is meant to alter the output, rewrite the files with ``python -m tests.test_summary`` and review the diff.
+a frozen copy of the CPU baselines (``tests/data/gate_render/baselines/cpu.json``) when it was one module; the
+split into gptcore.gate (judging), gptcore.summary (rendering) and gptcore.plugin (pytest wiring) did not change a
+byte. The run is moved so that every status shows: a case over its memory tolerance, one leaner, one faster with
+speed gated, an out-of-memory case, a case with no baseline under --baseline-strict, unmet expected effects, and a
+convergence run slower to its target. After a change meant to alter the output, rewrite the files with
+``python -m tests.test_summary`` and review the diff (as when the gate stopped showing a speed delta against a busy
+recording, and began to fail an exact figure that went down under --baseline-strict).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def render_recorded_run() -> tuple[str, str]:
     from gptcore.summary import convergence_table, expectations_table, gate_markdown, gate_table
 
     run = json.loads((DATA / "cpu-run.json").read_text())
-    gate = Gate(directory=ROOT / "baselines", update=False, strict=True, overrides={"speed": 0.05},
+    gate = Gate(directory=GOLDEN / "baselines", update=False, strict=True, overrides={"speed": 0.05},
                 timing_override=(None,) * 3, cpu_model=CPU_MODEL)
     names = {f.name for f in dataclasses.fields(Measurement)}
     moves = itertools.cycle([(1.0, 1.0), (1.03, 0.90), (0.97, 1.10), (1.01, 0.97), (1.02, 1.05)])
@@ -50,7 +52,7 @@ def render_recorded_run() -> tuple[str, str]:
         gate.judge(node, m, model=info["model"], recipe=info["recipe"], precision=info["precision"],
                    estimate=info["estimate_bytes"])
     name = "test_convergence_cpu_shape_short[cpu-small-ckpt-fp32]"
-    before = baselines.load(ROOT / "baselines" / "cpu.json").entries[name].convergence
+    before = baselines.load(GOLDEN / "baselines" / "cpu.json").entries[name].convergence
     now = Convergence(before.steps, [v + 0.01 for v in before.val_loss], before.train_loss, before.seconds,
                       before.tokens_per_step, before.target_loss)
     gate.judge_convergence(SimpleNamespace(name=name, nodeid=f"bench/test_convergence_cpu_shape.py::{name}"), now,
@@ -65,7 +67,7 @@ def test_end_table_and_markdown_of_a_recorded_run_are_unchanged_byte_for_byte() 
     table, markdown = render_recorded_run()
     assert table == (GOLDEN / "table.txt").read_text()
     assert markdown == (GOLDEN / "markdown.md").read_text()
-    for status in ("FAIL: peak memory", "refresh the baseline", "FAIL: out of memory", "no baseline (strict: FAIL)",
+    for status in ("FAIL: peak memory", "leaner than the baseline", "FAIL: out of memory", "no baseline (strict: FAIL)",
                    "expected effect not met", "FAIL: time-to-loss"):
         assert status in markdown  # the recorded run reaches every status it is meant to pin
 

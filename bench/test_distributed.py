@@ -80,7 +80,8 @@ def combine(ranks: list[dict]) -> Measurement:
 @pytest.mark.parametrize(("model", "recipe", "world", "device"), CASES)
 def test_distributed(benchmark, gate, request, tmp_path, model: str, recipe: str, world: int, device: str) -> None:
     cfg, r = MODELS[model], RECIPES[recipe]
-    counts = gate.timing(*dataclasses.astuple(TIMING[device]))
+    timing = TIMING[device]
+    counts = gate.timing(timing.warmup, timing.rounds, timing.steps_per_round)
     try:
         estimate: int | str = estimate_per_rank(resolve(cfg, r, device=device), world).total_bytes
     except Exception:  # noqa: BLE001 (an estimate column never fails a case)

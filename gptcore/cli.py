@@ -53,6 +53,16 @@ def _add_case_arguments(parser: argparse.ArgumentParser) -> None:
                              "None/true/false/numbers/names)")
 
 
+def _interpreter(value: str) -> str:
+    """An interpreter given as a path (relative to the cwd) or a name on PATH, made absolute: compare runs it in a
+    temporary worktree. Not resolved through links: a venv's python is a link, and its venv is the point. Whether
+    it exists and runs is compare's to say (one line)."""
+    import os
+    import shutil
+
+    return os.path.abspath(value if os.sep in value else shutil.which(value) or value)
+
+
 def _parser() -> argparse.ArgumentParser:
     from . import bisection  # no torch: the choices of bisect --metric
 
@@ -106,9 +116,9 @@ def _parser() -> argparse.ArgumentParser:
                          help="git revision B (default: the working tree as it is, uncommitted changes included)")
     _add_hunt_arguments(compare)
     compare.add_argument("--json", metavar="FILE", default=None, help="write every figure to FILE")
-    compare.add_argument("--python-a", metavar="PATH", default=None,
+    compare.add_argument("--python-a", metavar="PATH", default=None, type=_interpreter,
                          help="the interpreter that runs A, e.g. venv-old/bin/python (default: this one)")
-    compare.add_argument("--python-b", metavar="PATH", default=None,
+    compare.add_argument("--python-b", metavar="PATH", default=None, type=_interpreter,
                          help="the interpreter that runs B, e.g. venv-new/bin/python with another torch")
 
     bisect = sub.add_parser("bisect", help="git bisect run for the first commit worse than GOOD on one metric")

@@ -142,7 +142,7 @@ _CALIBRATION: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def calibration_kernel() -> float:
-    """Seconds of a fixed piece of CPU work: 8 fp32 matmuls of 384 x 384 (0.9 GFLOP, ~10 ms on 2 cores), on the
+    """Seconds of a fixed piece of CPU work: 16 fp32 matmuls of 384 x 384 (1.8 GFLOP, ~9 ms on 2 cores), on the
     process's torch threads. Timed between rounds, it says whether the machine stayed the same, and a step's time
     over it is a speed figure that other load moves less than raw tokens/s (the "calibrated step cost")."""
     global _CALIBRATION
@@ -151,7 +151,7 @@ def calibration_kernel() -> float:
         _CALIBRATION = tuple(torch.randn(CALIBRATION_SIZE, CALIBRATION_SIZE, generator=g) for _ in range(2))
     a, b = _CALIBRATION
     t0 = time.perf_counter()
-    for _ in range(8):
+    for _ in range(16):
         torch.mm(a, b)
     return time.perf_counter() - t0
 

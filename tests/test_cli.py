@@ -143,3 +143,16 @@ def test_estimate_takes_set_like_train(capsys):
     with_set = capsys.readouterr().out.split("\n", 1)[1]
     assert main(["estimate", "--model", "cpu-small", "--device", "cpu", "--recipe", "checkpoint"]) == 0
     assert capsys.readouterr().out.split("\n", 1)[1] == with_set  # same numbers; only the title differs
+
+
+def test_an_interpreter_given_relative_to_the_cwd_is_made_absolute_but_not_resolved(tmp_path, monkeypatch):
+    # compare runs each side in a temporary worktree: a relative path would point nowhere there; a venv's python
+    # is a link, and following it would lose the venv
+    from gptcore.cli import _parser
+
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").symlink_to(sys.executable)
+    monkeypatch.chdir(tmp_path)
+    args = _parser().parse_args(["compare", "-k", "x", "--python-a", "venv/bin/python"])
+    assert args.python_a == str(venv / "python")  # one that does not exist: test_compare's one-line error

@@ -213,8 +213,15 @@ def test_ledger_changes_lists_every_count_that_moved():
 
     a = {"flops": {"forward": 10, "backward": 20}, "op_calls": {"backward": 250}, "syncs": 0}
     b = {"flops": {"forward": 10, "backward": 20}, "op_calls": {"backward": 262}, "syncs": 1}
-    assert ledger_changes(a, b) == ["op_calls.backward 250 -> 262 (+12)", "syncs 0 -> 1 (+1)"]
+    # a ledger without per-operator counts (recorded before they were kept) says so where they would be named
+    assert ledger_changes(a, b) == ["op_calls.backward 250 -> 262 (+12)", "syncs 0 -> 1 (+1)",
+                                    "op calls by operator: operators not recorded"]
     assert ledger_changes(a, a) == [] and ledger_changes(a, None) is None
+    ops_a = {"backward": {"aten.mm.default": 40, "aten.detach.default": 200, "aten.alias.default": 10}}
+    ops_b = {"backward": {"aten.mm.default": 41, "aten.detach.default": 204, "aten.alias.default": 14,
+                          "aten.clone.default": 3}}
+    named = ledger_changes(a | {"ops": ops_a}, b | {"ops": ops_b})
+    assert named[-1] == "op calls by operator: aten.alias +4, aten.detach +4, aten.clone +3, +1 more"
 
 
 def wrapper(path: Path, body: str) -> str:

@@ -34,7 +34,7 @@ DATA = Path(__file__).resolve().parent / "data"
 RUN = DATA / "cpu-run.json"
 CPU_RUN, LADDER_RUN = DATA / "cpu-report-run.json", DATA / "gpu-ladder-synthetic.json"
 HISTORY = DATA / "history" / "cpu"
-BASELINES = DATA.parent.parent / "baselines"
+BASELINES = DATA / "baselines-frozen"  # the CPU baselines of cpu-run.json's vintage (baselines/ moves on)
 INSTALL_BROWSER = "apt-get update && apt-get install -y --no-install-recommends chromium"
 RECIPES = ["ckpt-fp32", "ckpt-half-batch", "ckpt-grad-accum-2", "ckpt-sgd-cosine", "ckpt-bf16"]
 

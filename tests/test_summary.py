@@ -1,7 +1,7 @@
 """The end table and the markdown verdict of a recorded CPU run, byte for byte.
 
 ``tests/data/gate_render/`` holds what the gate printed for ``tests/data/cpu-run.json`` (10 CPU-shape cases) against
-a frozen copy of the CPU baselines (``tests/data/gate_render/baselines/cpu.json``) when it was one module; the
+a frozen copy of the CPU baselines (``tests/data/baselines-frozen/cpu.json``, of the run's vintage) when it was one module; the
 split into gptcore.gate (judging), gptcore.summary (rendering) and gptcore.plugin (pytest wiring) did not change a
 byte. The run is moved so that every status shows: a case over its memory tolerance, one leaner, one faster with
 speed gated, an out-of-memory case, a case with no baseline under --baseline-strict, unmet expected effects, and a
@@ -24,6 +24,7 @@ pytestmark = pytest.mark.cpu
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
 GOLDEN = DATA / "gate_render"
+FROZEN = DATA / "baselines-frozen"
 CPU_MODEL = "AMD EPYC (family 25, model 17)"
 
 
@@ -36,7 +37,7 @@ def render_recorded_run() -> tuple[str, str]:
     from gptcore.summary import convergence_table, expectations_table, gate_markdown, gate_table
 
     run = json.loads((DATA / "cpu-run.json").read_text())
-    gate = Gate(directory=GOLDEN / "baselines", update=False, strict=True, overrides={"speed": 0.05},
+    gate = Gate(directory=FROZEN, update=False, strict=True, overrides={"speed": 0.05},
                 timing_override=(None,) * 3, cpu_model=CPU_MODEL)
     names = {f.name for f in dataclasses.fields(Measurement)}
     moves = itertools.cycle([(1.0, 1.0), (1.03, 0.90), (0.97, 1.10), (1.01, 0.97), (1.02, 1.05)])
@@ -52,7 +53,7 @@ def render_recorded_run() -> tuple[str, str]:
         gate.judge(node, m, model=info["model"], recipe=info["recipe"], precision=info["precision"],
                    estimate=info["estimate_bytes"])
     name = "test_convergence_cpu_shape_short[cpu-small-ckpt-fp32]"
-    before = baselines.load(GOLDEN / "baselines" / "cpu.json").entries[name].convergence
+    before = baselines.load(FROZEN / "cpu.json").entries[name].convergence
     now = Convergence(before.steps, [v + 0.01 for v in before.val_loss], before.train_loss, before.seconds,
                       before.tokens_per_step, before.target_loss)
     gate.judge_convergence(SimpleNamespace(name=name, nodeid=f"bench/test_convergence_cpu_shape.py::{name}"), now,

@@ -128,6 +128,16 @@ def _parser() -> argparse.ArgumentParser:
     bisect.add_argument("--metric", choices=bisection.METRICS, default="tokens_per_s",
                         help="tokens_per_s: compare's verdict slower is bad; peak_memory, loss: beyond the gate's "
                              "tolerance of GOOD's figure is bad (exact, deterministic)")
+
+    history = sub.add_parser("history", help="change points over commits in pytest-benchmark's saved runs: the "
+                             "creeping regression no single run fails, named by its commit range")
+    history.add_argument("-k", dest="expr", default=None, metavar="TEXT",
+                         help="only the cases whose name holds TEXT, e.g. cpu-small-ckpt-fp32")
+    history.add_argument("--storage", metavar="DIR", default=None,
+                         help="pytest-benchmark's storage (default: .benchmarks/<this device>)")
+    history.add_argument("--json", metavar="FILE", default=None, help="write every finding to FILE")
+    history.add_argument("--markdown", metavar="FILE", default=None,
+                         help="write the 'change points in history' section of the verdict to FILE")
     return parser
 
 
@@ -491,8 +501,35 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_history(args: argparse.Namespace) -> int:
+    """Change points and creeping windows in the saved runs; exit 1 when one is a regression or a creep."""
+    import json
+    from pathlib import Path
+
+    from . import history
+    from .identity import session_slug
+
+    storage = args.storage or f".benchmarks/{session_slug()}"
+    found = history.analyse(storage, args.expr)
+    for line in found.skipped:
+        print(f"gptcore history: {line}", file=sys.stderr)
+    if found.series == 0:
+        raise UsageError(f"{storage}: no case to analyse" + (f" matching {args.expr!r}" if args.expr else ""))
+    print(f"{found.runs} saved run(s), {found.series} series, {len(found.findings)} change point(s) or creep(s) "
+          f"in {storage}")
+    for finding in found.findings:
+        print(finding.line())
+        if finding.command():
+            print(f"  hunt it: {finding.command()}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(found.to_json(), indent=1) + "\n")
+    if args.markdown:
+        Path(args.markdown).write_text(history.markdown(found))
+    return 1 if any(f.status in ("regression", "creeping") for f in found.findings) else 0
+
+
 COMMANDS = {"list": cmd_list, "train": cmd_train, "estimate": cmd_estimate, "report": cmd_report,
-            "compare": cmd_compare, "bisect": cmd_bisect}
+            "compare": cmd_compare, "bisect": cmd_bisect, "history": cmd_history}
 
 
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:  # noqa: ANN001 (warnings' API)

@@ -25,6 +25,7 @@ from pytest_benchmark.session import PerformanceRegression
 from gptcore import identity, plan, results
 from gptcore.baselines import BaselineError, Entry
 from gptcore.gate import Gate, Row
+from gptcore.history import section as history_section
 from gptcore.results import Record, ResultsLog
 from gptcore.summary import CONVERGENCE, PAYS, convergence_table, expectations_table, gate_markdown, gate_table
 
@@ -66,6 +67,9 @@ def add_options(parser: pytest.Parser, root: Path) -> None:
     group.addoption("--bench-warmup", type=int, metavar="N", help="override every case's warm-up steps")
     group.addoption("--bench-rounds", type=int, metavar="N", help="override every case's timed rounds")
     group.addoption("--bench-steps", type=int, metavar="N", help="override every case's steps per round")
+    group.addoption("--gate-history", action="store_true",
+                    help="add the change points in this device's saved runs (pytest-benchmark's storage; "
+                         "python -m gptcore history) to the markdown verdict")
     group.addoption("--cpu-speed", action="store_true",
                     help="on CPU, time each study's full rounds (a tokens/s median worth reading); by default a CPU "
                          "case times only the few rounds its exact checks need (memory, loss, work ledger)")
@@ -355,11 +359,12 @@ def write_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Conf
     for note in notes:
         terminalreporter.write_line(note, red=note.startswith("FAIL"))
     if gate.rows:
+        changes = history_section(config.option.benchmark_storage) if config.getoption("gate_history") else ""
         for path, mode in ((gate.markdown, "w"), (os.environ.get("GITHUB_STEP_SUMMARY"), "a")):
             if path:
                 try:
                     with open(path, mode, encoding="utf-8") as out:
-                        out.write(gate_markdown(gate, notes))
+                        out.write(gate_markdown(gate, notes, changes))
                 except OSError as err:
                     terminalreporter.write_line(f"gate markdown: NOT written to {path}: {err}", red=True)
 

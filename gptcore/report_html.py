@@ -27,6 +27,8 @@ from .presets import RECIPE_NOTES, get_model, get_recipe
 from .convergence import Convergence
 from .memory import CATEGORIES, estimate, resolve
 from .report import Record, load_run, number, recorded_busy
+from .history import Finding
+from .history import analyse as analyse_history
 from .rules import BUSY_SHARE, Status, delta_text
 from .units import common_unit, in_unit
 from .verdicts import Check, memory_check, speed_check, speed_incomparable
@@ -258,8 +260,10 @@ def waterfall_figure(model: str, rungs: Sequence[tuple[int, Record]], base: Base
     return _png(fig)
 
 
-def history_figure(group: str, recs: Sequence[Record], runs: Sequence[SavedRun]) -> str | None:
-    """tokens/s (IQR error bars) and peak memory per case over the saved runs, oldest commit first."""
+def history_figure(group: str, recs: Sequence[Record], runs: Sequence[SavedRun],
+                   changes: Sequence[Finding] = ()) -> str | None:
+    """tokens/s (IQR error bars) and peak memory per case over the saved runs, oldest commit first; each change
+    point or creep of ``changes`` (gptcore.history) marked as a shaded commit range on its metric's plot."""
     names = [r.name for r in recs if any(r.name in run.cases for run in runs)]
     if not names:
         return None
@@ -280,6 +284,15 @@ def history_figure(group: str, recs: Sequence[Record], runs: Sequence[SavedRun])
     for ax in (ax_s, ax_m):
         ax.set_xticks(list(xs), [run.label for run in runs], fontsize=7)
         ax.set_xlabel("saved run (number, commit, date)")
+    for change in changes:
+        if change.case not in names or change.metric not in ("tokens/s", "peak memory"):
+            continue
+        at = [i for i, run in enumerate(runs) if run.commit.removesuffix("+dirty") in (change.before, change.after)]
+        if at:
+            ax = ax_s if change.metric == "tokens/s" else ax_m
+            ax.axvspan(min(at) - 0.1, max(at) + 0.1, color=COLORS["fail"], alpha=0.15)
+            ax.text(max(at), ax.get_ylim()[1], f" {change.status}: {change.before[:7]}..{change.after[:7]}",
+                    fontsize=7, va="top", color=COLORS["fail"])
     ax_s.set_ylabel("tokens/s (median; error bars: IQR)")
     ax_s.yaxis.set_major_formatter(_thousands)
     ax_m.set_ylabel(f"peak allocated memory ({unit})")
@@ -400,6 +413,7 @@ def build_html(run: str | Path, *, baselines_dir: str | Path = "baselines", hist
     device_type = "cpu" if slug == "cpu" else "cuda"
     tol = base.tolerances if base else Tolerances.default_for(device_type)
     runs = load_history(history) if history is not None else []
+    changes = analyse_history(history).findings if runs else []
     commit = data.get("commit_info") or {}
     body = [f"<h1>gptcore benchmark report: {html.escape(Path(run).name)}</h1>",
             f"<p>device <b>{html.escape(slug)}</b>, commit {html.escape(str(commit.get('id', '?'))[:12])}"
@@ -411,7 +425,8 @@ def build_html(run: str | Path, *, baselines_dir: str | Path = "baselines", hist
             f"{BUSY_SHARE:.0%} of the CPU while timed (a shared machine): compare it with care.</p>",
             '<nav id="case-index"><h2>cases</h2></nav>']
     if history is not None:
-        body.append(f"<p>history: {len(runs)} saved run(s) in {html.escape(str(history))}</p>")
+        body.append(f"<p>history: {len(runs)} saved run(s) in {html.escape(str(history))}; "
+                    f"{len(changes)} change point(s) or creep(s) (<code>python -m gptcore history</code>)</p>")
     body += ['<section id="expectations"><h2>does each optimization still pay</h2>', _expectation_rows(records),
              "</section>"]
     for group in dict.fromkeys(r.group for r in records):
@@ -429,9 +444,13 @@ def build_html(run: str | Path, *, baselines_dir: str | Path = "baselines", hist
             body.append(_figure(png, "breakdown", f"{group}: the analytic estimate's memory at the peak, by category"))
         for model, rungs in ladders(recs).items():
             body.append(_figure(waterfall_figure(model, rungs, base), "ladder", f"{group}: ladder waterfall, {model}"))
-        png = history_figure(group, recs, runs) if runs else None
+        png = history_figure(group, recs, runs, changes) if runs else None
         if png:
-            body.append(_figure(png, "history", f"{group}: tokens/s and peak memory over the saved runs"))
+            marked = [f"{c.case} {c.metric} {c.status} {c.before[:7]}..{c.after[:7]}" for c in changes
+                      if c.case in {r.name for r in recs} and c.metric in ("tokens/s", "peak memory")]
+            caption = f"{group}: tokens/s and peak memory over the saved runs" + (
+                f"; change points shaded: {'; '.join(marked)}" if marked else "")
+            body.append(_figure(png, "history", caption))
         body.append("</section>")
     return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>gptcore report</title>"
             f"<style>{STYLE}</style></head><body>{''.join(body)}<script>{SCRIPT}</script></body></html>")

@@ -22,9 +22,10 @@ CONVERGENCE = "does it still learn (convergence runs: validation loss and time-t
 PAYS = "does each optimization still pay (expected effects, judged within this run)"
 
 
-def gate_markdown(gate: Gate, notes: Sequence[str]) -> str:
+def gate_markdown(gate: Gate, notes: Sequence[str], history: str = "") -> str:
     """The verdict as GitHub-flavoured markdown: the failing cases first, one line each; then the table; then the
-    expected effects; then the notes."""
+    expected effects; then ``history`` (the change points in the saved runs, gptcore.history.markdown); then the
+    notes."""
     failures = gate.failures + [line.removeprefix("FAIL: ") for line in gate.regressions]
     verdict = f"FAIL: {len(failures)} failure(s)" if failures else "ok"
     out = [f"## gptcore benchmark gate: {verdict} ({len(gate.rows)} case{'s' if len(gate.rows) != 1 else ''})", ""]
@@ -35,6 +36,8 @@ def gate_markdown(gate: Gate, notes: Sequence[str]) -> str:
         out += [f"### {CONVERGENCE[0].upper()}{CONVERGENCE[1:]}", "", convergence_table(gate.rows, "github"), ""]
     if gate.expected.outcomes:
         out += [f"### {PAYS[0].upper()}{PAYS[1:]}", "", expectations_table(gate.expected.outcomes, "github"), ""]
+    if history:
+        out.append(history)
     rest = [n for n in notes if not n.startswith("FAIL")]
     if rest:
         out += ["<details><summary>notes</summary>", "", *(f"- {_md_escape(n)}" for n in rest), "", "</details>", ""]

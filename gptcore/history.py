@@ -73,8 +73,13 @@ class Finding:
     """regression, improvement, changed (either direction is news), suspicious, or creeping."""
     note: str = ""
 
+    def size(self) -> str:
+        """The change as text: '+8,915,712 (+43.2%)', '-0.111657 (-3.0%)'."""
+        number = f"{self.change:+,.0f}" if abs(self.change) >= 1000 else f"{self.change:+.6g}"
+        return number + (f" ({self.relative:+.1%})" if self.relative is not None else "")
+
     def line(self) -> str:
-        size = f"{self.change:+,.6g}" + (f" ({self.relative:+.1%})" if self.relative is not None else "")
+        size = self.size()
         where = f"between {self.before[:12]} and {self.after[:12]}"
         how = "exact" if self.p is None else f"p {self.p:.1e}"
         return f"{self.case} {self.metric}: {size} {where} ({how}; {self.note}): {self.status}"
@@ -326,7 +331,7 @@ def markdown(history: History) -> str:
         return "\n".join(out + [f"None in {history.series} series over {history.runs} saved run(s).", ""])
     out += ["| case | metric | change | commits | significance | status |", "|---|---|---|---|---|---|"]
     for f in history.findings:
-        size = f"{f.change:+,.6g}" + (f" ({f.relative:+.1%})" if f.relative is not None else "")
+        size = f.size()
         out.append(f"| {f.case.replace('[', chr(92) + '[').replace(']', chr(92) + ']')} | {f.metric} | {size} | "
                    f"{f.before[:7]}..{f.after[:7]} | {'exact' if f.p is None else f'p {f.p:.1e}'} | "
                    f"{f.status} ({f.note}) |")

@@ -369,13 +369,20 @@ def update(path: str | Path, slug: str, entries: dict[str, Entry], *, device_nam
                 kept = {m: v for m, v in old.loss_by_cpu.items() if m != entry.cpu_model}
                 if old.cpu_model and old.cpu_model != entry.cpu_model and old.loss is not None:
                     kept[old.cpu_model] = old.loss
-        if entry.speed_note:  # a CPU speed measured on a busy machine is no reference: not recorded
-            entry = dataclasses.replace(entry, tokens_per_s=None, tokens_per_s_iqr=None)
-        current.entries[name] = dataclasses.replace(entry, recorded_at=now, commit=commit, loss_by_cpu=kept)
+        current.entries[name] = dataclasses.replace(recorded_form(entry), recorded_at=now, commit=commit,
+                                                    loss_by_cpu=kept)
     current.device_name, current.torch, current.cuda, current.driver = device_name, torch_version, cuda, driver
     current.recorded_at, current.commit = now, commit
     write_atomic(path, current.to_json())
     return current
+
+
+def recorded_form(entry: Entry) -> Entry:
+    """What recording keeps of a measured entry: a CPU speed measured on a busy machine is no reference, so its
+    tokens/s is dropped (its ``speed_note`` says why)."""
+    if entry.speed_note:
+        return dataclasses.replace(entry, tokens_per_s=None, tokens_per_s_iqr=None)
+    return entry
 
 
 def add_loss_references(path: str | Path, slug: str, entries: dict[str, Entry]) -> tuple[int, list[str]]:

@@ -211,7 +211,8 @@ class Gate:
         slug = identity.device_slug(device)
         file = self.load(slug)
         baseline = file.entries.get(node.name) if file else None
-        self.cases[node.nodeid] = {"slug": slug, "entry": measured.to_json(), "recorded": False}
+        self.cases[node.nodeid] = {"slug": slug, "entry": baselines.recorded_form(measured).to_json(),
+                                   "recorded": False}
         if error:
             self._row(node, Row(node.name, measured, baseline, "FAIL: out of memory", estimate, error))
             return None

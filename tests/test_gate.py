@@ -217,7 +217,7 @@ def test_require_gpu_without_cuda_fails_at_once(run) -> None:
     _assert_usage_error(run(None, "--require-gpu"), "--require-gpu: CUDA is not available")
 
 
-PLANTED_MATMUL = """
+PLANTED_MLP = """
 import torch
 import gptcore.model as model
 
@@ -230,7 +230,7 @@ def _planted(self, *args, **kwargs):
 
     def forward(x):
         h = mlp.gelu(mlp.c_fc(x))
-        h = h @ torch.eye(h.size(-1), dtype=h.dtype)  # an extra matmul; exact, the numbers do not change
+        {line}  # planted in block 0's MLP; exact, the numbers do not change
         return mlp.dropout(mlp.c_proj(h))
     mlp.forward = forward
 
@@ -239,53 +239,28 @@ model.GPT.__init__ = _planted
 """
 
 
-def test_an_extra_matmul_planted_in_a_copy_fails_the_cpu_tier_on_flops(run, recorded: dict, pytester,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_extra_matmul_planted_in_a_copy_fails_the_cpu_tier_on_flops(run, recorded: dict, plant) -> None:
     # the plant is a plugin of the child run only (-p), patching the model in that process: gptcore is untouched
-    pytester.makepyfile(plant_matmul=PLANTED_MATMUL)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), os.environ.get("PYTHONPATH", "")]))
-    result = run(recorded, "-p", "plant_matmul")
+    result = run(recorded, *plant("matmul", "h = h @ torch.eye(h.size(-1), dtype=h.dtype)"))
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([f"*{CASE_GLOB}: *flops +*(forward +*, backward +*)*"])
     assert "loss" not in result.stdout.str().split("FAIL:", 1)[1].splitlines()[0]  # the numbers did not move
 
 
-PLANTED_OP = """
-import torch
-import gptcore.model as model
-
-_init = model.GPT.__init__
-
-
-def _planted(self, *args, **kwargs):
-    _init(self, *args, **kwargs)
-    mlp = self.transformer.h[0].mlp
-
-    def forward(x):
-        h = mlp.gelu(mlp.c_fc(x))
-        h = torch.ops.aten.{op}(h)  # one more operator in block 0's MLP; exact, the numbers do not change
-        return mlp.dropout(mlp.c_proj(h))
-    mlp.forward = forward
-
-
-model.GPT.__init__ = _planted
-"""
-
-
 @pytest.fixture
-def plant_op(pytester, monkeypatch: pytest.MonkeyPatch):
-    """plant_op(op) -> the -p option that runs the child with ``aten.<op>`` added to block 0's MLP."""
+def plant(pytester, monkeypatch: pytest.MonkeyPatch):
+    """plant(name, line) -> the -p option that runs the child with ``line`` added to block 0's MLP forward."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), os.environ.get("PYTHONPATH", "")]))
 
-    def _plant(op: str) -> list[str]:
-        pytester.makepyfile(**{f"plant_{op}": PLANTED_OP.replace("{op}", op)})
-        return ["-p", f"plant_{op}"]
+    def _plant(name: str, line: str) -> list[str]:
+        pytester.makepyfile(**{f"plant_{name}": PLANTED_MLP.replace("{line}", line)})
+        return ["-p", f"plant_{name}"]
 
     return _plant
 
 
-def test_an_extra_clone_is_named_in_the_failure_line_with_its_count(run, recorded: dict, plant_op) -> None:
-    result = run(recorded, *plant_op("clone"))
+def test_an_extra_clone_is_named_in_the_failure_line_with_its_count(run, recorded: dict, plant) -> None:
+    result = run(recorded, *plant("clone", "h = torch.ops.aten.clone(h)"))
     result.assert_outcomes(failed=1)
     # one clone a forward, and checkpointing runs block 0's forward again in backward: 2 calls, 2 new storages
     result.stdout.fnmatch_lines([f"*{CASE_GLOB}: op calls +2 (aten.clone +2) (*forward +1, backward +1*",
@@ -293,11 +268,11 @@ def test_an_extra_clone_is_named_in_the_failure_line_with_its_count(run, recorde
 
 
 def test_a_removed_operator_fails_as_leaner_under_strict_and_passes_with_a_note_without(
-        run, plant_op, pytester, tmp_path_factory) -> None:
+        run, plant, pytester) -> None:
     # the baseline is recorded with one more operator (aten.alias, a view: no storage, no arithmetic), and the
     # run is the unchanged model: an operator removed since the baseline
     where = pytester.path / "baselines"
-    recorded = run(None, "--update-baselines", *plant_op("alias"))
+    recorded = run(None, "--update-baselines", *plant("alias", "h = torch.ops.aten.alias(h)"))
     recorded.assert_outcomes(passed=1)
     base = json.loads((where / "cpu.json").read_text())
     assert base["benchmarks"][CASE]["work"]["ops"]["forward"]["aten.alias.default"] >= 1

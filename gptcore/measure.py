@@ -137,7 +137,8 @@ class StepTimer:
 
 CALIBRATION_SIZE = 384
 CALIBRATION_SPREAD = 0.10
-"""A CPU tokens/s is recorded only if the calibration kernel timed after every round is within this of its median."""
+"""A CPU tokens/s is recorded only if the calibration kernel, timed before every round, stays within this of its
+median."""
 _CALIBRATION: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
@@ -219,7 +220,7 @@ class Measurement:
     unfit: str | None = None
     """Set when more than half of the rounds were flagged: the machine could not run the case at its clocks."""
     calibration_seconds: list[float] = field(default_factory=list)
-    """CPU only: a fixed fp32 matmul (:func:`calibration_kernel`) timed after each round."""
+    """CPU only: a fixed fp32 matmul (:func:`calibration_kernel`) timed before each round, outside its timing."""
     calibrated_cost: float | None = None
     """CPU only: the median over rounds of one step's time / the calibration kernel's time beside it."""
     speed_note: str | None = None

@@ -100,7 +100,8 @@ def plan_all() -> int:
     if unfit:
         print("\nDOES NOT FIT one call: " + "; ".join(unfit))
         return 1
-    print(f"\nEvery call fits its deadline by this estimate (at most {max(s.deadline for s in STAGES.values()):.0f} s).")
+    longest = max(s.deadline for s in STAGES.values())
+    print(f"\nEvery call fits its deadline by this estimate (at most {longest:.0f} s).")
     return 0
 
 

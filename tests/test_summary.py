@@ -1,13 +1,13 @@
 """The end table and the markdown verdict of a recorded CPU run, byte for byte.
 
 ``tests/data/gate_render/`` holds what the gate printed for ``tests/data/cpu-run.json`` (10 CPU-shape cases) against
-a frozen copy of the CPU baselines (``tests/data/baselines-frozen/cpu.json``, of the run's vintage) when it was one module; the
-split into gptcore.gate (judging), gptcore.summary (rendering) and gptcore.plugin (pytest wiring) did not change a
-byte. The run is moved so that every status shows: a case over its memory tolerance, one leaner, one faster with
-speed gated, an out-of-memory case, a case with no baseline under --baseline-strict, unmet expected effects, and a
-convergence run slower to its target. After a change meant to alter the output, rewrite the files with
-``python -m tests.test_summary`` and review the diff (as when the gate stopped showing a speed delta against a busy
-recording, and began to fail an exact figure that went down under --baseline-strict).
+a frozen copy of the CPU baselines of the run's vintage (``tests/data/baselines-frozen/cpu.json``) when it was one
+module; the split into gptcore.gate (judging), gptcore.summary (rendering) and gptcore.plugin (pytest wiring) did
+not change a byte. The run is moved so that every status shows: a case over its memory tolerance, one leaner, one
+faster with speed gated, an out-of-memory case, a case with no baseline under --baseline-strict, unmet expected
+effects, and a convergence run slower to its target. After a change meant to alter the output, rewrite the files
+with ``python -m tests.test_summary`` and review the diff (as when the gate stopped showing a speed delta against a
+busy recording, and began to fail an exact figure that went down under --baseline-strict).
 """
 
 from __future__ import annotations

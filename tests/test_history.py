@@ -299,7 +299,7 @@ def test_the_html_history_marks_each_change_point_on_its_plot(tmp_path: Path, mo
 # -- a real history ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow  # four commits, the CPU tier's one case at each: ~25 s on 2 cores
+@pytest.mark.slow  # four commits, the CPU tier's one case at each: 22-31 s on 2 shared cores
 def test_a_real_history_names_the_commit_that_planted_a_change_and_no_other(tmp_path: Path, capsys):
     if shutil.which("git") is None:
         pytest.skip("needs git")

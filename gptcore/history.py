@@ -183,7 +183,7 @@ def _metrics(info: dict) -> dict[str, tuple[float, bool]]:
     return out
 
 
-def _utc(text: str) -> datetime | None:
+def utc_time(text: str) -> datetime | None:
     """An ISO time (git's %cI, with its offset) as UTC; None when unreadable."""
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
@@ -225,8 +225,8 @@ def read(storage: str | Path, select: str | None = None) -> tuple[dict[tuple[str
                                    f"commit's figure)")
             continue
         machine = data.get("machine_info") or {}
-        ran = _utc(str(data.get("datetime") or "")) or epoch
-        committed = _utc(str(info.get("time") or "")) or ran
+        ran = utc_time(str(data.get("datetime") or "")) or epoch
+        committed = utc_time(str(info.get("time") or "")) or ran
         env = {k: str(machine[k]) for k in ("torch", "cpu_model") if machine.get(k)}
         loaded.append((committed, ran, name, commit, str(machine.get("device_slug") or "?"), env, data))
     slugs = [run[4] for run in loaded]

@@ -18,6 +18,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from .presets import RECIPE_NOTES, get_model, get_recipe
 from .convergence import Convergence
 from .memory import CATEGORIES, estimate, resolve
 from .report import Record, load_run, number, recorded_busy
-from .history import Finding
+from .history import Finding, utc_time
 from .history import analyse as analyse_history
 from .rules import BUSY_SHARE, Status, delta_text
 from .units import common_unit, in_unit
@@ -83,7 +84,8 @@ def load_history(storage: str | Path) -> list[SavedRun]:
                                             number(info.get("peak_allocated_bytes")), recorded_busy(info))
         sha = str(commit.get("id") or "") + ("+dirty" if commit.get("dirty") else "")
         runs.append(SavedRun(path.name[:4], sha, str(commit.get("time") or data.get("datetime") or ""), cases))
-    return sorted(runs, key=lambda r: (r.time, r.number))
+    earliest = datetime.min.replace(tzinfo=timezone.utc)
+    return sorted(runs, key=lambda r: (utc_time(r.time) or earliest, r.number))  # UTC: git writes its offset
 
 
 # -- plots ---------------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The command line: ``python -m gptcore {list, train, estimate, report, compare, bisect}``.
+"""The command line: ``python -m gptcore {list, train, estimate, report, compare, bisect, history}``.
 
 Every command's arguments are parsed here, with no torch imported until a command runs (``--help`` and ``list``
 stay fast). Bad input is one line on stderr and exit code 2; an out-of-memory run is one line and exit code 1.
@@ -502,29 +502,41 @@ def cmd_bisect(args: argparse.Namespace) -> int:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    """Change points and creeping windows in the saved runs; exit 1 when one is a regression or a creep."""
+    """Change points and creeping stretches in the saved runs; exit 1 when one is a regression or a creep, 2 when
+    nothing can be analysed."""
     import json
     from pathlib import Path
 
     from . import history
-    from .identity import session_slug
 
-    storage = args.storage or f".benchmarks/{session_slug()}"
-    found = history.analyse(storage, args.expr)
+    if args.storage is None:
+        from .identity import session_slug
+
+        args.storage = f".benchmarks/{session_slug()}"
+    found = history.analyse(args.storage, args.expr)
     for line in found.skipped:
         print(f"gptcore history: {line}", file=sys.stderr)
-    if found.series == 0:
-        raise UsageError(f"{storage}: no case to analyse" + (f" matching {args.expr!r}" if args.expr else ""))
-    print(f"{found.runs} saved run(s), {found.series} series, {len(found.findings)} change point(s) or creep(s) "
-          f"in {storage}")
+    if found.analysed == 0:
+        if found.runs == 0:
+            why = "every saved run was left out (see above)"
+        elif found.series == 0:
+            why = f"no case matching {args.expr!r}" if args.expr else "no case with a figure in the saved runs"
+        else:
+            why = "every series has too few points (see above)"
+        raise UsageError(f"{args.storage}: nothing to analyse: {why}")
+    print(f"{found.runs} saved run(s) of {len(found.commits)} commit(s), {found.analysed} series, "
+          f"{len(found.findings)} change point(s) or creep(s) in {args.storage}")
     for finding in found.findings:
         print(finding.line())
         if finding.command():
             print(f"  hunt it: {finding.command()}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(found.to_json(), indent=1) + "\n")
-    if args.markdown:
-        Path(args.markdown).write_text(history.markdown(found))
+    for flag, path, text in (("--json", args.json, lambda: json.dumps(found.to_json(), indent=1) + "\n"),
+                             ("--markdown", args.markdown, lambda: history.markdown(found))):
+        if path:
+            try:
+                Path(path).write_text(text())
+            except OSError as err:
+                raise UsageError(f"{flag} {path}: {err.strerror or err}") from None
     return 1 if any(f.status in ("regression", "creeping") for f in found.findings) else 0
 
 

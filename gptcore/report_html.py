@@ -18,6 +18,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from .presets import RECIPE_NOTES, get_model, get_recipe
 from .convergence import Convergence
 from .memory import CATEGORIES, estimate, resolve
 from .report import Record, load_run, number, recorded_busy
-from .history import Finding
+from .history import Finding, utc_time
 from .history import analyse as analyse_history
 from .rules import BUSY_SHARE, Status, delta_text
 from .units import common_unit, in_unit
@@ -83,7 +84,8 @@ def load_history(storage: str | Path) -> list[SavedRun]:
                                             number(info.get("peak_allocated_bytes")), recorded_busy(info))
         sha = str(commit.get("id") or "") + ("+dirty" if commit.get("dirty") else "")
         runs.append(SavedRun(path.name[:4], sha, str(commit.get("time") or data.get("datetime") or ""), cases))
-    return sorted(runs, key=lambda r: (r.time, r.number))
+    earliest = datetime.min.replace(tzinfo=timezone.utc)
+    return sorted(runs, key=lambda r: (utc_time(r.time) or earliest, r.number))  # UTC: git writes its offset
 
 
 # -- plots ---------------------------------------------------------------------------------------------------------
@@ -290,9 +292,9 @@ def history_figure(group: str, recs: Sequence[Record], runs: Sequence[SavedRun],
         at = [i for i, run in enumerate(runs) if run.commit.removesuffix("+dirty") in (change.before, change.after)]
         if at:
             ax = ax_s if change.metric == "tokens/s" else ax_m
-            ax.axvspan(min(at) - 0.1, max(at) + 0.1, color=COLORS["fail"], alpha=0.15)
-            ax.text(max(at), ax.get_ylim()[1], f" {change.status}: {change.before[:7]}..{change.after[:7]}",
-                    fontsize=7, va="top", color=COLORS["fail"])
+            span = f"{change.status} {change.before[:7]}..{change.after[:7]}"
+            ax.axvspan(min(at) - 0.1, max(at) + 0.1, color=COLORS["fail"], alpha=0.15, label=f"_change {span}")
+            ax.text(max(at), ax.get_ylim()[1], f" {span}", fontsize=7, va="top", color=COLORS["fail"])
     ax_s.set_ylabel("tokens/s (median; error bars: IQR)")
     ax_s.yaxis.set_major_formatter(_thousands)
     ax_m.set_ylabel(f"peak allocated memory ({unit})")
@@ -446,10 +448,14 @@ def build_html(run: str | Path, *, baselines_dir: str | Path = "baselines", hist
             body.append(_figure(waterfall_figure(model, rungs, base), "ladder", f"{group}: ladder waterfall, {model}"))
         png = history_figure(group, recs, runs, changes) if runs else None
         if png:
-            marked = [f"{c.case} {c.metric} {c.status} {c.before[:7]}..{c.after[:7]}" for c in changes
-                      if c.case in {r.name for r in recs} and c.metric in ("tokens/s", "peak memory")]
+            ours = [c for c in changes if c.case in {r.name for r in recs}]
+            marked = [f"{c.case} {c.metric} {c.status} {c.before[:7]}..{c.after[:7]}" for c in ours
+                      if c.metric in ("tokens/s", "peak memory")]
+            other = [f"{c.case} {c.metric} {c.status} {c.before[:7]}..{c.after[:7]}" for c in ours
+                     if c.metric not in ("tokens/s", "peak memory")]
             caption = f"{group}: tokens/s and peak memory over the saved runs" + (
-                f"; change points shaded: {'; '.join(marked)}" if marked else "")
+                f"; change points shaded: {'; '.join(marked)}" if marked else "") + (
+                f"; not plotted: {'; '.join(other)}" if other else "")
             body.append(_figure(png, "history", caption))
         body.append("</section>")
     return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>gptcore report</title>"

@@ -35,6 +35,7 @@ RUN = DATA / "cpu-run.json"
 CPU_RUN, LADDER_RUN = DATA / "cpu-report-run.json", DATA / "gpu-ladder-synthetic.json"
 HISTORY = DATA / "history" / "cpu"
 BASELINES = DATA / "baselines-frozen"  # the CPU baselines of cpu-run.json's vintage (baselines/ moves on)
+PLANTED = "test_cpu_shape[cpu-small-ckpt-fp32]"  # its peak memory 10% higher from the 4th commit on ("changes")
 INSTALL_BROWSER = "apt-get update && apt-get install -y --no-install-recommends chromium"
 RECIPES = ["ckpt-fp32", "ckpt-half-batch", "ckpt-grad-accum-2", "ckpt-sgd-cosine", "ckpt-bf16"]
 
@@ -207,13 +208,19 @@ class Elements(html.parser.HTMLParser):
 
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The pages of the real CPU run (with its history) and of the synthetic ladder run, built once."""
+    """The pages of the real CPU run (with its history), of the synthetic ladder run, and of the real CPU run over
+    a history with a planted change point (tests/test_history.py), built once."""
     pytest.importorskip("matplotlib")
     from gptcore.report_html import write_html
 
+    from .test_history import planted_history
+
     out = tmp_path_factory.mktemp("html")
+    planted_history(out / "planted" / "Linux-CPython-3.11-64bit", json.loads(CPU_RUN.read_text())["benchmarks"],
+                    PLANTED)
     return {"cpu": write_html(CPU_RUN, out / "cpu.html", baselines_dir=BASELINES, history=HISTORY),
-            "ladder": write_html(LADDER_RUN, out / "ladder.html", baselines_dir=BASELINES)}
+            "ladder": write_html(LADDER_RUN, out / "ladder.html", baselines_dir=BASELINES),
+            "changes": write_html(CPU_RUN, out / "changes.html", baselines_dir=BASELINES, history=out / "planted")}
 
 
 def test_html_is_self_contained(pages: dict[str, Path]) -> None:
@@ -318,7 +325,7 @@ def browser() -> str:
     return found
 
 
-@pytest.mark.parametrize(("page", "run"), [("cpu", CPU_RUN), ("ladder", LADDER_RUN)])
+@pytest.mark.parametrize(("page", "run"), [("cpu", CPU_RUN), ("ladder", LADDER_RUN), ("changes", CPU_RUN)])
 def test_a_real_browser_loads_the_page_runs_its_script_and_finds_every_case(
         pages: dict[str, Path], tmp_path: Path, page: str, run: Path) -> None:
     command = [browser(), "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
@@ -333,6 +340,12 @@ def test_a_real_browser_loads_the_page_runs_its_script_and_finds_every_case(
     assert index == case_names(run)  # built by the page's script from the case rows
     images = doc.find("img")
     assert images and all(int(img.get("data-natural-width") or 0) > 0 for img in images)  # every plot decoded
+    marked = [img for img in doc.find("img", data_plot="history") if "change points shaded" in img.get("alt", "")]
+    if page == "changes":  # the planted change point, marked on the history plot the browser decoded
+        assert [img["alt"].split("; ", 1)[1] for img in marked] == [
+            f"change points shaded: {PLANTED} peak memory regression 3333333..4444444"]
+    else:
+        assert marked == []
 
 
 # -- the gate's note on pytest-benchmark's storage -----------------------------------------------------------------

@@ -1,8 +1,8 @@
 """The CPU-shape study: nanoGPT's CPU model, one dimension doubled at a time, x nanoGPT's CPU command's recipes.
 
-Runs in CI (-m cpu). Each case runs 3 warm-up steps and 3 timed rounds of 4 steps, reads the loss after step 15,
+Runs in CI (-m cpu). Each case runs 2 warm-up steps and 3 timed rounds of 2 steps, reads the loss after step 8,
 then a 2-step tracked pass for the peak and one step under the work ledger: what the exact checks need. Speed gates
-nothing on CPU; ``--cpu-speed`` times 11 rounds for a median worth reading (the loss is still read after step 15).
+nothing on CPU; ``--cpu-speed`` times 11 rounds for a median worth reading (the loss is still read after step 8).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from bench.harness import Timing, grid, benchmark_case
 from gptcore.presets import STUDIES
 
 STUDY = STUDIES["cpu-shape"]
-TIMING = Timing(warmup=3, rounds=3, steps_per_round=4, loss_step=15, speed_rounds=11)
+TIMING = Timing(warmup=2, rounds=3, steps_per_round=2, loss_step=8, speed_rounds=11)
 
 pytestmark = pytest.mark.cpu
 

@@ -1,11 +1,14 @@
 """Data parallelism per rank: DDP and FSDP2 recipes launched by torchrun, one case per (model, recipe, world size).
 
-Each case starts ``python -m torch.distributed.run --standalone --nproc-per-node=N -m gptcore.worker`` as a
-subprocess; every rank warms up, times rounds and writes its Measurement (gptcore/worker.py). The case's figures:
+The first case of a (model, world size, device) starts ``python -m torch.distributed.run --standalone
+--nproc-per-node=N -m gptcore.worker --recipe R1 R2 ...`` as a subprocess for every selected case that shares them:
+one launch, so torchrun's start and the ranks' imports are paid once. For each recipe every rank warms up on a fresh
+Trainer, times rounds and writes its Measurement (gptcore/worker.py); the later cases read theirs. A launch that
+fails fails every case it held, with its output. The case's figures:
 tokens/s of the whole job (global tokens per step / median step time of the slowest rank), the loss averaged over
 ranks, the peak memory as the max over ranks (each rank's in extra_info), gated like any other case.
-CPU tier: cpu-small x {ddp, fsdp2, fsdp2-no-reshard} on 2 gloo ranks, about 15 s per case on 2 cores (torchrun's
-start and two imports of torch are most of it). GPU tier: gpt2 on 2 GPUs, skipped with the reason below 2.
+CPU tier: cpu-small x {ddp, fsdp2, fsdp2-no-reshard} on 2 gloo ranks, one launch of about 9 s on 2 cores (6 s of it
+torchrun's start and two imports of torch). GPU tier: gpt2 on 2 GPUs, skipped with the reason below 2.
 """
 
 from __future__ import annotations
@@ -40,11 +43,17 @@ CASES = [
 ]
 
 
-def launch(model: str, recipe: str, world: int, device: str, out: Path, counts: tuple[int, int, int]) -> list[dict]:
-    """Run the case on ``world`` ranks under torchrun; each rank's Measurement as a dict (with rank, world_size)."""
+class LaunchFailed(Exception):
+    """torchrun exited non-zero or ran past its timeout (the message says which, with the end of its output)."""
+
+
+def launch(model: str, recipes: list[str], world: int, device: str, out: Path,
+           counts: tuple[int, int, int]) -> dict[str, list[dict]]:
+    """Run the cases on ``world`` ranks in one torchrun job; for each recipe, each rank's Measurement as a dict
+    (with rank, world_size)."""
     warmup, rounds, steps = counts
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-           "-m", "gptcore.worker", "--model", model, "--recipe", recipe, "--out", str(out), "--device", device,
+           "-m", "gptcore.worker", "--model", model, "--recipe", *recipes, "--out", str(out), "--device", device,
            "--warmup", str(warmup), "--rounds", str(rounds), "--steps", str(steps)]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -54,10 +63,49 @@ def launch(model: str, recipe: str, world: int, device: str, out: Path, counts: 
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its workers
             proc.communicate()
-            pytest.fail(f"torchrun did not finish within {LAUNCH_TIMEOUT_S} s", pytrace=False)
+            raise LaunchFailed(f"torchrun did not finish within {LAUNCH_TIMEOUT_S} s") from None
     if proc.returncode != 0:
-        pytest.fail(f"torchrun exited {proc.returncode}:\n{output[-3000:]}", pytrace=False)
-    return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(world)]
+        raise LaunchFailed(f"torchrun exited {proc.returncode} (cases {', '.join(recipes)}):\n{output[-3000:]}")
+    return {name: [json.loads((out / name / f"rank-{r}.json").read_text()) for r in range(world)] for name in recipes}
+
+
+#: The launches of this session: (model, world, device, counts) -> each recipe's ranks, or why the launch failed.
+_LAUNCHED: dict[tuple, dict[str, list[dict]] | str] = {}
+
+
+def sharing(request: pytest.FixtureRequest, model: str, world: int, device: str) -> list[str]:
+    """The recipes of the session's selected cases that run on (model, world, device), in collection order; not
+    those a skipif mark (a missing GPU, bf16 or flash) will skip."""
+    names = []
+    for item in request.session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        skipped = any(mark.args and mark.args[0] is True for mark in item.iter_markers("skipif"))
+        if getattr(item, "originalname", None) == "test_distributed" and not skipped and \
+                (params.get("model"), params.get("world"), params.get("device")) == (model, world, device):
+            names.append(params["recipe"])
+    return names
+
+
+def ranks_of(request: pytest.FixtureRequest, out: Path, model: str, recipe: str, world: int, device: str,
+             counts: tuple[int, int, int]) -> list[dict]:
+    """This case's ranks: from the session's launch that holds it, launching it (with every selected case that
+    shares its model, world size and device) the first time; a failed launch fails the case with its message."""
+    key = (model, world, device, counts)
+    if key not in _LAUNCHED:
+        recipes = list(dict.fromkeys([recipe, *sharing(request, model, world, device)]))
+        try:
+            _LAUNCHED[key] = launch(model, recipes, world, device, out, counts)
+        except LaunchFailed as err:
+            _LAUNCHED[key] = str(err)
+    held = _LAUNCHED[key]
+    if isinstance(held, str):
+        pytest.fail(held, pytrace=False)
+    if recipe not in held:  # not among the selected cases when the launch was made: a launch of its own
+        try:
+            held |= launch(model, [recipe], world, device, out, counts)
+        except LaunchFailed as err:
+            pytest.fail(str(err), pytrace=False)
+    return held[recipe]
 
 
 def combine(ranks: list[dict]) -> Measurement:
@@ -86,8 +134,9 @@ def test_distributed(benchmark, gate, request, tmp_path, model: str, recipe: str
         estimate: int | str = estimate_per_rank(resolve(cfg, r, device=device), world).total_bytes
     except Exception:  # noqa: BLE001 (an estimate column never fails a case)
         estimate = "err"
-    # pytest-benchmark times the whole launch (torchrun's start included); the gate reads the ranks' own timings
-    ranks = benchmark.pedantic(launch, args=(model, recipe, world, device, tmp_path, counts), rounds=1,
+    # pytest-benchmark times the launch in the case that makes it (torchrun's start and every case it holds) and
+    # the reading of the results in the others; the gate reads the ranks' own timings
+    ranks = benchmark.pedantic(ranks_of, args=(request, tmp_path, model, recipe, world, device, counts), rounds=1,
                                iterations=1, warmup_rounds=0)
     m = combine(ranks)
     outcome = gate.judge(request.node, m, model=model, recipe=recipe, precision=r.precision, estimate=estimate,

@@ -1,8 +1,9 @@
-"""One benchmark case on every rank of a torchrun job: ``python -m torch.distributed.run --nproc-per-node=2 -m
-gptcore.worker --model cpu-small --recipe ddp --out DIR``.
+"""Benchmark cases on every rank of one torchrun job: ``python -m torch.distributed.run --nproc-per-node=2 -m
+gptcore.worker --model cpu-small --recipe ddp fsdp2 --out DIR``.
 
-Each rank builds the case's Trainer (which joins the process group), warms up, times rounds, and writes its
-Measurement to ``DIR/rank-<r>.json``. Every rank's round times are the slowest rank's (a step ends when the last
+For each recipe in turn, each rank builds the case's Trainer (the first joins the process group), warms up, times
+rounds, and writes its Measurement to ``DIR/<recipe>/rank-<r>.json``. One launch for several cases pays torchrun's
+start and the ranks' imports once (most of a CPU case's time). Every rank's round times are the slowest rank's (a step ends when the last
 rank ends it), so tokens/s is the whole job's: global tokens per step / median step time. The loss is averaged over
 ranks (the single-process loss of the global batch); peak memory is the rank's own (on CPU the tracked tensor peak
 of a separate pass, as for any case).
@@ -23,7 +24,7 @@ from .train import resolve_device
 
 def run(model: str, recipe_name: str, out: Path, *, device: str | None, warmup: int, rounds: int,
         steps_per_round: int) -> dict:
-    """Measure the case on this rank and write ``out/rank-<r>.json``; returns what was written."""
+    """Measure one case on this rank and write ``out/<recipe>/rank-<r>.json``; returns what was written."""
     cfg, recipe = get_model(model), get_recipe(recipe_name)
     runner = CaseRunner(cfg, recipe, resolve_device(device), warmup=warmup, steps_per_round=steps_per_round)
     runner.prepare()
@@ -33,16 +34,17 @@ def run(model: str, recipe_name: str, out: Path, *, device: str | None, warmup: 
     runner.last_loss = runner.trainer.mean_loss(runner.last_loss)
     rank = runner.trainer.rank
     result = runner.finish().to_dict() | {"rank": rank.rank, "world_size": rank.world_size}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"rank-{rank.rank}.json").write_text(json.dumps(result, indent=1))
+    where = out / recipe_name
+    where.mkdir(parents=True, exist_ok=True)
+    (where / f"rank-{rank.rank}.json").write_text(json.dumps(result, indent=1))
     return result
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gptcore.worker", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True)
-    parser.add_argument("--recipe", required=True)
-    parser.add_argument("--out", required=True, type=Path, help="directory for rank-<r>.json")
+    parser.add_argument("--recipe", required=True, nargs="+", help="one or more recipes, run in turn")
+    parser.add_argument("--out", required=True, type=Path, help="directory for <recipe>/rank-<r>.json")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
@@ -50,8 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if this_rank().world_size < 2:
         parser.error("run under torchrun with --nproc-per-node >= 2")
-    run(args.model, args.recipe, args.out, device=args.device, warmup=args.warmup, rounds=args.rounds,
-        steps_per_round=args.steps)
+    for recipe in args.recipe:
+        run(args.model, recipe, args.out, device=args.device, warmup=args.warmup, rounds=args.rounds,
+            steps_per_round=args.steps)
     return 0
 
 

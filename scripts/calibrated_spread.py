@@ -25,7 +25,8 @@ BUSY = "while True: pass"
 
 
 def runs(model: str, recipe: str, n: int) -> list[tuple[float, float]]:
-    """(tokens/s, calibrated step cost) of ``n`` runs of the case: 3 warm-up steps, 11 rounds of 4 (--cpu-speed)."""
+    """(tokens/s, calibrated step cost) of ``n`` runs of the case: 3 warm-up steps, 11 rounds of 4 (the
+    documented measurement; longer rounds than the CPU tier's own)."""
     out = []
     for _ in range(n):
         m = run_case(get_model(model), get_recipe(recipe), "cpu", warmup=3, rounds=11, steps_per_round=4,

@@ -3,10 +3,10 @@ gptcore.worker --model cpu-small --recipe ddp fsdp2 --out DIR``.
 
 For each recipe in turn, each rank builds the case's Trainer (the first joins the process group), warms up, times
 rounds, and writes its Measurement to ``DIR/<recipe>/rank-<r>.json``. One launch for several cases pays torchrun's
-start and the ranks' imports once (most of a CPU case's time). Every rank's round times are the slowest rank's (a step ends when the last
-rank ends it), so tokens/s is the whole job's: global tokens per step / median step time. The loss is averaged over
-ranks (the single-process loss of the global batch); peak memory is the rank's own (on CPU the tracked tensor peak
-of a separate pass, as for any case).
+start and the ranks' imports once (most of a CPU case's time). Every rank's round times are the slowest rank's (a
+step ends when the last rank ends it), so tokens/s is the whole job's: global tokens per step / median step time.
+The loss is averaged over ranks (the single-process loss of the global batch); peak memory is the rank's own (on
+CPU the tracked tensor peak of a separate pass, as for any case).
 """
 
 from __future__ import annotations

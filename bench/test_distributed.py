@@ -7,7 +7,7 @@ Trainer, times rounds and writes its Measurement (gptcore/worker.py); the later 
 fails fails every case it held, with its output. The case's figures:
 tokens/s of the whole job (global tokens per step / median step time of the slowest rank), the loss averaged over
 ranks, the peak memory as the max over ranks (each rank's in extra_info), gated like any other case.
-CPU tier: cpu-small x {ddp, fsdp2, fsdp2-no-reshard} on 2 gloo ranks, one launch of about 9 s on 2 cores (6 s of it
+CPU tier: cpu-small x {ddp, fsdp2, fsdp2-no-reshard} on 2 gloo ranks, one launch of about 10 s on 2 cores (6 s of it
 torchrun's start and two imports of torch). GPU tier: gpt2 on 2 GPUs, skipped with the reason below 2.
 """
 
@@ -100,12 +100,7 @@ def ranks_of(request: pytest.FixtureRequest, out: Path, model: str, recipe: str,
     held = _LAUNCHED[key]
     if isinstance(held, str):
         pytest.fail(held, pytrace=False)
-    if recipe not in held:  # not among the selected cases when the launch was made: a launch of its own
-        try:
-            held |= launch(model, [recipe], world, device, out, counts)
-        except LaunchFailed as err:
-            pytest.fail(str(err), pytrace=False)
-    return held[recipe]
+    return held[recipe]  # every selected case was in the launch: sharing() lists them all
 
 
 def combine(ranks: list[dict]) -> Measurement:

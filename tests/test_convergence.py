@@ -139,9 +139,9 @@ def _early_decay(real):
 @pytest.mark.slow
 def test_a_schedule_that_decays_too_early_fails_the_convergence_gate_and_no_step_47_figure(monkeypatch):
     """The CI convergence case (200 steps) with the cosine decay ending at step 100, where the warm-up ends, instead
-    of 200 (the learning rate drops to its minimum at once): every figure of
-    the benchmark tier, read at step 47 during the warm-up, is unchanged; the final validation loss is worse than
-    the committed baseline by more than the seed-to-seed tolerance."""
+    of 200 (the learning rate drops to its minimum at once): every figure of the benchmark tier, read at step 47
+    during the warm-up, is unchanged; the final validation loss is worse than the committed baseline by more than
+    the seed-to-seed tolerance."""
     cfg, recipe = get_model("cpu-small"), schedule_recipe(get_recipe("ckpt-fp32"), CPU_SHAPE_SHORT)
     real = train.lr_at
 

@@ -1,6 +1,6 @@
 """The convergence tier: its figures (time-to-loss, the recorded run's schema), its gate (the final validation loss
 against the seed-to-seed spread, time-to-loss exactly), the CLI's --eval-every, and a planted regression that hurts
-learning without changing any step-47 figure: the convergence gate fails it."""
+learning without changing any figure the benchmark tier reads: the convergence gate fails it."""
 
 from __future__ import annotations
 
@@ -19,10 +19,14 @@ from gptcore.presets import CPU_SHAPE_SHORT, get_model, get_recipe
 from gptcore.convergence import Convergence, converge, schedule_recipe, torch_threads
 from gptcore.train import Trainer
 
+from bench.test_cpu_shape import TIMING as CPU_TIMING
+
 pytestmark = pytest.mark.cpu
 
 ROOT = Path(__file__).resolve().parent.parent
 SHORT_CASE = "test_convergence_cpu_shape_short[cpu-small+ckpt-fp32]"
+# the last step the CPU-shape benchmark case runs, with --cpu-speed's rounds: warm-up, timed rounds, ledger step
+BENCH_HORIZON = CPU_TIMING.warmup + CPU_TIMING.speed_rounds * CPU_TIMING.steps_per_round + 1
 
 
 def run(val: list[float], steps: tuple[int, ...] = (0, 100, 200, 300), target: float | None = 2.0) -> Convergence:
@@ -137,22 +141,23 @@ def _early_decay(real):
 
 
 @pytest.mark.slow
-def test_a_schedule_that_decays_too_early_fails_the_convergence_gate_and_no_step_47_figure(monkeypatch):
+def test_a_schedule_that_decays_too_early_fails_the_convergence_gate_and_no_benchmark_figure(monkeypatch):
     """The CI convergence case (200 steps) with the cosine decay ending at step 100, where the warm-up ends, instead
-    of 200 (the learning rate drops to its minimum at once): every figure of the benchmark tier, read at step 47
-    during the warm-up, is unchanged; the final validation loss is worse than the committed baseline by more than
-    the seed-to-seed tolerance."""
+    of 200 (the learning rate drops to its minimum at once): every step the CPU-shape benchmark case runs, up to
+    step 25 with --cpu-speed's rounds, is unchanged; the final validation loss is worse than the committed baseline
+    by more than the seed-to-seed tolerance."""
     cfg, recipe = get_model("cpu-small"), schedule_recipe(get_recipe("ckpt-fp32"), CPU_SHAPE_SHORT)
     real = train.lr_at
+    assert BENCH_HORIZON < recipe.warmup_steps  # what the benchmark reads lies inside the warm-up
 
-    def losses_to_47() -> list[torch.Tensor]:
+    def losses_to_horizon() -> list[torch.Tensor]:
         with torch_threads(1):
             t = Trainer(cfg, recipe, "cpu")
-            return [t.step() for _ in range(47)]
+            return [t.step() for _ in range(BENCH_HORIZON)]
 
-    clean = losses_to_47()
+    clean = losses_to_horizon()
     monkeypatch.setattr(train, "lr_at", _early_decay(real))
-    assert torch.equal(torch.stack(losses_to_47()), torch.stack(clean))
+    assert torch.equal(torch.stack(losses_to_horizon()), torch.stack(clean))
 
     planted = converge(cfg, get_recipe("ckpt-fp32"), CPU_SHAPE_SHORT, threads=1)
     file = baselines.load(ROOT / "baselines" / "cpu.json", expect_slug="cpu")

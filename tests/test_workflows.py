@@ -45,6 +45,17 @@ def test_ci_takes_the_cpu_torch_wheel_and_runs_ci_run_on_python_311() -> None:
     assert "bash .ci/run" in [s.get("run") for s in steps(ci, "cpu")]
 
 
+def test_ci_keeps_inductors_compile_cache_where_ci_run_compiles_into_it() -> None:
+    ci = load("ci.yml")
+    cache = next(s for s in steps(ci, "cpu") if s.get("uses", "").startswith("actions/cache"))
+    run = next(s for s in steps(ci, "cpu") if s.get("run") == "bash .ci/run")
+    assert run["env"]["TORCHINDUCTOR_CACHE_DIR"] == cache["with"]["path"]
+    assert steps(ci, "cpu").index(cache) < steps(ci, "cpu").index(run)  # restored before, saved after the job
+    # a new torch pin starts a new cache; a gptcore change restores the newest one of the same pin
+    assert "hashFiles('.ci/run', 'constraints-cpu.txt')" in cache["with"]["key"]
+    assert cache["with"]["key"].startswith(cache["with"]["restore-keys"])
+
+
 def test_ci_posts_the_gates_markdown_on_the_pull_request_and_the_gpu_job_writes_it() -> None:
     ci = load("ci.yml")
     assert ci["jobs"]["cpu"]["env"]["GPTCORE_GATE_MARKDOWN"] == "${{ github.workspace }}/gate.md"

@@ -23,8 +23,8 @@ NODE = SimpleNamespace(name="test_x[tiny-fp32]", nodeid="bench/x.py::test_x[tiny
 CPU = "AMD EPYC (family 25, model 17)"
 
 
-def measured_with_share(monkeypatch: pytest.MonkeyPatch, share: float):
-    """A tiny CPU case whose every round reports ``share`` of the CPU (the StepTimer faked)."""
+def fake_share(monkeypatch: pytest.MonkeyPatch, share: float) -> None:
+    """Every timed round from now on reports ``share`` of the CPU (the StepTimer faked)."""
     exit_ = measure.StepTimer.__exit__
 
     def faked(self, *exc):
@@ -32,18 +32,17 @@ def measured_with_share(monkeypatch: pytest.MonkeyPatch, share: float):
         self.cpu_share = share
 
     monkeypatch.setattr(measure.StepTimer, "__exit__", faked)
+
+
+def measured_with_share(monkeypatch: pytest.MonkeyPatch, share: float):
+    """A tiny CPU case whose every round reports ``share`` of the CPU."""
+    fake_share(monkeypatch, share)
     return measure.run_case(TINY, Recipe(), "cpu", warmup=1, rounds=3, steps_per_round=1)
 
 
 def test_a_low_share_on_a_rank_of_several_names_the_waits_and_not_only_a_busy_machine(monkeypatch):
-    # FSDP2 ranks on an idle 2-core machine measured shares of 0.72 to 0.77: each sleeps in its collectives
-    exit_ = measure.StepTimer.__exit__
-
-    def faked(self, *exc):
-        exit_(self, *exc)
-        self.cpu_share = 0.72
-
-    monkeypatch.setattr(measure.StepTimer, "__exit__", faked)
+    # FSDP2 ranks on an idle 2-core machine measured shares of 0.65 to 0.77: each sleeps in its collectives
+    fake_share(monkeypatch, 0.72)
     runner = measure.CaseRunner(TINY, Recipe(), torch.device("cpu"), warmup=1, steps_per_round=1)
     runner.prepare()
     for _ in range(3):
@@ -51,7 +50,8 @@ def test_a_low_share_on_a_rank_of_several_names_the_waits_and_not_only_a_busy_ma
         runner.round()
     runner.trainer.rank = dataclasses.replace(runner.trainer.rank, world_size=2)
     m = runner.finish()
-    assert m.speed_note == "speed not recorded: share 0.72 (ranks waiting on each other's collectives, or a busy machine)"
+    assert m.speed_note == ("speed not recorded: share 0.72 (ranks waiting on each other's collectives, "
+                            "or a busy machine)")
     assert m.tokens_per_s > 0
 
 

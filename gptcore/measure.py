@@ -347,12 +347,13 @@ class CaseRunner:
             m.calibrated_cost = statistics.median(t / self.steps_per_round / c for t, c in zip(m.round_seconds, cal))
             middle = statistics.median(cal)
             stray = max(abs(c / middle - 1) for c in cal)
-        if min(self._shares) < BUSY_SHARE and self.trainer.rank.world_size > 1:  # a rank's own share also drops
-            # while it waits on the other ranks' collectives: an idle machine cannot be told from a busy one
-            m.speed_note = (f"speed not recorded: share {min(self._shares):.2f} (ranks waiting on each other's "
-                            "collectives, or a busy machine)")
-        elif min(self._shares) < BUSY_SHARE:
-            m.speed_note = f"speed not recorded: machine busy (share {min(self._shares):.2f})"
+        share = min(self._shares)
+        if share < BUSY_SHARE and self.trainer.rank.world_size > 1:  # a rank's own share also drops while it
+            # waits on the other ranks' collectives: an idle machine cannot be told from a busy one
+            m.speed_note = (f"speed not recorded: share {share:.2f} (ranks waiting on each other's collectives, "
+                            "or a busy machine)")
+        elif share < BUSY_SHARE:
+            m.speed_note = f"speed not recorded: machine busy (share {share:.2f})"
         elif stray > CALIBRATION_SPREAD:
             m.speed_note = f"speed not recorded: machine busy (calibration kernel {stray:.0%} off its median)"
 

@@ -280,7 +280,8 @@ def test_compare_head_with_the_working_tree(repo, tmp_path, monkeypatch, capsys)
     assert data["b"]["sha"] is None and data["failed"] is False
     assert len(case["tokens_per_s_a"]) == len(case["tokens_per_s_b"]) == 2
     assert case["memory"]["status"] == case["loss"]["status"] == "ok"  # same code: exact figures agree
-    assert case["speed"]["verdict"] == SAME and case["speed"]["low"] is None  # 2 rounds: no 95% interval, and no p below 1/3
+    # 2 rounds: no 95% interval, and no p below 1/3
+    assert case["speed"]["verdict"] == SAME and case["speed"]["low"] is None
     for record in case["rounds_a"] + case["rounds_b"]:  # each revision ran its own checkout's gptcore
         assert not record["gptcore"].startswith(str(ROOT)) and "gptcore-compare-" in record["gptcore"]
     assert git(repo, "worktree", "list").count("\n") == 0  # the temporary worktree is gone

@@ -42,8 +42,8 @@ def test_the_main_job_is_the_gpu_tier_with_compare():
 PLACEHOLDER = re.compile(r"<[^>]*>|\.\.\.|…")
 #: pytest options that take the next word as their value (the rest are flags, or carry their value after `=`).
 PYTEST_VALUE_OPTIONS = {"-m", "-k", "-n", "--dist", "-p", "-c", "-o", "--benchmark-json", "--benchmark-storage",
-                        "--storage", "--benchmark-compare-fail", "--baselines-dir", "--gate-markdown", "--mem-tol", "--speed-tol",
-                        "--loss-tol", "--bench-warmup", "--bench-rounds", "--bench-steps", "--rootdir"}
+                        "--storage", "--benchmark-compare-fail", "--baselines-dir", "--gate-markdown", "--mem-tol",
+                        "--speed-tol", "--loss-tol", "--bench-warmup", "--bench-rounds", "--bench-steps", "--rootdir"}
 #: Kinds of command the checks know; anything else (pip, apt-get, git) is not checked.
 KINDS = ("gptcore", "pytest", "script")
 

@@ -140,10 +140,10 @@ def test_hot_loop_makes_no_host_sync_unless_asked(monkeypatch):
     # tensor on the host (PyTorch's CPU-side bookkeeping, e.g. AdamW's step counter, is not counted).
     calls = []
     original = torch.Tensor.item
-    package = str(Path(gptcore.__file__).resolve().parent)  # by directory: a venv under ~/gptcore-bench/ holds torch
+    package = Path(gptcore.__file__).resolve().parent  # by directory: a venv under ~/gptcore-bench/ holds torch
 
     def item(self):
-        if str(Path(sys._getframe(1).f_code.co_filename).resolve()).startswith(package + "/"):
+        if Path(sys._getframe(1).f_code.co_filename).resolve().is_relative_to(package):
             calls.append(1)
         return original(self)
 

@@ -85,6 +85,9 @@ def add_options(parser: pytest.Parser, root: Path) -> None:
                          "the case's last time in the results log or its baseline, else from its FLOPs at an "
                          f"assumed throughput: gptcore/plan.py); skip those with the reason 'deadline'. "
                          f"Default: ${DEADLINE_ENV}")
+    group.addoption("--recorded-only", action="store_true",
+                    help="run only the cases that have an entry in their device's baseline file, and deselect the "
+                         "rest (say, after recording part of a study: check what was recorded and nothing else)")
 
 
 def _env_float(name: str) -> float | None:
@@ -296,6 +299,27 @@ def preload(config: pytest.Config, items: list[pytest.Item]) -> None:
             gate.load(slug)
     except BaselineError as err:
         raise pytest.UsageError(f"baselines: {err}") from None
+    if config.getoption("recorded_only"):
+        unrecorded = [item for item in bench if not _recorded(gate, item)]
+        if unrecorded:
+            config.hook.pytest_deselected(items=unrecorded)
+            gone = {item.nodeid for item in unrecorded}
+            items[:] = [item for item in items if item.nodeid not in gone]
+            if hooks is not None:
+                hooks.bench -= gone
+        gate.notes.append(f"--recorded-only: {len(unrecorded)} case(s) with no baseline entry deselected")
+
+
+def _recorded(gate: Gate, item: pytest.Item) -> bool:
+    """Whether ``item`` has an entry in its device's baseline file; a case whose device is absent (a GPU case on a
+    CPU machine) counts as recorded, so that it is still collected and skips itself with its reason."""
+    case = plan.item_case(item)
+    if case is None:
+        return True
+    if case["device"] != "cpu" and not identity.cuda_available():
+        return True
+    file = gate.files.get(identity.device_slug(case["device"]))
+    return file is not None and item.name in file.entries
 
 
 def _resume(gate: Gate, records: list[Record], log: Path) -> set[str]:

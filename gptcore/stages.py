@@ -12,6 +12,14 @@ from dataclasses import dataclass, field
 
 CALL_SECONDS = 540
 """The deadline of a stage: a 10-minute call less a minute for the start, the imports and the end table."""
+CALL_END_ENV = "GPTCORE_CALL_END"
+"""Unix time by which a call's stages are done. ``scripts/gpu_session.sh`` sets it once per call (its start plus
+:data:`CALL_SECONDS`), so that stages run one after another in one call (``smoke,ladder``) share the call's time."""
+MIN_STAGE_SECONDS = 60.0
+"""A stage with less than this left of its call is not started (its imports and end table alone take ~20 s)."""
+FIRST_SESSION = ("smoke,ladder", "memory", "verify")
+"""The three calls of a first GPU session (30 minutes of device time, the machine's start included): does anything
+break on CUDA, then the ladder recorded; the memory study recorded; what was recorded, run again."""
 
 
 @dataclass(frozen=True)
@@ -60,8 +68,9 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
           ["bench/test_convergence_char_shape.py", "bench/test_convergence_memory_recipes.py",
            "-k", CONVERGENCE_IN_A_CALL], RECORD,
           writes="convergence.jsonl, convergence.log, convergence.json, baselines/<gpu>.json"),
-    Stage("verify", "the whole GPU tier against the baselines just recorded: a false failure shows here",
-          ["bench", "-m", "gpu"], ["--require-gpu"], writes="verify.jsonl, verify.log, verify.json"),
+    Stage("verify", "the GPU tier's recorded cases again, against their baselines: a false failure shows here, "
+          "and the two runs give the GPU noise",
+          ["bench", "-m", "gpu"], ["--require-gpu", "--recorded-only"], writes="verify.jsonl, verify.log, verify.json"),
     Stage("budget", "why a compile memory budget runs out of memory: the partitioner's plan for deep-1.6b on CUDA "
           "and the allocator's history of budget-0.05 and budget-0.60", script_seconds=420,
           writes="budget.log, partition-deep-1.6b.json, snapshots"),
@@ -69,3 +78,8 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
           script_seconds=150, writes="profile tables, matmul-bf16.json, report.txt"),
 )}
 ORDER = ("smoke", "ladder", "memory", "char", "convergence", "verify", "budget", "profile")
+
+
+def stage_deadline(stage: Stage, now: float, call_end: float | None) -> float:
+    """The deadline of ``stage`` started at ``now`` (Unix time): its own, or what is left of the call if less."""
+    return stage.deadline if call_end is None else min(stage.deadline, call_end - now)

@@ -10,42 +10,61 @@
 #   verify       the GPU tier against what was recorded: a false failure shows here
 #   budget       why a compile memory budget runs out of memory: the partitioner's plan, the allocator's history
 #   profile      device facts, the bf16 matmul peak, the top ladder rung under torch.profiler, the report
-# Usage: bash scripts/gpu_session.sh STAGE [OUT_DIR]   (OUT_DIR defaults to $OUT, else out/gpu)
+# Usage: bash scripts/gpu_session.sh STAGE[,STAGE...] [OUT_DIR]   (OUT_DIR defaults to $OUT, else out/gpu)
+# Stages named together run one after another in one call and share its time: no stage or case starts that would
+# end after $GPTCORE_CALL_END (set here to the call's start + 540 s unless given). A failed smoke stops the rest.
+# A first session: smoke,ladder, then memory, then verify (`plan` prints them with their planned times).
 set -uo pipefail
-stage=${1:?stage: plan, smoke, ladder, memory, char, convergence, verify, budget or profile}
+stages=${1:?stage: plan, smoke, ladder, memory, char, convergence, verify, budget or profile (several: smoke,ladder)}
 out=${2:-${OUT:-out/gpu}}
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
+py=${PYTHON:-$(command -v python3 || command -v python)}  # the GPU image's torch is its python3's
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/gptcore-inductor}
+known=" plan smoke ladder memory char convergence verify budget profile "
+for stage in ${stages//,/ }; do
+  if [[ "$known" != *" $stage "* ]]; then
+    echo "unknown stage $stage: plan, smoke, ladder, memory, char, convergence, verify, budget or profile" >&2
+    exit 2
+  fi
+done
+export GPTCORE_CALL_END=${GPTCORE_CALL_END:-$("$py" scripts/gpu_stage.py call-end)}
 
-setup() {
+setup() {  # gptcore from this checkout, for the scripts too (the GPU image has every dependency; nothing to install)
   mkdir -p "$out"
-  python -m pip install --quiet --no-deps --no-build-isolation -e . >/dev/null 2>&1 || export PYTHONPATH=$PWD
+  [[ ":${PYTHONPATH:-}:" == *":$PWD:"* ]] || export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 }
 
 budget() {
   start=$(date +%s)
-  python scripts/partition_memory.py --model deep-1.6b --device cuda --json "$out/partition-deep-1.6b.json" 2>&1 \
+  "$py" scripts/partition_memory.py --model deep-1.6b --device cuda --json "$out/partition-deep-1.6b.json" 2>&1 \
     | tee "$out/budget.log"
   for recipe in budget-0.05 budget-0.60; do
-    python scripts/memory_snapshot.py --model deep-1.6b --recipe "$recipe" --out "$out" 2>&1 | tee -a "$out/budget.log"
+    "$py" scripts/memory_snapshot.py --model deep-1.6b --recipe "$recipe" --out "$out" 2>&1 | tee -a "$out/budget.log"
   done
   echo "budget stage wall time: $(( $(date +%s) - start )) s" | tee -a "$out/budget.log"
 }
 
 profile() {
-  { nvidia-smi; python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"; } >"$out/env.txt" 2>&1
-  python scripts/matmul_peak.py --dtype bf16 --json "$out/matmul-bf16.json"
-  python scripts/profile_step.py --model gpt2 --recipe ladder-8 --out "$out" 2>&1 | tail -60
+  { nvidia-smi; "$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"; } >"$out/env.txt" 2>&1
+  "$py" scripts/matmul_peak.py --dtype bf16 --json "$out/matmul-bf16.json"
+  "$py" scripts/profile_step.py --model gpt2 --recipe ladder-8 --out "$out" 2>&1 | tail -60
   for run in verify ladder memory char; do
-    if [ -f "$out/$run.json" ]; then python -m gptcore report "$out/$run.json" >"$out/report.txt" 2>&1; break; fi
+    if [ -f "$out/$run.json" ]; then "$py" -m gptcore report "$out/$run.json" >"$out/report.txt" 2>&1; break; fi
   done
 }
 
-case "$stage" in
-  plan) python scripts/gpu_stage.py plan ;;
-  smoke|ladder|memory|char|convergence|verify) setup; python scripts/gpu_stage.py run "$stage" --out "$out" ;;
-  budget) setup; budget ;;
-  profile) setup; profile ;;
-  *) echo "unknown stage $stage: plan, smoke, ladder, memory, char, convergence, verify, budget or profile" >&2; exit 2 ;;
-esac
+rc=0
+for stage in ${stages//,/ }; do
+  case "$stage" in
+    plan) "$py" scripts/gpu_stage.py plan ;;
+    smoke|ladder|memory|char|convergence|verify) setup; "$py" scripts/gpu_stage.py run "$stage" --out "$out" ;;
+    budget|profile) if "$py" scripts/gpu_stage.py fits "$stage"; then setup; "$stage"; fi ;;
+  esac
+  code=$?
+  if [ "$code" -ne 0 ]; then
+    rc=$code
+    if [ "$stage" = smoke ]; then echo "smoke failed (exit $code): the stages after it are not run" >&2; break; fi
+  fi
+done
+exit "$rc"

@@ -2,9 +2,11 @@
 
     python scripts/gpu_stage.py plan                       # every stage, its cases, an estimated H100 time
     python scripts/gpu_stage.py run STAGE --out DIR        # one stage, everything written under DIR as it ends
+    python scripts/gpu_stage.py fits STAGE                 # exit 0 if a script stage fits what is left of the call
+    python scripts/gpu_stage.py call-end                   # the Unix time a call started now must be done by
 
 ``run`` passes pytest the stage's cases and options (gptcore/stages.py) with ``--deadline`` (no case starts that
-would end after it), a results log ``DIR/STAGE.jsonl`` (a line per case as it ends) and baselines recorded into
+would end after it, nor after $GPTCORE_CALL_END: several stages can share one call), a results log ``DIR/STAGE.jsonl`` (a line per case as it ends) and baselines recorded into
 ``DIR/baselines`` case by case, so that a call killed at its limit still returns what ran. It resumes from
 ``--resume LOG`` (default: ``out/gpu/STAGE.jsonl`` when a previous call's log was brought back there), and ends
 with one line per failed case: what broke and the command that reruns just that case.
@@ -17,15 +19,26 @@ import contextlib
 import io
 import shlex
 import shutil
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gptcore import plan, results  # noqa: E402
-from gptcore.stages import ORDER, STAGES, Stage  # noqa: E402
+from gptcore.stages import (  # noqa: E402
+    CALL_END_ENV,
+    CALL_SECONDS,
+    FIRST_SESSION,
+    MIN_STAGE_SECONDS,
+    ORDER,
+    STAGES,
+    Stage,
+    stage_deadline,
+)
 
 PLAN_DROPS = {"--require-gpu", "--update-baselines", "-x"}  # options a CPU collection cannot or need not take
 
@@ -74,13 +87,14 @@ def plan_all() -> int:
 
     print(f"Plan of a GPU session on an {plan.PLAN_GPU} at an assumed MFU of {plan.ASSUMED_MFU:.0%} (gptcore/plan.py "
           f"states every assumption); a stage is cut into calls of at most its deadline, each resuming the last.\n")
-    unfit, summary = [], []
+    unfit, summary, totals = [], [], {}
     for name in ORDER:
         stage = STAGES[name]
         if not stage.pytest:
             print(f"== {name}: {stage.what}\n   a script stage, planned at {stage.script_seconds:.0f} s "
                   f"(stated); writes {stage.writes}\n")
             summary.append([name, "—", f"{stage.script_seconds:.0f}", 1, f"{stage.script_seconds:.0f}"])
+            totals[name] = stage.script_seconds
             unfit += [name] if stage.script_seconds > stage.deadline else []
             continue
         items = collect(stage)
@@ -93,7 +107,8 @@ def plan_all() -> int:
         print(f"== {name}: {stage.what}\n   deadline {stage.deadline:.0f} s a call; writes {stage.writes}")
         print(tabulate(rows, headers=["case", "planned s", "from", "call"], disable_numparse=True))
         print()
-        summary.append([name, len(items), f"{sum(p.seconds for p in planned):,.0f}", len(cut), f"{longest:,.0f}"])
+        totals[name] = sum(p.seconds for p in planned)
+        summary.append([name, len(items), f"{totals[name]:,.0f}", len(cut), f"{longest:,.0f}"])
         unfit += [f"{name}: {items[i].nodeid}" for i, p in enumerate(planned) if p.seconds > stage.deadline]
     print(tabulate(summary, headers=["stage", "cases", "planned s", "calls", "longest call s"],
                    disable_numparse=True))
@@ -102,12 +117,62 @@ def plan_all() -> int:
         return 1
     longest = max(s.deadline for s in STAGES.values())
     print(f"\nEvery call fits its deadline by this estimate (at most {longest:.0f} s).")
+    print(first_session(totals))
+    return 0
+
+
+def first_session(totals: dict[str, float]) -> str:
+    """The calls of a first GPU session with their planned seconds; its verify runs what the session recorded."""
+    lines = [f"\nA first session, {len(FIRST_SESSION)} calls; the stages of a call share its {CALL_SECONDS} s "
+             f"(${CALL_END_ENV}), and what a deadline leaves resumes in a later call:"]
+    recorded: list[str] = []
+    for k, call in enumerate(FIRST_SESSION, 1):
+        names = call.split(",")
+        seconds = sum(sum(totals[n] for n in recorded) if n == "verify" else totals[n] for n in names)
+        recorded += [n for n in names if "--update-baselines" in STAGES[n].options]
+        what = " (what this session recorded, run again)" if "verify" in names else ""
+        lines.append(f"  call {k}: bash scripts/gpu_session.sh {call:<14} planned {seconds:,.0f} s{what}")
+    return "\n".join(lines)
+
+
+def call_end() -> float | None:
+    """$GPTCORE_CALL_END as a number (None when unset); SystemExit with one line when it is not one."""
+    value = os.environ.get(CALL_END_ENV)
+    try:
+        return float(value) if value else None
+    except ValueError:
+        sys.exit(f"gpu_stage: ${CALL_END_ENV}: {value!r} is not a Unix time")
+
+
+def seconds_left(stage: Stage) -> float | None:
+    """The stage's deadline now, or None (printed, with the reason) when too little of the call is left."""
+    deadline = stage_deadline(stage, time.time(), call_end())
+    if deadline < MIN_STAGE_SECONDS:
+        print(f"stage {stage.name} not started: {max(deadline, 0):.0f} s left of this call (${CALL_END_ENV}), less "
+              f"than {MIN_STAGE_SECONDS:.0f} s; run it in the next call", flush=True)
+        return None
+    return deadline
+
+
+def fits(name: str) -> int:
+    """Exit status 0 when script stage ``name`` fits what is left of the call (printed otherwise), else 1."""
+    stage = STAGES[name]
+    deadline = seconds_left(stage)
+    if deadline is None:
+        return 1
+    if stage.script_seconds > deadline:
+        print(f"stage {name} not started: planned at {stage.script_seconds:.0f} s, {deadline:.0f} s left of this "
+              f"call; run it in the next call", flush=True)
+        return 1
     return 0
 
 
 def run(name: str, out: Path, resume: Path | None) -> int:
     """Run a pytest stage with its deadline, results log and baselines under ``out``; 1-line diagnoses at the end."""
     stage = STAGES[name]
+    deadline = seconds_left(stage)
+    if deadline is None:
+        return 0
     out.mkdir(parents=True, exist_ok=True)
     log = out / f"{name}.jsonl"
     baselines = out / "baselines"
@@ -119,7 +184,7 @@ def run(name: str, out: Path, resume: Path | None) -> int:
     if resume.exists() and resume.resolve() != log.resolve():
         shutil.copy2(resume, log)
     args = [sys.executable, "-m", "pytest", *stage.pytest, *stage.options, "-p", "no:cacheprovider", "-rs",
-            "--deadline", str(stage.deadline), "--results-log", str(log), "--baselines-dir", str(baselines),
+            "--deadline", f"{deadline:.0f}", "--results-log", str(log), "--baselines-dir", str(baselines),
             "--benchmark-json", str(out / f"{name}.json")] + (["--resume", str(log)] if log.exists() else [])
     print("$ " + shlex.join(args), flush=True)
     with open(out / f"{name}.log", "a", encoding="utf-8") as tee:
@@ -145,9 +210,17 @@ def main(argv: list[str] | None = None) -> int:
     run_p.add_argument("stage", choices=[n for n in ORDER if STAGES[n].pytest])
     run_p.add_argument("--out", type=Path, required=True, help="where everything is written as it ends")
     run_p.add_argument("--resume", type=Path, default=None, help="a results log of an earlier call of this stage")
+    fits_p = sub.add_parser("fits", help="exit 0 if a script stage fits what is left of the call")
+    fits_p.add_argument("stage", choices=[n for n in ORDER if not STAGES[n].pytest])
+    sub.add_parser("call-end", help=f"the Unix time a call started now must be done by (now + {CALL_SECONDS} s)")
     args = parser.parse_args(argv)
     if args.command == "plan":
         return plan_all()
+    if args.command == "fits":
+        return fits(args.stage)
+    if args.command == "call-end":
+        print(int(time.time() + CALL_SECONDS))
+        return 0
     return run(args.stage, args.out, args.resume)
 
 

@@ -52,3 +52,57 @@ def test_the_plan_prints_every_stage_and_every_call_fits():
     for node in STAGES["smoke"].pytest:
         assert node in done.stdout  # every smoke case is a collected test
     assert "Every call fits its deadline by this estimate" in done.stdout
+    first = done.stdout.split("A first session, 3 calls", 1)[1]
+    for k, call in enumerate(("smoke,ladder", "memory", "verify"), 1):
+        assert f"call {k}: bash scripts/gpu_session.sh {call} " in first
+
+
+def _session(args: list[str], **env: str) -> subprocess.CompletedProcess:
+    """scripts/gpu_session.sh with this interpreter and no GPU in sight (the stages must then refuse to record)."""
+    child = {**child_env(), "CUDA_VISIBLE_DEVICES": "", "PYTHON": sys.executable, **env}
+    return subprocess.run(["bash", "scripts/gpu_session.sh", *args], cwd=ROOT, env=child, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_a_stage_gets_what_is_left_of_its_call_and_none_below_a_minute(monkeypatch, capsys):
+    import time
+
+    from gptcore.stages import CALL_END_ENV, stage_deadline
+    from scripts import gpu_stage
+
+    ladder, smoke = STAGES["ladder"], STAGES["smoke"]
+    assert stage_deadline(ladder, now=1000.0, call_end=None) == ladder.deadline == 540
+    assert stage_deadline(ladder, now=1000.0, call_end=1300.0) == 300.0  # the call's end comes first
+    assert stage_deadline(smoke, now=1000.0, call_end=1500.0) == smoke.deadline == 180  # the stage's own comes first
+    monkeypatch.setenv(CALL_END_ENV, str(time.time() + 30))
+    assert gpu_stage.seconds_left(ladder) is None
+    assert gpu_stage.run("ladder", Path("unused"), None) == 0  # nothing started: the next call runs it
+    assert gpu_stage.fits("budget") == 1
+    said = capsys.readouterr().out
+    assert said.count("stage ladder not started: ") == 2 and "less than 60 s; run it in the next call" in said
+    monkeypatch.setenv(CALL_END_ENV, "soon")
+    with pytest.raises(SystemExit, match="GPTCORE_CALL_END: 'soon' is not a Unix time"):
+        gpu_stage.call_end()
+
+
+def test_stages_named_together_share_the_call_and_a_failed_smoke_stops_the_rest(tmp_path):
+    import time
+
+    # ladder then budget, 100 s left of the call: ladder's pytest gets a 100 s deadline (and refuses: no GPU); the
+    # budget stage, planned at 420 s, is not started; the run ends with ladder's exit status
+    done = _session(["ladder,budget", str(tmp_path / "a")], GPTCORE_CALL_END=str(int(time.time()) + 100))
+    assert done.returncode == 4, done.stdout + done.stderr
+    deadline = float(done.stdout.split("--deadline ", 1)[1].split()[0])
+    assert 80 <= deadline <= 100
+    assert "stage budget not started: planned at 420 s" in done.stdout
+    assert (tmp_path / "a" / "ladder.log").exists() and not (tmp_path / "a" / "budget.log").exists()
+
+    stopped = _session(["smoke,ladder", str(tmp_path / "b")])
+    assert stopped.returncode == 4, stopped.stdout + stopped.stderr
+    assert "smoke failed (exit 4): the stages after it are not run" in stopped.stderr
+    assert (tmp_path / "b" / "smoke.log").exists() and not (tmp_path / "b" / "ladder.log").exists()
+
+    unknown = _session(["ladder,ladr", str(tmp_path / "c")])
+    assert unknown.returncode == 2 and not (tmp_path / "c").exists()  # nothing ran
+    assert unknown.stderr.strip().splitlines() == ["unknown stage ladr: plan, smoke, ladder, memory, char, "
+                                                    "convergence, verify, budget or profile"]

@@ -69,8 +69,9 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
            "-k", CONVERGENCE_IN_A_CALL], RECORD,
           writes="convergence.jsonl, convergence.log, convergence.json, baselines/<gpu>.json"),
     Stage("verify", "the GPU tier's recorded cases again, against their baselines: a false failure shows here, "
-          "and the two runs give the GPU noise",
-          ["bench", "-m", "gpu"], ["--require-gpu", "--recorded-only"], writes="verify.jsonl, verify.log, verify.json"),
+          "and the two runs give the GPU noise (scripts/gpu_noise.py, noise.json)",
+          ["bench", "-m", "gpu"], ["--require-gpu", "--recorded-only"],
+          writes="verify.jsonl, verify.log, verify.json, noise.json"),
     Stage("budget", "why a compile memory budget runs out of memory: the partitioner's plan for deep-1.6b on CUDA "
           "and the allocator's history of budget-0.05 and budget-0.60", script_seconds=420,
           writes="budget.log, partition-deep-1.6b.json, snapshots"),

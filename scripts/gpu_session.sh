@@ -7,7 +7,7 @@
 #   smoke        one case of each kind, in order, stopping at the first failure (3 minutes at most)
 #   ladder       GPT-2 124M up the ladder, recorded            memory   deep-1.6b x the 11 memory recipes, recorded
 #   char         the char-shape study, recorded                convergence  the convergence tier that fits a call
-#   verify       the GPU tier against what was recorded: a false failure shows here
+#   verify       the GPU tier's recorded cases again: a false failure shows here; then the GPU noise (noise.json)
 #   budget       why a compile memory budget runs out of memory: the partitioner's plan, the allocator's history
 #   profile      device facts, the bf16 matmul peak, the top ladder rung under torch.profiler, the report
 # Usage: bash scripts/gpu_session.sh STAGE[,STAGE...] [OUT_DIR]   (OUT_DIR defaults to $OUT, else out/gpu)
@@ -45,8 +45,25 @@ budget() {
   echo "budget stage wall time: $(( $(date +%s) - start )) s" | tee -a "$out/budget.log"
 }
 
+noise() {  # after verify: what the figures differ by between the recording runs and verify (scripts/gpu_noise.py)
+  local logs=() name dir device
+  for name in ladder memory char convergence; do
+    for dir in "$out" out/gpu; do
+      if [ -f "$dir/$name.jsonl" ]; then logs+=("$dir/$name.jsonl"); break; fi
+    done
+  done
+  if [ "${#logs[@]}" -eq 0 ] || [ ! -f "$out/verify.jsonl" ]; then
+    echo "noise: no recording run's log in $out or out/gpu beside verify.jsonl: nothing to compare"
+    return 0
+  fi
+  device=$("$py" -c "import torch; print(torch.cuda.get_device_name(), 'torch', torch.__version__)" 2>/dev/null)
+  "$py" scripts/gpu_noise.py "${logs[@]}" --against "$out/verify.jsonl" --json "$out/noise.json" --device "$device"
+}
+
 profile() {
-  { nvidia-smi; "$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"; } >"$out/env.txt" 2>&1
+  { nvidia-smi
+    "$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
+  } >"$out/env.txt" 2>&1
   "$py" scripts/matmul_peak.py --dtype bf16 --json "$out/matmul-bf16.json"
   "$py" scripts/profile_step.py --model gpt2 --recipe ladder-8 --out "$out" 2>&1 | tail -60
   for run in verify ladder memory char; do
@@ -58,7 +75,8 @@ rc=0
 for stage in ${stages//,/ }; do
   case "$stage" in
     plan) "$py" scripts/gpu_stage.py plan ;;
-    smoke|ladder|memory|char|convergence|verify) setup; "$py" scripts/gpu_stage.py run "$stage" --out "$out" ;;
+    smoke|ladder|memory|char|convergence) setup; "$py" scripts/gpu_stage.py run "$stage" --out "$out" ;;
+    verify) setup; "$py" scripts/gpu_stage.py run verify --out "$out"; code=$?; noise; (exit "$code") ;;
     budget|profile) if "$py" scripts/gpu_stage.py fits "$stage"; then setup; "$stage"; fi ;;
   esac
   code=$?

@@ -6,10 +6,11 @@
     python scripts/gpu_stage.py call-end                   # the Unix time a call started now must be done by
 
 ``run`` passes pytest the stage's cases and options (gptcore/stages.py) with ``--deadline`` (no case starts that
-would end after it, nor after $GPTCORE_CALL_END: several stages can share one call), a results log ``DIR/STAGE.jsonl`` (a line per case as it ends) and baselines recorded into
-``DIR/baselines`` case by case, so that a call killed at its limit still returns what ran. It resumes from
-``--resume LOG`` (default: ``out/gpu/STAGE.jsonl`` when a previous call's log was brought back there), and ends
-with one line per failed case: what broke and the command that reruns just that case.
+would end after it, nor after $GPTCORE_CALL_END: several stages can share one call), a results log
+``DIR/STAGE.jsonl`` (a line per case as it ends) and baselines recorded into ``DIR/baselines`` case by case, so
+that a call killed at its limit still returns what ran. It resumes from ``--resume LOG`` (default:
+``out/gpu/STAGE.jsonl`` when a previous call's log was brought back there), and ends with one line per failed
+case: what broke and the command that reruns just that case.
 """
 
 from __future__ import annotations
@@ -177,8 +178,9 @@ def run(name: str, out: Path, resume: Path | None) -> int:
     log = out / f"{name}.jsonl"
     baselines = out / "baselines"
     baselines.mkdir(exist_ok=True)
-    for path in (ROOT / "baselines").glob("*.json"):  # the recorded ones so far; each case merges into these
-        if not (baselines / path.name).exists():
+    # the GPU files recorded so far, each case merges into its own (not cpu.json: a call brings back 8 files at most)
+    for path in (ROOT / "baselines").glob("*.json"):
+        if path.stem != "cpu" and not (baselines / path.name).exists():
             shutil.copy2(path, baselines / path.name)
     resume = resume or (ROOT / "out" / "gpu" / f"{name}.jsonl")
     if resume.exists() and resume.resolve() != log.resolve():

@@ -1,0 +1,192 @@
+"""What a device's figures differ by between two runs of the same cases, and the tolerances that follows from it.
+
+    python scripts/gpu_noise.py out/gpu/ladder.jsonl out/gpu/memory.jsonl --against out/gpu/verify.jsonl \
+        --json tests/data/gpu_noise_nvidia-h100-80gb-hbm3.json
+
+The first logs are the recording run's results logs, ``--against`` the second run's (a GPU session's ``verify``).
+For every case measured in both it prints tokens/s (each run's median and relative IQR, the run-to-run change),
+the change of the peak allocated bytes and of the loss; then, per figure, the largest change, its RMS over the
+cases (sigma) and the tolerance by one rule:
+
+    tolerance = max(4 sigma, 2 x the largest change), rounded up, and at least the figure's floor
+
+A run-to-run change is a difference of two runs, which is what the gate compares (a baseline and a new run), so
+sigma is the gate's own noise: 4 sigma leaves about 3e-5 of clean cases failing per figure one-sided under a
+normal spread, and 2 x the largest keeps the worst case seen far from failing. The floors (speed 1%, memory
+0.5%, loss 1e-6 nats, fp16/bf16 loss 1e-4 nats) keep an exact gate from failing on one run's nondeterminism
+that two runs happened not to show. With ``--json`` it writes the evidence: the runs, every case's figures, the
+summary and the tolerances (keep it in tests/data, as the CPU tolerances' evidence is kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gptcore import results  # noqa: E402
+from gptcore.baselines import AMP_PRECISIONS  # noqa: E402
+
+SIGMAS = 4.0
+WORST_TIMES = 2.0
+FLOORS = {"speed": 0.01, "memory": 0.005, "loss": 1e-6, "loss_amp": 1e-4}
+"""The smallest tolerance of each figure (relative for speed and memory, nats for the loss)."""
+
+
+@dataclass
+class Case:
+    """One case's figures in both runs."""
+
+    name: str
+    precision: str
+    tokens_per_s: tuple[float, float] | None
+    iqr_rel: tuple[float, float] | None
+    """Each run's tokens/s IQR over its median."""
+    speed_change: float | None
+    """Second run's tokens/s median over the first's, less 1."""
+    peak_bytes: tuple[int, int] | None
+    memory_change: float | None
+    """Second run's peak allocated bytes over the first's, less 1."""
+    loss: tuple[float, float] | None
+    loss_change: float | None
+    """Second run's loss less the first's (nats)."""
+
+
+def measured(paths: list[Path]) -> dict[str, dict | None]:
+    """The measured entry of each case in the logs at ``paths``, None for a case that ended with no figures (a
+    skip, an out-of-memory failure); a later line of a case replaces an earlier."""
+    out: dict[str, dict | None] = {}
+    for path in paths:
+        for record in results.latest(results.read(path)).values():
+            out[record.name] = record.entry or None
+    return out
+
+
+def not_compared(first: dict[str, dict | None], second: dict[str, dict | None]) -> list[str]:
+    """The cases left out of the comparison, each with why."""
+    out = []
+    for name in dict.fromkeys([*first, *second]):
+        why = [f"not in the {run} run" if name not in log else f"no figures in the {run} run"
+               for run, log in (("first", first), ("second", second)) if log.get(name) is None]
+        if why:
+            out.append(f"{name} ({', '.join(why)})")
+    return out
+
+
+def _pair(a: dict, b: dict, get) -> tuple | None:
+    x, y = get(a), get(b)
+    return (x, y) if x is not None and y is not None else None
+
+
+def compare(first: dict[str, dict | None], second: dict[str, dict | None]) -> list[Case]:
+    """Every case measured in both runs with its figures and changes, in the first run's order."""
+    cases = []
+    for name in (n for n in first if first[n] is not None and second.get(n) is not None):
+        a, b = first[name], second[name]
+        speed = _pair(a, b, lambda e: (e.get("tokens_per_s") or {}).get("median"))
+        iqr = _pair(a, b, lambda e: (e.get("tokens_per_s") or {}).get("iqr"))
+        peak = _pair(a, b, lambda e: e.get("peak_allocated_bytes"))
+        loss = _pair(a, b, lambda e: (e.get("loss") or {}).get("value"))
+        cases.append(Case(
+            name=name, precision=a.get("precision", "fp32"), tokens_per_s=speed,
+            iqr_rel=(iqr[0] / speed[0], iqr[1] / speed[1]) if speed and iqr and all(speed) else None,
+            speed_change=speed[1] / speed[0] - 1 if speed and speed[0] else None,
+            peak_bytes=peak, memory_change=peak[1] / peak[0] - 1 if peak and peak[0] else None,
+            loss=loss, loss_change=loss[1] - loss[0] if loss else None))
+    return cases
+
+
+def round_up(value: float) -> float:
+    """``value`` rounded up to two significant digits (0.01234 -> 0.013, 3.01e-6 -> 3.1e-6); 0 stays 0."""
+    if value <= 0:
+        return 0.0
+    scale = 10.0 ** (math.floor(math.log10(value)) - 1)
+    return round(math.ceil(round(value / scale, 9)) * scale, 12)
+
+
+def tolerance(changes: list[float], floor: float) -> dict:
+    """The largest change, sigma (RMS of the changes: their expected value is 0) and the tolerance by the rule."""
+    if not changes:
+        return {"cases": 0, "largest": None, "sigma": None, "tolerance": None}
+    largest = max(abs(c) for c in changes)
+    sigma = math.sqrt(sum(c * c for c in changes) / len(changes))
+    return {"cases": len(changes), "largest": largest, "sigma": sigma,
+            "tolerance": max(round_up(max(SIGMAS * sigma, WORST_TIMES * largest)), floor)}
+
+
+def summary(cases: list[Case]) -> dict[str, dict]:
+    """Per figure (speed, memory, loss, loss_amp): the largest change, sigma and the tolerance by the rule."""
+    amp = [c.loss_change for c in cases if c.loss_change is not None and c.precision in AMP_PRECISIONS]
+    full = [c.loss_change for c in cases if c.loss_change is not None and c.precision not in AMP_PRECISIONS]
+    out = {
+        "speed": tolerance([c.speed_change for c in cases if c.speed_change is not None], FLOORS["speed"]),
+        "memory": tolerance([c.memory_change for c in cases if c.memory_change is not None], FLOORS["memory"]),
+        "loss": tolerance(full, FLOORS["loss"]),
+        "loss_amp": tolerance(amp, FLOORS["loss_amp"]),
+    }
+    iqrs = [max(c.iqr_rel) for c in cases if c.iqr_rel]
+    out["speed"]["largest_iqr"] = max(iqrs) if iqrs else None
+    return out
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{x:+.2%}"
+
+
+def table(cases: list[Case]) -> str:
+    from tabulate import tabulate
+
+    rows = [[c.name, c.precision,
+             "—" if c.tokens_per_s is None else f"{c.tokens_per_s[0]:,.0f} → {c.tokens_per_s[1]:,.0f}",
+             "—" if c.iqr_rel is None else f"{c.iqr_rel[0]:.2%} / {c.iqr_rel[1]:.2%}", _pct(c.speed_change),
+             "—" if c.peak_bytes is None else f"{c.peak_bytes[1] - c.peak_bytes[0]:+,d} B", _pct(c.memory_change),
+             "—" if c.loss_change is None else f"{c.loss_change:+.2e}"] for c in cases]
+    return tabulate(rows, headers=["case", "precision", "tok/s", "IQR/median", "Δ tok/s", "Δ peak", "Δ peak %",
+                                   "Δ loss"], disable_numparse=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("first", nargs="+", type=Path, help="the recording run's results logs")
+    parser.add_argument("--against", type=Path, required=True, help="the second run's results log")
+    parser.add_argument("--json", type=Path, help="write the evidence (runs, cases, summary, tolerances) here")
+    parser.add_argument("--device", default=None, help="the device and torch version, as the evidence names them")
+    args = parser.parse_args(argv)
+    try:
+        first, second = measured(args.first), measured([args.against])
+    except results.LogError as err:
+        print(f"gpu_noise: {err}", file=sys.stderr)
+        return 2
+    cases = compare(first, second)
+    if not cases:
+        print("gpu_noise: no case was measured in both runs", file=sys.stderr)
+        return 1
+    left_out = not_compared(first, second)
+    print(table(cases))
+    figures = summary(cases)
+    print(f"\n{len(cases)} case(s) measured in both runs" + (f"; not compared: {', '.join(left_out)}" if left_out
+                                                             else ""))
+    print(f"tolerance = max({SIGMAS:g} sigma, {WORST_TIMES:g} x the largest change), rounded up, at least the floor")
+    for figure, s in figures.items():
+        if s["cases"]:
+            unit = (lambda x: f"{x:.2%}") if figure in ("speed", "memory") else (lambda x: f"{x:.2e} nats")
+            print(f"  {figure:<9} {s['cases']:>3} case(s): largest {unit(s['largest'])}, sigma {unit(s['sigma'])}"
+                  f" -> {unit(s['tolerance'])}" + (f" (largest IQR/median in a run {s['largest_iqr']:.2%})"
+                                                  if s.get("largest_iqr") is not None else ""))
+    if args.json:
+        evidence = {"device": args.device, "first": [str(p) for p in args.first], "second": str(args.against),
+                    "rule": {"sigmas": SIGMAS, "worst_times": WORST_TIMES, "floors": FLOORS},
+                    "summary": figures, "not_compared": left_out, "cases": [asdict(c) for c in cases]}
+        args.json.write_text(json.dumps(evidence, indent=2) + "\n")
+        print(f"evidence: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -18,9 +18,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
 import shlex
 import shutil
-import os
 import subprocess
 import sys
 import time

@@ -181,15 +181,8 @@ class CaseHooks:
                         f"{planned.seconds:.0f} s ({planned.source})")
 
     def planned(self, item: pytest.Item) -> plan.Estimate:
-        case = plan.item_case(item)
-        seconds = None
-        if case is not None:
-            present = case["device"] == "cpu" or identity.cuda_available()
-            slug = identity.device_slug(case["device"]) if present else None
-            file = self.gate.files.get(slug) if slug else None
-            entry = file.entries.get(item.name) if file else None
-            seconds = entry.seconds if entry else None
-        return plan.estimate(item, self.history, self.gate.timing_override, seconds)
+        _, entry = _baseline_entry(self.gate, item)
+        return plan.estimate(item, self.history, self.gate.timing_override, entry.seconds if entry else None)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.nodeid in self.bench:
@@ -278,11 +271,8 @@ def preload(config: pytest.Config, items: list[pytest.Item]) -> None:
             done = _resume(gate, records, Path(resume))
         except (results.LogError, BaselineError) as err:
             raise pytest.UsageError(f"--resume: {err}") from None
-        skipped = [item for item in items if item.nodeid in done]
-        if skipped:
-            config.hook.pytest_deselected(items=skipped)
-            items[:] = [item for item in items if item.nodeid not in done]
-            bench = [item for item in bench if item.nodeid not in done]
+        _deselect(config, items, done)
+        bench = [item for item in bench if item.nodeid not in done]
         if hooks is not None:
             hooks.history = {r.nodeid: r.seconds for r in records if r.outcome in results.FINISHED}
     if hooks is not None:
@@ -300,26 +290,31 @@ def preload(config: pytest.Config, items: list[pytest.Item]) -> None:
     except BaselineError as err:
         raise pytest.UsageError(f"baselines: {err}") from None
     if config.getoption("recorded_only"):
-        unrecorded = [item for item in bench if not _recorded(gate, item)]
-        if unrecorded:
-            config.hook.pytest_deselected(items=unrecorded)
-            gone = {item.nodeid for item in unrecorded}
-            items[:] = [item for item in items if item.nodeid not in gone]
-            if hooks is not None:
-                hooks.bench -= gone
-        gate.notes.append(f"--recorded-only: {len(unrecorded)} case(s) with no baseline entry deselected")
+        # a case that cannot be looked up here (a GPU case on a CPU machine) stays, and skips itself with its reason
+        lookups = {item.nodeid: _baseline_entry(gate, item) for item in bench}
+        gone = {nodeid for nodeid, (known, entry) in lookups.items() if known and entry is None}
+        _deselect(config, items, gone)
+        if hooks is not None:
+            hooks.bench -= gone
+        gate.notes.append(f"--recorded-only: {len(gone)} case(s) with no baseline entry deselected")
 
 
-def _recorded(gate: Gate, item: pytest.Item) -> bool:
-    """Whether ``item`` has an entry in its device's baseline file; a case whose device is absent (a GPU case on a
-    CPU machine) counts as recorded, so that it is still collected and skips itself with its reason."""
+def _deselect(config: pytest.Config, items: list[pytest.Item], nodeids: set[str]) -> None:
+    """Take the items with these node ids out of the run, reported as deselected (as -k does)."""
+    dropped = [item for item in items if item.nodeid in nodeids]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if item.nodeid not in nodeids]
+
+
+def _baseline_entry(gate: Gate, item: pytest.Item) -> tuple[bool, Entry | None]:
+    """Whether ``item``'s device can be looked up here (a study case on the CPU, or on CUDA with CUDA present),
+    and its entry in that device's loaded baseline file (None when it has none)."""
     case = plan.item_case(item)
-    if case is None:
-        return True
-    if case["device"] != "cpu" and not identity.cuda_available():
-        return True
+    if case is None or (case["device"] != "cpu" and not identity.cuda_available()):
+        return False, None
     file = gate.files.get(identity.device_slug(case["device"]))
-    return file is not None and item.name in file.entries
+    return True, file.entries.get(item.name) if file else None
 
 
 def _resume(gate: Gate, records: list[Record], log: Path) -> set[str]:

@@ -75,11 +75,11 @@ rc=0
 for stage in ${stages//,/ }; do
   case "$stage" in
     plan) "$py" scripts/gpu_stage.py plan ;;
-    smoke|ladder|memory|char|convergence) setup; "$py" scripts/gpu_stage.py run "$stage" --out "$out" ;;
-    verify) setup; "$py" scripts/gpu_stage.py run verify --out "$out"; code=$?; noise; (exit "$code") ;;
+    smoke|ladder|memory|char|convergence|verify) setup; "$py" scripts/gpu_stage.py run "$stage" --out "$out" ;;
     budget|profile) if "$py" scripts/gpu_stage.py fits "$stage"; then setup; "$stage"; fi ;;
   esac
   code=$?
+  if [ "$stage" = verify ]; then noise; fi
   if [ "$code" -ne 0 ]; then
     rc=$code
     if [ "$stage" = smoke ]; then echo "smoke failed (exit $code): the stages after it are not run" >&2; break; fi

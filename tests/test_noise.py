@@ -13,6 +13,7 @@ from gptcore import results
 from scripts.gpu_noise import compare, measured, round_up, summary
 
 from .test_gate import ROOT, child_env
+from .test_plan import gpu_session
 
 pytestmark = pytest.mark.cpu
 
@@ -90,10 +91,7 @@ def test_the_verify_stage_ends_with_the_noise_of_the_recording_run_and_itself(tm
     out.mkdir()
     write(out / "ladder.jsonl", FIRST)  # the recording run's log, brought back from an earlier call
     write(out / "verify.jsonl", SECOND)  # verify's own, from an earlier call: this one has no time left to run it
-    env = {**child_env(), "CUDA_VISIBLE_DEVICES": "", "PYTHON": sys.executable,
-           "GPTCORE_CALL_END": str(int(time.time()) + 30)}
-    run = subprocess.run(["bash", "scripts/gpu_session.sh", "verify", str(out)], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=120)
+    run = gpu_session(["verify", str(out)], GPTCORE_CALL_END=str(int(time.time()) + 30))
     assert run.returncode == 0, run.stdout + run.stderr
     assert "stage verify not started" in run.stdout and "3 case(s) measured in both runs" in run.stdout
     evidence = json.loads((out / "noise.json").read_text())

@@ -57,7 +57,7 @@ def test_the_plan_prints_every_stage_and_every_call_fits():
         assert f"call {k}: bash scripts/gpu_session.sh {call} " in first
 
 
-def _session(args: list[str], **env: str) -> subprocess.CompletedProcess:
+def gpu_session(args: list[str], **env: str) -> subprocess.CompletedProcess:
     """scripts/gpu_session.sh with this interpreter and no GPU in sight (the stages must then refuse to record)."""
     child = {**child_env(), "CUDA_VISIBLE_DEVICES": "", "PYTHON": sys.executable, **env}
     return subprocess.run(["bash", "scripts/gpu_session.sh", *args], cwd=ROOT, env=child, capture_output=True,
@@ -90,19 +90,19 @@ def test_stages_named_together_share_the_call_and_a_failed_smoke_stops_the_rest(
 
     # ladder then budget, 100 s left of the call: ladder's pytest gets a 100 s deadline (and refuses: no GPU); the
     # budget stage, planned at 420 s, is not started; the run ends with ladder's exit status
-    done = _session(["ladder,budget", str(tmp_path / "a")], GPTCORE_CALL_END=str(int(time.time()) + 100))
+    done = gpu_session(["ladder,budget", str(tmp_path / "a")], GPTCORE_CALL_END=str(int(time.time()) + 100))
     assert done.returncode == 4, done.stdout + done.stderr
     deadline = float(done.stdout.split("--deadline ", 1)[1].split()[0])
     assert 80 <= deadline <= 100
     assert "stage budget not started: planned at 420 s" in done.stdout
     assert (tmp_path / "a" / "ladder.log").exists() and not (tmp_path / "a" / "budget.log").exists()
 
-    stopped = _session(["smoke,ladder", str(tmp_path / "b")])
+    stopped = gpu_session(["smoke,ladder", str(tmp_path / "b")])
     assert stopped.returncode == 4, stopped.stdout + stopped.stderr
     assert "smoke failed (exit 4): the stages after it are not run" in stopped.stderr
     assert (tmp_path / "b" / "smoke.log").exists() and not (tmp_path / "b" / "ladder.log").exists()
 
-    unknown = _session(["ladder,ladr", str(tmp_path / "c")])
+    unknown = gpu_session(["ladder,ladr", str(tmp_path / "c")])
     assert unknown.returncode == 2 and not (tmp_path / "c").exists()  # nothing ran
     assert unknown.stderr.strip().splitlines() == ["unknown stage ladr: plan, smoke, ladder, memory, char, "
                                                     "convergence, verify, budget or profile"]

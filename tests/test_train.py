@@ -140,7 +140,8 @@ def test_hot_loop_makes_no_host_sync_unless_asked(monkeypatch):
     # tensor on the host (PyTorch's CPU-side bookkeeping, e.g. AdamW's step counter, is not counted).
     calls = []
     original = torch.Tensor.item
-    package = Path(gptcore.__file__).resolve().parent  # by directory: a venv under ~/gptcore-bench/ holds torch
+    # by directory, not by name: .ci/run's venv, under ~/.cache/gptcore-bench/, holds torch
+    package = Path(gptcore.__file__).resolve().parent
 
     def item(self):
         if Path(sys._getframe(1).f_code.co_filename).resolve().is_relative_to(package):

@@ -4,6 +4,7 @@ only the cases that ran. How a measurement is judged against its entry is ``gptc
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime as _dt
 import json
@@ -114,7 +115,7 @@ class Entry:
     convergence: Convergence | None = None
     """A convergence case's whole run (validation curve, time-to-loss); None for a benchmark case."""
     seconds: float | None = None
-    """Wall time of the case (warm-up, timed rounds, the tracked and ledger passes): how --deadline plans it."""
+    """Wall time of the case (warm-up, timed rounds, the ledger pass): how --deadline plans it."""
     speed_note: str | None = None
     """CPU: why tokens/s was not recorded ('speed not recorded: machine busy (share 0.33)'); its median is null."""
     clocks: dict[str, Any] | None = None
@@ -266,10 +267,17 @@ class BaselineFile:
     recorded_at: str | None = None
     commit: str | None = None
 
+    def cpu_models(self) -> dict[str, int]:
+        """How many entries each CPU model recorded (a CPU file gathers several; empty on a GPU)."""
+        return dict(sorted(collections.Counter(e.cpu_model for e in self.entries.values() if e.cpu_model).items()))
+
     def to_json(self) -> dict:
+        device = {"slug": self.slug, "name": self.device_name, "type": self.device_type}
+        if self.device_type == "cpu":
+            device["models"] = self.cpu_models()  # derived from the entries: the truth however many recorded it
         return {
             "schema_version": SCHEMA_VERSION,
-            "device": {"slug": self.slug, "name": self.device_name, "type": self.device_type},
+            "device": device,
             "torch": self.torch,
             "cuda": self.cuda,
             "driver": self.driver,

@@ -4,11 +4,16 @@ git commit a baseline was recorded from. torch is imported inside the functions 
 
 from __future__ import annotations
 
+import os
 import platform
 import re
 import subprocess
 from pathlib import Path
 from typing import Any
+
+
+CPU_MODEL_OVERRIDE = "GPTCORE_CPU_MODEL"
+"""The environment variable that overrides :func:`cpu_model` (a test-only identity)."""
 
 
 def slugify(name: str) -> str:
@@ -20,7 +25,12 @@ def cpu_model(cpuinfo: str | None = None) -> str:
     """The host CPU's identity for loss references: its model string, and on x86 Linux its family and model
     numbers, e.g. 'AMD EPYC (family 25, model 17)'. The string alone is not enough: 'AMD EPYC' names Zen 3
     (no AVX-512, bf16 emulated) and Zen 4 (AVX-512 BF16) alike, and their bf16 arithmetic differs.
-    ``cpuinfo``: the text of /proc/cpuinfo (default: read it)."""
+    ``cpuinfo``: the text of /proc/cpuinfo (default: read it, unless ``$GPTCORE_CPU_MODEL`` names the model).
+
+    ``$GPTCORE_CPU_MODEL`` is for testing: it makes this machine pass for another CPU model, so that a run proves it
+    depends on nothing the recording machine alone has (docs/gate.md)."""
+    if cpuinfo is None and os.environ.get(CPU_MODEL_OVERRIDE):
+        return os.environ[CPU_MODEL_OVERRIDE]
     try:
         text = Path("/proc/cpuinfo").read_text() if cpuinfo is None else cpuinfo
     except OSError:
@@ -52,10 +62,12 @@ def device_slug(device: Any) -> str:
 
 
 def device_name(device: Any) -> str:
+    """The name a baseline file gives its device: the CUDA device's name, or 'CPU'. A CPU file gathers entries
+    recorded on several CPU models; each entry names its own, and the file counts them (``device.models``)."""
     import torch
 
     device = torch.device(device)
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
 
 
 def git_commit(cwd: str | Path | None = None) -> str | None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
+from gptcore import measure
 from gptcore.config import CHAR_VOCAB, GPTConfig, Recipe
 from gptcore.data import TokenBatches, load_corpus
 from gptcore.train import Trainer
@@ -39,3 +41,15 @@ def capture_grads(t: Trainer) -> list[list[torch.Tensor]]:
 
 def params(t: Trainer) -> list[torch.Tensor]:
     return [p.detach().clone() for p in t.model.parameters()]
+
+
+def fake_share(monkeypatch: pytest.MonkeyPatch, share: float) -> None:
+    """Every timed round from now on reports ``share`` of the CPU (the StepTimer faked): a test whose assertion
+    needs a speed figure must not depend on how busy the machine is (below 0.9 a CPU speed is not recorded)."""
+    exit_ = measure.StepTimer.__exit__
+
+    def faked(self, *exc):
+        exit_(self, *exc)
+        self.cpu_share = share
+
+    monkeypatch.setattr(measure.StepTimer, "__exit__", faked)

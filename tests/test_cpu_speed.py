@@ -16,22 +16,11 @@ from gptcore.config import Recipe
 from gptcore.gate import Gate
 from gptcore.summary import gate_table
 
-from .helpers import TINY
+from .helpers import TINY, fake_share
 
 pytestmark = pytest.mark.cpu
 NODE = SimpleNamespace(name="test_x[tiny-fp32]", nodeid="bench/x.py::test_x[tiny-fp32]")
 CPU = "AMD EPYC (family 25, model 17)"
-
-
-def fake_share(monkeypatch: pytest.MonkeyPatch, share: float) -> None:
-    """Every timed round from now on reports ``share`` of the CPU (the StepTimer faked)."""
-    exit_ = measure.StepTimer.__exit__
-
-    def faked(self, *exc):
-        exit_(self, *exc)
-        self.cpu_share = share
-
-    monkeypatch.setattr(measure.StepTimer, "__exit__", faked)
 
 
 def measured_with_share(monkeypatch: pytest.MonkeyPatch, share: float):

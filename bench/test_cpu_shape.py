@@ -1,7 +1,7 @@
 """The CPU-shape study: nanoGPT's CPU model, one dimension doubled at a time, x nanoGPT's CPU command's recipes.
 
-Runs in CI (-m cpu). Each case runs 2 warm-up steps and 3 timed rounds of 2 steps, reads the loss after step 8,
-then a 2-step tracked pass for the peak and one step under the work ledger: what the exact checks need. Speed gates
+Runs in CI (-m cpu). Each case runs 2 warm-up steps (tracked: the peak) and 3 timed rounds of 2 steps, reads the
+loss after step 8, then one step under the work ledger: what the exact checks need. Speed gates
 nothing on CPU; ``--cpu-speed`` times 11 rounds for a median worth reading (the loss is still read after step 8).
 """
 

@@ -6,8 +6,10 @@ times ``steps_per_round`` optimizer steps. :func:`run_case` strings it together;
 ``benchmark.pedantic`` instead of the plain loop so that pytest-benchmark keeps its own statistics too.
 
 Peak memory: on CUDA the caching allocator's peaks over the timed rounds (stats reset after the warm-up); on CPU
-the peak of live tensor bytes from a separate tracked pass (:func:`gptcore.memory.track_training`) on a fresh
-Trainer, so that tracking never slows the timed steps. That figure is exact and deterministic.
+the peak of live tensor bytes over the case's first two steps, run under the tracker
+(:func:`gptcore.memory.track_training`) as the first steps of its warm-up, so that tracking never slows the timed
+steps and costs no steps of its own. That figure is exact and deterministic: the same as a tracked pass of its
+own on a fresh Trainer (``cpu_peak``), byte for byte.
 """
 
 from __future__ import annotations
@@ -26,8 +28,13 @@ import torch
 from .clocks import Clocks, Sample, open_clocks
 from .clocks import summary as clock_summary
 from .config import GPTConfig, Recipe
+from .memory.tracker import track_training
 from .rules import BUSY_SHARE
 from .work import compile_stats, count_step
+
+TRACKED_STEPS = 2
+"""CPU: the steps whose peak is measured, the first of every eager case (two, so that optimizer state exists during
+the second)."""
 
 
 def process_peak_memory(device: torch.device) -> tuple[int, str]:
@@ -200,7 +207,7 @@ class Measurement:
     peak_allocated_bytes: int | None = None
     peak_reserved_bytes: int | None = None
     peak_by_category: dict[str, int] | None = None
-    """What was live at the peak, by category (CPU: from the tracked pass; None on a GPU, whose allocator has no
+    """What was live at the peak, by category (CPU: from the tracked warm-up; None on a GPU, whose allocator has no
     categories)."""
     loss: float | None = None
     """Loss of the last timed optimizer step."""
@@ -220,7 +227,7 @@ class Measurement:
     error: str | None = None
     """Set when the case failed (out of memory), with what was allocated at the time."""
     case_seconds: float = 0.0
-    """Wall time of the whole case: building, warm-up, timed rounds, the tracked and ledger passes."""
+    """Wall time of the whole case: building, warm-up (tracked on CPU), timed rounds, the ledger pass."""
     round_clocks: list[dict] | None = None
     """GPU only: the NVML sample of each timed round, taken while its work ran (gptcore.clocks.Sample)."""
     flagged_rounds: list[int] | None = None
@@ -244,7 +251,7 @@ class Measurement:
 
 class CaseRunner:
     """A fresh Trainer for one case: ``prepare()`` builds and warms it up, ``round()`` times K steps,
-    ``finish()`` returns the Measurement (and on CPU runs the separate tracked pass for peak memory)."""
+    ``finish()`` returns the Measurement."""
 
     def __init__(self, cfg: GPTConfig, recipe: Recipe, device: torch.device | str, *, warmup: int,
                  steps_per_round: int, gpu_clocks: Clocks | None = None, loss_step: int | None = None) -> None:
@@ -252,7 +259,8 @@ class CaseRunner:
             raise ValueError(f"warmup must be >= 0 and steps_per_round >= 1, got {warmup}, {steps_per_round}")
         self.cfg, self.recipe, self.device = cfg, recipe, torch.device(device)
         self.warmup, self.steps_per_round, self.loss_step = warmup, steps_per_round, loss_step
-        self.loss_at: torch.Tensor | None = None  # the loss of step ``loss_step``, kept on the device (no sync)
+        self.loss_at: torch.Tensor | float | None = None  # the loss of step ``loss_step``, kept on the device (no
+        # sync; a float when read during the tracked steps, where holding a tensor would add its bytes to the peak)
         self.trainer = None
         self.timer = StepTimer(self.device)
         self.gpu_clocks = gpu_clocks or open_clocks(self.device)
@@ -263,7 +271,8 @@ class CaseRunner:
                              steps_per_round=steps_per_round, threads=torch.get_num_threads())
 
     def prepare(self) -> None:
-        """Build the Trainer and run the warm-up steps; then reset the CUDA peak-memory stats."""
+        """Build the Trainer and run the warm-up steps; then reset the CUDA peak-memory stats. On CPU an eager
+        recipe's first ``TRACKED_STEPS`` steps run under the tracker for the peak (warm-up of at least that many)."""
         from .train import Trainer
 
         with compile_stats() as self.compiled:  # compilation happens while building and warming up
@@ -271,7 +280,12 @@ class CaseRunner:
             self.trainer = Trainer(self.cfg, self.recipe, self.device)
             self.m.setup_seconds = time.perf_counter() - t0
             t0 = time.perf_counter()
-            for _ in range(self.warmup):
+            steps = self.warmup
+            if self.device.type == "cpu" and not self.recipe.compile:  # the tracker cannot see compiled kernels
+                report = track_training(self.trainer, TRACKED_STEPS, take_step=self._tracked_step)
+                self.m.peak_allocated_bytes, self.m.peak_by_category = report.peak_bytes, dict(report.by_category)
+                steps -= TRACKED_STEPS
+            for _ in range(steps):
                 self._step()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -294,10 +308,17 @@ class CaseRunner:
         if self.device.type == "cpu":
             self.m.calibration_seconds.append(calibration_kernel())
 
-    def _step(self) -> None:
-        self.last_loss = self.trainer.step()
+    def _tracked_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """A step under the tracker that keeps no tensor of its own alive (the peak is the step's alone)."""
+        loss = self.trainer.step(batch)
+        if self.trainer.step_count == self.loss_step:
+            self.loss_at = loss.item()  # CPU only: no sync to avoid
+
+    def _step(self, batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        self.last_loss = self.trainer.step(batch)
         if self.trainer.step_count == self.loss_step:
             self.loss_at = self.last_loss
+        return self.last_loss
 
     def out_of_memory(self, err: torch.OutOfMemoryError) -> None:
         """Record an OOM with what was allocated at the time (call inside the ``except``)."""
@@ -323,7 +344,7 @@ class CaseRunner:
                 self._step()  # loss step: the steps up to it, untimed
             loss = self.loss_at if self.loss_step is not None else self.last_loss
             if loss is not None:
-                m.loss = float(loss.item())
+                m.loss = float(loss) if isinstance(loss, float) else float(loss.item())
             m.loss_step = self.loss_step if self.loss_step is not None else trainer.step_count
             if self.device.type == "cuda":
                 m.peak_allocated_bytes = torch.cuda.max_memory_allocated(self.device)
@@ -333,9 +354,6 @@ class CaseRunner:
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        elif m.error is None and not self.recipe.compile:  # the tracker cannot see inside compiled kernels
-            report = cpu_peak(self.cfg, self.recipe)
-            m.peak_allocated_bytes, m.peak_by_category = report.peak_bytes, dict(report.by_category)
         return m
 
 
@@ -398,16 +416,15 @@ class CaseRunner:
                         torch.cuda.get_device_name(self.device), self.recipe.precision)
 
 
-def cpu_peak(cfg: GPTConfig, recipe: Recipe, steps: int = 2):
+def cpu_peak(cfg: GPTConfig, recipe: Recipe, steps: int = TRACKED_STEPS):
     """Peak live tensor bytes of ``steps`` training steps on CPU, tracked on a fresh Trainer (exact), and what was
     live at it by category (a memory.categories.PeakReport)."""
-    from .memory.tracker import track_training
     from .train import Trainer
 
     return track_training(Trainer(cfg, recipe, "cpu"), steps=steps)
 
 
-def cpu_peak_bytes(cfg: GPTConfig, recipe: Recipe, steps: int = 2) -> int:
+def cpu_peak_bytes(cfg: GPTConfig, recipe: Recipe, steps: int = TRACKED_STEPS) -> int:
     """Peak live tensor bytes of ``steps`` training steps on CPU, tracked on a fresh Trainer (exact)."""
     return cpu_peak(cfg, recipe, steps).peak_bytes
 

@@ -15,6 +15,8 @@ from gptcore.measure import mfu, out_of_memory_in, peak_flops, run_case, through
 from gptcore.memory import track_training
 from gptcore.train import Trainer
 
+from .helpers import TINY
+
 pytestmark = pytest.mark.cpu
 
 CPU_SMALL = MODELS["cpu-small"]
@@ -76,10 +78,14 @@ def test_throughput_of_one_round_has_zero_iqr_and_none_is_an_error() -> None:
         throughput([], 100)
 
 
-def test_run_case_cpu_peak_equals_track_training_on_the_same_config() -> None:
-    m = run_case(CPU_SMALL, CHECKPOINTED, "cpu", warmup=1, rounds=2, steps_per_round=1)
-    tracked = track_training(Trainer(CPU_SMALL, CHECKPOINTED, "cpu"), steps=2)
-    assert m.peak_allocated_bytes == tracked.peak_bytes
+@pytest.mark.parametrize("recipe", ["ckpt-fp32", "ckpt-grad-accum-2", "optim-in-bwd", "bf16-pure"])
+def test_run_case_cpu_peak_equals_a_tracked_pass_of_its_own_and_tracking_moves_no_loss(recipe: str) -> None:
+    # the case's first two steps run under the tracker: the same peak and breakdown, byte for byte, as two tracked
+    # steps of a fresh Trainer, and the same loss, bit for bit, as steps that nothing tracked
+    m = run_case(TINY, RECIPES[recipe], "cpu", warmup=1, rounds=2, steps_per_round=1, loss_step=4)
+    tracked = track_training(Trainer(TINY, RECIPES[recipe], "cpu"), steps=2)
+    assert (m.peak_allocated_bytes, m.peak_by_category) == (tracked.peak_bytes, dict(tracked.by_category))
+    assert m.loss == Trainer(TINY, RECIPES[recipe], "cpu").run(4)[-1]
     assert m.peak_reserved_bytes is None and m.mfu is None  # no allocator reserve and no peak table on CPU
     assert 0 < m.cpu_share
 
@@ -152,3 +158,18 @@ def test_an_error_that_is_not_out_of_memory_is_raised() -> None:
     wrapped = RuntimeError("outer")
     wrapped.__cause__ = oom
     assert out_of_memory_in(wrapped) is oom
+
+
+def test_a_cpu_bf16_case_reads_its_loss_after_one_round_and_every_other_case_keeps_its_study_timing() -> None:
+    from bench.harness import Timing
+
+    study = Timing(warmup=2, rounds=3, steps_per_round=2, loss_step=8, speed_rounds=11)
+    bf16 = study.on(RECIPES["ckpt-bf16"], "cpu")
+    # the two tracked warm-up steps (the peak), one timed round, the loss after it, then one ledger step
+    assert (bf16.warmup, bf16.rounds, bf16.steps_per_round, bf16.loss_step) == (2, 1, 2, 4)
+    assert bf16.speed_rounds == 11  # --cpu-speed still times the study's rounds
+    assert study.on(RECIPES["bf16-pure"], "cpu").loss_step == 4
+    assert study.on(RECIPES["ckpt-fp32"], "cpu") is study and study.on(RECIPES["ckpt-bf16"], "cuda") is study
+    m = run_case(TINY, RECIPES["ckpt-bf16"], "cpu", warmup=bf16.warmup, rounds=bf16.rounds,
+                 steps_per_round=bf16.steps_per_round, loss_step=bf16.loss_step)
+    assert m.loss_step == 4 and len(m.round_seconds) == 1 and m.peak_allocated_bytes > 0 and m.work is not None

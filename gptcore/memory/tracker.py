@@ -327,12 +327,14 @@ def phases(tracker: LiveBytes, model: torch.nn.Module, optimizers: list[torch.op
 
 
 def track_training(trainer, steps: int = 2, *, batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-                   tracker: LiveBytes | None = None) -> PeakReport:
+                   tracker: LiveBytes | None = None,
+                   take_step: Callable[[tuple[torch.Tensor, torch.Tensor]], object] | None = None) -> PeakReport:
     """Run ``steps`` optimizer steps of ``trainer`` (a gptcore Trainer) under the tracker and report the peak.
     Two steps are the default so that optimizer state exists during the second. Not for compiled recipes.
     ``batches``: the full (x, y) batch of each step, consumed (default: ``steps`` batches drawn from the
     trainer's data); ``tracker``: the LiveBytes to use (default: a new one, rounding to 512 bytes on CUDA).
-    The simulation passes both to run this same loop on fake tensors."""
+    The simulation passes both to run this same loop on fake tensors. ``take_step``: what takes one step of a batch
+    (default: ``trainer.step``; a benchmark case passes its own, which keeps the loss it reads)."""
     if trainer.recipe.compile:
         raise ValueError("compile: the storage tracker cannot see inside compiled kernels; track an eager recipe")
     if tracker is None:
@@ -345,5 +347,5 @@ def track_training(trainer, steps: int = 2, *, batches: list[tuple[torch.Tensor,
     with phases(tracker, trainer.model, trainer.optimizers), tracker:
         for step in range(len(batches)):
             tracker.step = step + 1
-            trainer.step(batches.pop(0))  # popped: a step's batch dies after it, as in a training loop
+            (take_step or trainer.step)(batches.pop(0))  # popped: a step's batch dies after it, as in a training loop
     return tracker.report()

@@ -43,6 +43,8 @@ WORK_METRICS = ("flops", "op calls", "syncs", "allocations", "allocated bytes", 
 _PER_PHASE = {"flops": "flops", "op calls": "op_calls"}
 LEANER = "leaner than the baseline"
 """--baseline-strict: an exact figure that went down fails with this, since its baseline is stale."""
+COVERAGE = "flop coverage"
+"""The check that names operators torch's FlopCounterMode counts and ``gptcore.flops`` does not, when they change."""
 BY_OP = ("op calls", "allocations", "flops")
 """The counts the ledger keeps by operator, named in a verdict when they move (:func:`moved_ops`)."""
 
@@ -89,9 +91,10 @@ class Verdict:
             return "FAIL: " + "; ".join(_describe(c) for c in self.failed)
         if self.missing:
             return NO_BASELINE
+        said = [c.note for c in self.checks if c.metric == COVERAGE]  # news, never a failure
         if self.refresh:
-            return "ok (refresh the baseline: " + "; ".join(_describe(c) for c in self.refresh) + ")"
-        return OK
+            said.insert(0, "refresh the baseline: " + "; ".join(_describe(c) for c in self.refresh))
+        return f"ok ({'; '.join(said)})" if said else OK
 
     def failure_message(self) -> str:
         return f"{self.case}: " + "; ".join(f"{_describe(c)} ({c.note})" for c in self.failed)
@@ -275,8 +278,9 @@ def _work_checks(now: WorkLedger | None, before: WorkLedger | None, tol: float, 
         else:
             note += ", gated exactly"
         checks.append(Check(metric, a, b, a - b, status, note, moved))
+    checks = checks or [Check("work", None, None, 0, OK, "every count the same")]
     coverage = _coverage_check(now.uncounted_flops_by_op or {}, before.uncounted_flops_by_op or {})
-    return checks + ([coverage] if coverage else []) or [Check("work", None, None, 0, OK, "every count the same")]
+    return checks + ([coverage] if coverage else [])
 
 
 def _coverage_check(now: dict[str, int], before: dict[str, int]) -> Check | None:
@@ -287,7 +291,7 @@ def _coverage_check(now: dict[str, int], before: dict[str, int]) -> Check | None
         return None
     said = [f"torch's FlopCounterMode now counts {short_name(op)} ({now[op]:+,} FLOPs)" for op in gained]
     said += [f"torch's FlopCounterMode no longer counts {short_name(op)} ({-before[op]:+,} FLOPs)" for op in lost]
-    return Check("flop coverage", None, None, None, CHANGED,
+    return Check(COVERAGE, None, None, None, CHANGED,
                  f"the FLOP counter changed, not the work: {'; '.join(said)}; gptcore.flops has no formula for "
                  "it, so the ledger's FLOPs did not move (add one to count it)")
 

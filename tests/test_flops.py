@@ -130,6 +130,8 @@ def test_a_formula_torch_adds_or_drops_moves_no_flops_and_is_named_as_the_counte
                                       Tolerances.default_for("cpu"), strict=True)
         coverage = next(c for c in verdict.checks if c.metric == "flop coverage")
         assert not verdict.failed and coverage.status == verdicts.CHANGED
+        assert verdict.summary().startswith("ok (the FLOP counter changed, not the work")
+        assert any(c.metric == "work" and c.status == verdicts.OK for c in verdict.checks)  # the end table's "="
         assert coverage.note.startswith("the FLOP counter changed, not the work: torch's FlopCounterMode now "
                                         "counts aten.add.Tensor")
     else:

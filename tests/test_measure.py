@@ -112,13 +112,14 @@ def test_out_of_memory_is_reported_with_the_case_failed_not_raised(monkeypatch: 
     count = itertools.count()
 
     def step_then_oom(self, batch=None):
-        if next(count) == 3:
+        if next(count) == 4:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return step(self, batch)
 
     monkeypatch.setattr(Trainer, "step", step_then_oom)
-    m = run_case(CPU_SMALL, RECIPES["fp32"], "cpu", warmup=1, rounds=3, steps_per_round=1)
-    assert m.error.startswith("out of memory after 3 steps: CUDA out of memory. Tried to allocate 2.00 GiB")
+    # the two warm-up steps (tracked for the peak on CPU), two rounds of one step, then the fifth step fails
+    m = run_case(CPU_SMALL, RECIPES["fp32"], "cpu", warmup=2, rounds=3, steps_per_round=1)
+    assert m.error.startswith("out of memory after 4 steps: CUDA out of memory. Tried to allocate 2.00 GiB")
     assert m.tokens_per_s is None and m.loss is None
     assert len(m.round_seconds) == 2  # the rounds before the failure
 

@@ -1,5 +1,6 @@
 """The GitHub workflows: valid against the vendored GitHub-workflow JSON schema (check-jsonschema, offline), the
-hosted job runs .ci/run on the CPU torch wheel, the GPU job runs the gated GPU tier on a self-hosted GPU runner."""
+hosted job runs .ci/run on the CPU torch wheel, the GPU job runs the gated GPU tier on a self-hosted GPU runner, the
+weekly torch-upgrade job runs the CPU tier and compare under the newest torch release."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def runs(workflow: dict, job: str) -> str:
     return "\n".join(step.get("run", "") for step in steps(workflow, job))
 
 
-@pytest.mark.parametrize("name", ["ci.yml", "gpu.yml"])
+@pytest.mark.parametrize("name", ["ci.yml", "gpu.yml", "torch-upgrade.yml"])
 def test_workflow_is_valid_against_the_github_workflow_schema(name: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows",
                            str(WORKFLOWS / name)], capture_output=True, text=True, timeout=120)
@@ -79,3 +80,52 @@ def test_gpu_job_runs_the_gated_gpu_tier_and_uploads_json_and_report_always() ->
     assert "python -m gptcore report out/gpu-bench.json" in command
     upload = next(s for s in steps(gpu, "gpu") if s.get("uses", "").startswith("actions/upload-artifact"))
     assert upload["if"] == "always()" and "out/" in upload["with"]["path"]
+
+
+def test_torch_upgrade_runs_weekly_and_can_be_dispatched() -> None:
+    on = load("torch-upgrade.yml")["on"]
+    assert "workflow_dispatch" in on
+    (cron,) = [entry["cron"] for entry in on["schedule"]]
+    minute, hour, day_of_month, month, day_of_week = cron.split()
+    assert (day_of_month, month) == ("*", "*") and day_of_week.isdigit()  # one day a week
+    assert minute.isdigit() and hour.isdigit()
+
+
+def test_torch_upgrade_installs_the_pinned_torch_in_one_venv_and_the_newest_cpu_wheel_in_the_other() -> None:
+    upgrade = load("torch-upgrade.yml")
+    job = upgrade["jobs"]["cpu"]
+    assert job["runs-on"] == "ubuntu-latest"
+    setup = next(s for s in steps(upgrade, "cpu") if s.get("uses", "").startswith("actions/setup-python"))
+    assert setup["with"]["python-version"] == "3.11"
+    assert job["env"]["PIP_EXTRA_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    pinned, newest = (next(s["run"] for s in steps(upgrade, "cpu") if f'"$RUNNER_TEMP/{venv}/bin/pip" install' in
+                           s.get("run", "")) for venv in ("pinned", "newest"))
+    # the pin read from constraints-cpu.txt, then the project under the constraints, as .ci/run installs
+    assert "install \"$(grep '^torch==' constraints-cpu.txt)\"" in pinned
+    assert "install -c constraints-cpu.txt -e '.[dev]'" in pinned
+    assert "install --upgrade torch --index-url https://download.pytorch.org/whl/cpu" in newest
+    assert "install -e '.[dev]'" in newest and "constraints-cpu.txt" not in newest
+
+
+def test_torch_upgrade_gates_the_cpu_tier_under_the_newest_torch_and_compares_the_two_venvs() -> None:
+    upgrade = load("torch-upgrade.yml")
+    command = " ".join(runs(upgrade, "cpu").split())
+    assert ('"$RUNNER_TEMP/newest/bin/python" -m pytest bench -m cpu --baseline-strict --gate-markdown gate.md'
+            in command)
+    tier = next(s for s in steps(upgrade, "cpu") if "pytest bench -m cpu" in s.get("run", ""))
+    assert "continue-on-error" not in tier and "if" not in tier  # the tier failing fails the job
+    compare = next(s for s in steps(upgrade, "cpu") if "gptcore compare" in s.get("run", ""))
+    flat = " ".join(compare["run"].replace("\\\n", " ").split())
+    assert "-m gptcore compare HEAD" in flat and "--rounds 3" in flat and ' -k "' in flat
+    assert '--python-a "$RUNNER_TEMP/pinned/bin/python" --python-b "$RUNNER_TEMP/newest/bin/python"' in flat
+    assert compare["if"] == "${{ !cancelled() }}"  # what moved is wanted most when the tier failed
+    assert steps(upgrade, "cpu").index(tier) < steps(upgrade, "cpu").index(compare)
+
+
+def test_torch_upgrade_writes_what_moved_to_the_job_summary() -> None:
+    upgrade = load("torch-upgrade.yml")
+    compare = next(s for s in steps(upgrade, "cpu") if "gptcore compare" in s.get("run", ""))
+    assert '>> "$GITHUB_STEP_SUMMARY"' in compare["run"] and "cat compare.txt" in compare["run"]
+    # the tier's verdict: --gate-markdown writes it, and the plugin appends it to $GITHUB_STEP_SUMMARY
+    plugin = (WORKFLOWS.parent.parent / "gptcore" / "plugin.py").read_text()
+    assert 'os.environ.get("GITHUB_STEP_SUMMARY"), "a"' in plugin

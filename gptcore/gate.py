@@ -220,7 +220,10 @@ class Gate:
             self.pending.setdefault(slug, {})[node.name] = measured
             what = "recorded" if self.update else f"loss reference of {self.cpu_model} recorded"
             self.cases[node.nodeid]["recorded"] = True
-            self._row(node, Row(node.name, measured, baseline, what, estimate))
+            # no speed delta against a speed that is not comparable (another CPU model, a busy machine)
+            apart = baseline is not None and verdicts.speed_incomparable(measured.cpu_model, baseline)
+            status = {"tokens/s": verdicts.Status.NO_FIGURE} if apart else {}
+            self._row(node, Row(node.name, measured, baseline, what, estimate, status=status))
             return None
         verdict = verdicts.verdict_of(node.name, measured, baseline, self.tolerances(file, device_type), unfit,
                                       strict=self.strict)

@@ -124,10 +124,24 @@ def configure(config: pytest.Config) -> Gate:
         if deadline is not None and deadline <= 0:
             raise pytest.UsageError(f"--deadline: {deadline} is not a positive number of seconds")
         resume = config.getoption("resume")
-        log = config.getoption("results_log") or resume or _default_log(config)
-        gate.log = ResultsLog(log)
+        asked = config.getoption("results_log") or resume
+        if asked:  # a GPU job that asked for durable results must not lose them at the first case
+            _check_writable(Path(asked), "--results-log" if config.getoption("results_log") else "--resume")
+        gate.log = ResultsLog(asked or _default_log(config))
         config.pluginmanager.register(CaseHooks(gate, deadline), "gptcore-cases")
     return gate
+
+
+def _check_writable(path: Path, option: str) -> None:
+    """UsageError, before any case runs, when the results log at ``path`` could not be appended to."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise pytest.UsageError(f"{option} {path}: cannot create its folder: {err.strerror}") from None
+    target = path if path.exists() else path.parent
+    if path.is_dir() or not os.access(target, os.W_OK):
+        why = "is a folder" if path.is_dir() else "not writable"
+        raise pytest.UsageError(f"{option} {path}: {why}; give a file this run can append to")
 
 
 def gate_from_config(config: pytest.Config, notes: list[str]) -> Gate:
@@ -144,7 +158,14 @@ def gate_from_config(config: pytest.Config, notes: list[str]) -> Gate:
     if config.getoption("update_baselines") and config.getoption("update_loss_references"):
         raise pytest.UsageError("--update-baselines and --update-loss-references: choose one")
     markdown = config.getoption("gate_markdown")
-    return Gate(directory=Path(config.getoption("baselines_dir")), update=config.getoption("update_baselines"),
+    directory = Path(config.getoption("baselines_dir"))
+    given = any(a == "--baselines-dir" or a.startswith("--baselines-dir=") for a in config.invocation_params.args)
+    if given and not directory.is_dir() and not config.getoption("update_baselines"):  # a misspelt folder would
+        # turn the gate off without a word: every case "no baseline", and the run green
+        what = "not a folder" if directory.exists() else "no such folder"
+        raise pytest.UsageError(f"--baselines-dir {directory}: {what} (record into a new one with "
+                                "--update-baselines)")
+    return Gate(directory=directory, update=config.getoption("update_baselines"),
                 markdown=Path(markdown) if markdown else None,
                 update_loss=config.getoption("update_loss_references"),
                 strict=config.getoption("baseline_strict"), overrides=overrides, timing_override=counts,

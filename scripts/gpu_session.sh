@@ -28,6 +28,15 @@ for stage in ${stages//,/ }; do
     exit 2
   fi
 done
+# the project's dependencies first: one line naming what is missing, never a Python traceback
+missing=$("$py" -c 'import importlib.util as u
+print(" ".join(m for m in ("torch", "numpy", "tabulate", "pytest", "pytest_benchmark", "ruptures") if not u.find_spec(m)))' \
+  2>/dev/null) || missing="everything (it did not run)"
+if [[ -n "$missing" ]]; then
+  echo "gpu_session.sh: $py lacks $missing: install the project into it first (pip install -e '.[dev,gpu]'," \
+    "after the CUDA torch), or name another interpreter with PYTHON=" >&2
+  exit 2
+fi
 export GPTCORE_CALL_END=${GPTCORE_CALL_END:-$("$py" scripts/gpu_stage.py call-end)}
 
 setup() {  # gptcore from this checkout, for the scripts too (the GPU image has every dependency; nothing to install)

@@ -93,3 +93,16 @@ def test_the_report_shows_no_delta_for_a_busy_entry():
                     info={"cpu_model": CPU, "peak_allocated_bytes": 10})
     speed, memory = case_checks(record, base, Tolerances.default_for("cpu"))
     assert speed.delta is None and speed.status == verdicts.Status.NO_FIGURE and memory.delta == 0
+
+
+@pytest.mark.parametrize("mode", ["update", "update_loss"])
+def test_recording_shows_no_speed_delta_against_another_cpu_models_speed(tmp_path: Path, mode: str):
+    other = Entry(tokens_per_s=21_613.0, tokens_per_s_iqr=5.0, peak_allocated_bytes=10, peak_reserved_bytes=None,
+                  loss=1.0, loss_step=15, cpu_model="Intel(R) Xeon(R) Processor", cpu_share=0.99)
+    baselines.update(tmp_path / "cpu.json", "cpu", {NODE.name: other}, device_name="CPU", device_type="cpu")
+    gate = Gate(directory=tmp_path, update=mode == "update", update_loss=mode == "update_loss", strict=False,
+                overrides={}, timing_override=(None,) * 3, cpu_model=CPU)
+    now = dataclasses.replace(other, tokens_per_s=740.0, cpu_model=CPU)  # bf16 emulated: -96.6% is no news
+    gate.judge_entry(NODE, now, "cpu")
+    row = gate_table(gate.rows).splitlines()[-1].split()
+    assert row[1:4] == ["740", "21,613", "—"]  # tok/s, base tok/s from the other model, and no delta

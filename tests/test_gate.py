@@ -217,6 +217,21 @@ def test_require_gpu_without_cuda_fails_at_once(run) -> None:
     _assert_usage_error(run(None, "--require-gpu"), "--require-gpu: CUDA is not available")
 
 
+def test_a_baselines_dir_that_does_not_exist_stops_the_run_before_the_first_case(run, tmp_path: Path) -> None:
+    # a misspelt folder would read "no baseline" for every case and pass: it is one line and pytest's usage exit
+    missing = tmp_path / "no-such-baselines"
+    result = run(None, "--baselines-dir", str(missing))
+    _assert_usage_error(result, f"--baselines-dir {missing}: no such folder (record into a new one with "
+                                "--update-baselines)")
+    assert "passed" not in result.stdout.str() and not missing.exists()
+
+
+def test_a_results_log_that_cannot_be_written_stops_the_run_before_the_first_case(run) -> None:
+    result = run(None, "--results-log", "/proc/nope/x.jsonl")
+    _assert_usage_error(result, "--results-log /proc/nope/x.jsonl: cannot create its folder")
+    assert "passed" not in result.stdout.str()
+
+
 PLANTED_MLP = """
 import torch
 import gptcore.model as model

@@ -322,6 +322,7 @@ def test_a_real_history_names_the_commit_that_planted_a_change_and_no_other(tmp_
     for junk in repo.rglob("__pycache__"):
         shutil.rmtree(junk)
     storage = tmp_path / "storage"
+    (tmp_path / "baselines").mkdir()  # no baselines recorded: every case "no baseline"
     env = child_env() | {"PYTHONPATH": str(repo)}
     commits = []
     for i, message in enumerate(["base", "harmless", "widen cpu-small", "harmless again"]):

@@ -106,3 +106,14 @@ def test_stages_named_together_share_the_call_and_a_failed_smoke_stops_the_rest(
     assert unknown.returncode == 2 and not (tmp_path / "c").exists()  # nothing ran
     assert unknown.stderr.strip().splitlines() == ["unknown stage ladr: plan, smoke, ladder, memory, char, "
                                                     "convergence, verify, budget or profile"]
+
+
+def test_an_interpreter_without_the_projects_dependencies_is_one_line_and_exit_2(tmp_path):
+    bare = tmp_path / "bare-python"  # this Python without its site-packages: no torch, tabulate, pytest, ...
+    bare.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
+    bare.chmod(0o755)
+    proc = gpu_session(["plan"], PYTHON=str(bare))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith(f"gpu_session.sh: {bare} lacks torch numpy tabulate pytest pytest_benchmark ruptures: ")
+    assert "pip install -e '.[dev,gpu]'" in line

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -166,7 +167,10 @@ def _first(rounds: list[dict], key: str) -> float | None:
 def decide(result: CaseResult, threshold: float, tol: Tolerances) -> CaseResult:
     """Fill in the speed, memory and loss verdicts from the rounds (B measured against A as its reference)."""
     a, b = result.tokens("a"), result.tokens("b")
-    if a and b:
+    broken = [side for side, xs in (("A", a), ("B", b)) if any(not math.isfinite(x) for x in xs)]
+    if broken:  # no statistics over NaN or inf: the case fails, naming the side whose timing broke
+        result.error = result.error or f"tokens/s not finite in {' and '.join(broken)}'s rounds (the timing broke)"
+    elif a and b:
         result.speed = speed_verdict(a, b, threshold)
     result.memory = memory_check(_first(result.rounds_b, "peak_memory"), _first(result.rounds_a, "peak_memory"), tol,
                                  report_change=True)

@@ -103,7 +103,9 @@ class Finding:
     note: str = ""
 
     def size(self) -> str:
-        """The change as text: '+8,915,712 (+43.2%)', '-0.111657 (-3.0%)'."""
+        """The change as text: '+8,915,712 (+43.2%)', '-0.111657 (-3.0%)'; 'NaN' or 'inf' where it became that."""
+        if not math.isfinite(self.change):
+            return "NaN" if math.isnan(self.change) else f"{self.change:+}"
         number = f"{self.change:+,.0f}" if abs(self.change) >= 1000 else f"{self.change:+.6g}"
         return number + (f" ({self.relative:+.1%})" if self.relative is not None else "")
 
@@ -163,11 +165,11 @@ def _metrics(info: dict) -> dict[str, tuple[float, bool]]:
     if isinstance(convergence, dict) and convergence.get("val_loss"):
         return {"val loss": (float(convergence["val_loss"][-1]), False)}
     speed_gated = Tolerances.default_for("cpu" if cpu else "cuda").speed is not None
-    if speed_gated and isinstance(info.get("tokens_per_s"), (int, float)):
+    if speed_gated and _number(info.get("tokens_per_s")):
         out["tokens/s"] = (float(info["tokens_per_s"]), False)
-    if isinstance(info.get("peak_allocated_bytes"), (int, float)):
+    if _number(info.get("peak_allocated_bytes")):
         out["peak memory"] = (float(info["peak_allocated_bytes"]), cpu)
-    if isinstance(info.get("loss"), (int, float)):
+    if _number(info.get("loss")):
         out[f"loss@{info.get('loss_step')}"] = (float(info["loss"]), cpu)
     work = info.get("work")
     if isinstance(work, dict):
@@ -181,6 +183,11 @@ def _metrics(info: dict) -> dict[str, tuple[float, bool]]:
             if isinstance(value, (int, float)):
                 out[name.replace("_", " ")] = (float(value), True)
     return out
+
+
+def _number(value: object) -> bool:
+    """A figure: an int or a float, NaN and inf included (a diverged run's loss is data); null or absent is not."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def utc_time(text: str) -> datetime | None:
@@ -239,6 +246,7 @@ def read(storage: str | Path, select: str | None = None) -> tuple[dict[tuple[str
             first[commit] = min(first.get(commit, (committed, ran)), (committed, ran))
     series: dict[tuple[str, str], list[Point]] = {}
     exact: dict[tuple[str, str], bool] = {}
+    runs_of: dict[str, int] = {}
     for committed, ran, name, commit, slug, env, data in sorted(loaded, key=lambda r: (first.get(r[3], (r[0], r[1])),
                                                                                         r[3], r[1], r[2])):
         if slug != device:
@@ -251,9 +259,14 @@ def read(storage: str | Path, select: str | None = None) -> tuple[dict[tuple[str
             case = str(bench.get("name", ""))
             if select and select not in case:
                 continue
+            runs_of[case] = runs_of.get(case, 0) + 1
             for metric, (value, is_exact) in _metrics(bench.get("extra_info") or {}).items():
                 series.setdefault((case, metric), []).append(Point(commit, committed.isoformat(), value, env))
                 exact[(case, metric)] = is_exact
+    for (case, metric), points in sorted(series.items()):  # null or absent in some runs: skipped, as asv does
+        if len(points) < runs_of[case]:
+            history.skipped.append(f"{case} {metric}: {runs_of[case] - len(points)} of {runs_of[case]} run(s) have "
+                                   "no value (skipped)")
     return series, exact, history
 
 
@@ -303,6 +316,20 @@ def exact_steps(case: str, metric: str, points: list[Point], notes: list[str] | 
                              change / values[i - 1] if values[i - 1] else None, None, j - i,
                              _status(metric, change, j - i), f"{j - i} commit(s) at the new value{_moved(a, b)}"))
     return found
+
+
+def non_finite(case: str, metric: str, points: list[Point]) -> Finding:
+    """The first commit at which a metric became NaN or inf (a diverged run): a regression, named by the commit
+    range from the last finite value before it, however little else of the series can be analysed."""
+    first = next(i for i, p in enumerate(points) if not math.isfinite(p.value))
+    before = next((p.commit for p in reversed(points[:first]) if p.commit != points[first].commit),
+                  points[first].commit)
+    value = points[first].value
+    what = "NaN" if math.isnan(value) else "inf" if value > 0 else "-inf"
+    after = sum(1 for p in points[first:] if not math.isfinite(p.value))
+    name = "loss" if metric.startswith("loss@") else metric
+    return Finding(case, metric, "non-finite", before, points[first].commit, value, None, None, after, "regression",
+                   f"{name} became {what} at {points[first].commit[:12]}; {after} run(s) not finite")
 
 
 def noise(values: Sequence[float]) -> float:
@@ -455,7 +482,8 @@ def creeping(case: str, metric: str, points: list[Point], tolerance: float | Non
     def fit(a: int, b: int) -> tuple[float, float, float, float]:
         """(per-commit change, total over commits a..b, z from flat, line RSS - best step RSS) of a..b."""
         slope, level, sxx, rss = _line(range(b - a + 1), means[a:b + 1], counts[a:b + 1])
-        per = slope / level if relative else slope
+        # a window whose mean is 0 has no relative slope: no creep (a step from 0 is found as a step)
+        per = (slope / abs(level) if level else 0.0) if relative else slope
         return per, per * (b - a), slope / (sigma / math.sqrt(sxx)), rss - _step_rss(means[a:b + 1], counts[a:b + 1])
 
 
@@ -486,7 +514,7 @@ def creeping(case: str, metric: str, points: list[Point], tolerance: float | Non
         change = means[b] - means[a]
         unit = f"{per:+.1%}" if relative else f"{per:+.4f} nats"
         found.append(Finding(case, metric, "creep", names[a], names[b], change,
-                             change / means[a] if relative and means[a] else None,
+                             change / abs(means[a]) if relative and means[a] else None,
                              0.5 * math.erfc(abs(z) / math.sqrt(2)), b - a, "creeping",
                              f"{unit} per commit over {b - a} commits"))
     return found
@@ -518,6 +546,11 @@ def analyse(storage: str | Path, select: str | None = None) -> History:
     short: dict[str, list[str]] = {}
     for (case, metric), points in sorted(series.items()):
         history.series += 1
+        if any(not math.isfinite(p.value) for p in points):  # a finding of its own, then the finite rest
+            history.findings.append(non_finite(case, metric, points))
+            points = [p for p in points if math.isfinite(p.value)]
+            if not points:
+                continue
         if exact[(case, metric)]:
             history.analysed += 1
             history.findings += exact_steps(case, metric, points, history.skipped)

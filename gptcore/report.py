@@ -26,7 +26,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from .rules import BUSY_SHARE
+from .rules import BUSY_SHARE, non_finite
 from .units import in_unit
 
 
@@ -58,6 +58,15 @@ class Record:
     def speed_iqr(self) -> float | None:
         """The IQR of tokens/s over the timed rounds."""
         return number(self.info.get("tokens_per_s_iqr"))
+
+    @property
+    def not_finite(self) -> list[str]:
+        """'loss is NaN (the run diverged)', 'tokens/s is +inf (the timing broke)': what is not a number here."""
+        said = []
+        for metric, label, why in (("loss", "loss", "the run diverged"), ("speed", "tokens/s", "the timing broke")):
+            if bad := non_finite(self.values.get(metric)):
+                said.append(f"{label} is {bad} ({why})")
+        return said
 
     @property
     def busy(self) -> bool:
@@ -184,6 +193,7 @@ def render(records: Sequence[Record]) -> str:
                     base = base_shape(shapes)
                     out += [f"\n{title}: deviation from additivity, % of {base}/{default}",
                             _fmt(additivity(table, base, default), shapes, recipes, "+.1f", "%")]
+        out += [f"\nnot finite: {r.name}: {'; '.join(r.not_finite)}" for r in recs if r.not_finite]
         busy = [r.name for r in recs if r.busy]
         if busy:
             out.append(f"\nbusy: tokens/s of {', '.join(busy)} recorded with cpu_share < {BUSY_SHARE} (the machine "

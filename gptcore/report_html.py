@@ -378,7 +378,8 @@ def _case_rows(recs: Sequence[Record], base: BaselineFile | None, tol: Tolerance
                  s_status + (" (CPU: reported only)" if s_status == Status.NOT_GATED else ""),
                  f"{in_unit(m_now, 'MiB'):,.2f}" if m_now is not None else "—",
                  f"{in_unit(e.peak_allocated_bytes, 'MiB'):,.2f}" if e and e.peak_allocated_bytes else "—",
-                 m_delta, m_status, busy, html.escape(str(r.info.get("verdict") or "—"))]
+                 m_delta, m_status, busy,
+                 html.escape("; ".join([*r.not_finite, str(r.info.get("verdict") or "—")]))]
         classes = ["", "", "", "", "", s_status.replace(" ", "-"), "", "", "", m_status, "", ""]
         slug = re.sub(r"[^A-Za-z0-9_-]+", "-", r.name)
         rows.append(f'<tr id="case-{slug}" data-case="{html.escape(r.name)}">'

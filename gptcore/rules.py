@@ -4,6 +4,7 @@ vocabulary every verdict uses (the gate, ``compare``, ``bisect``, the HTML repor
 from __future__ import annotations
 
 import enum
+import math
 from typing import Literal
 
 
@@ -47,8 +48,10 @@ def judge(measured: float | None, reference: float | None, tolerance: float | No
     ("either": both ways), BETTER beyond it the other way (one-sided metrics only), else OK, or CHANGED when
     ``report_change`` and the figure moved at all. A ``tolerance`` of None means not gated. The delta is relative
     or absolute as asked (see ``delta``)."""
+    if measured is not None and not math.isfinite(measured):  # NaN or inf (a diverged run): a failure whatever
+        return Status.FAIL, None  # the tolerance; its check's note names it (non_finite)
     d = delta(measured, reference, relative)
-    if d is None:
+    if d is None or not math.isfinite(d):  # a reference that is NaN or inf compares with nothing
         return Status.NO_FIGURE, None
     if tolerance is None:
         return Status.NOT_GATED, d
@@ -58,6 +61,13 @@ def judge(measured: float | None, reference: float | None, tolerance: float | No
     if worse != "either" and worse_by < -tolerance:
         return Status.BETTER, d
     return (Status.CHANGED if report_change and d else Status.OK), d
+
+
+def non_finite(value: float | None) -> str | None:
+    """'NaN' or 'inf' for a figure that is not a finite number (None for a finite one or no figure)."""
+    if value is None or math.isfinite(value):
+        return None
+    return "NaN" if math.isnan(value) else f"{value:+}"
 
 
 def delta_text(d: float | None, status: str | None = None) -> str:

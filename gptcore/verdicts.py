@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .baselines import Entry, Tolerances
-from .rules import BUSY_SHARE, Status, delta, judge
+from .rules import BUSY_SHARE, Status, delta, judge, non_finite
 from .units import format_bytes
 
 if TYPE_CHECKING:
@@ -179,7 +179,9 @@ def speed_check(now: float | None, before: float | None, tol: Tolerances, off: s
                 incomparable: str | None = None) -> Check:
     """tokens/s: FAIL below -tol.speed, better above +tol.speed; not gated where tol.speed is None (CPU) or
     where ``off`` says why not (a machine unfit to time, other clocks); no delta at all where ``incomparable``
-    says why (:func:`speed_incomparable`)."""
+    says why (:func:`speed_incomparable`); a speed that is NaN or inf fails, naming itself."""
+    if bad := non_finite(now):
+        return Check("tokens/s", now, before, None, FAIL, f"tokens/s is {bad} (the timing broke)")
     if incomparable:
         return Check("tokens/s", now, before, None, Status.NO_FIGURE, incomparable)
     status, d = judge(now, before, tol.speed, worse="lower", relative=True)
@@ -196,6 +198,8 @@ def loss_check(now: float | None, before: float | None, tolerance: float, *, ste
                before_step: int | None = None, where: str = "") -> Check:
     """The loss: two-sided, absolute (nats), only when both were read at the same optimizer step."""
     status, d = judge(now, before, tolerance, worse="either", relative=False)
+    if bad := non_finite(now):
+        return Check("loss", now, before, None, status, f"the loss is {bad} (the run diverged)")
     if d is None:
         return Check("loss", now, before, None, status, "no figure to compare")
     if step != before_step:

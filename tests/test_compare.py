@@ -307,3 +307,18 @@ def test_bisect_names_the_commit_that_planted_a_regression(repo, monkeypatch, ca
     assert f"{CASE}: peak memory" in out and "FAIL" in out
     assert git(repo, "worktree", "list").count("\n") == 0
     assert git(repo, "rev-parse", "HEAD") != bad_commit  # the user's checkout was not moved
+
+
+def test_a_nan_loss_or_a_nan_speed_in_a_round_is_a_failed_case_that_names_itself():
+    from gptcore.baselines import Tolerances
+    from gptcore.compare import CaseResult, decide
+
+    def rounds(tokens: float, loss: float) -> list[dict]:
+        return [{"tokens_per_s": tokens, "loss": loss, "loss_step": 2, "peak_memory": 100} for _ in range(3)]
+
+    tol = Tolerances.default_for("cpu")
+    diverged = decide(CaseResult("c", "m", "r", "fp32", rounds(1000.0, 4.0), rounds(1000.0, float("nan"))), 0.05, tol)
+    assert diverged.failed and diverged.loss.note == "the loss is NaN (the run diverged)"
+    broken = decide(CaseResult("c", "m", "r", "fp32", rounds(1000.0, 4.0), rounds(float("nan"), 4.0)), 0.05, tol)
+    assert broken.failed and broken.speed is None
+    assert broken.error == "tokens/s not finite in B's rounds (the timing broke)"

@@ -477,3 +477,22 @@ def test_validation_errors_name_the_file_and_the_field(tmp_path: Path, mutate, m
 
 def test_a_missing_file_loads_as_none(tmp_path: Path) -> None:
     assert baselines.load(tmp_path / "cpu.json", expect_slug="cpu") is None
+
+
+@pytest.mark.parametrize(("field", "value", "metric", "note"), [
+    ("loss", float("nan"), "loss", "the loss is NaN (the run diverged)"),
+    ("loss", float("inf"), "loss", "the loss is +inf (the run diverged)"),
+    ("tokens_per_s", float("nan"), "tokens/s", "tokens/s is NaN (the timing broke)")])
+def test_a_figure_that_is_not_finite_fails_naming_itself_and_the_end_table_still_renders(field, value, metric, note):
+    from gptcore.gate import Row
+    from gptcore.summary import gate_table
+
+    now = measured(**{field: value})
+    verdict = verdict_of("c", now, BASE, CPU)  # a NaN compares false with any bound: it must not read as ok
+    check = next(c for c in verdict.checks if c.metric == metric)
+    assert verdict.failed and check.status == "FAIL" and check.note == note
+    assert verdict.summary() == f"FAIL: {metric}" and note in verdict.failure_message()
+    table = gate_table([Row("test_x[c]", now, BASE, verdict.summary(), status={c.metric: c.status
+                                                                              for c in verdict.checks})])
+    assert f"FAIL: {metric}" in table.splitlines()[-1]
+    assert not verdict_of("c", BASE, now, CPU).failed  # a baseline that is not finite compares with nothing

@@ -354,3 +354,51 @@ def test_a_real_history_names_the_commit_that_planted_a_change_and_no_other(tmp_
     assert (f"  hunt it: python -m gptcore bisect {commits[1][:12]} {commits[2][:12]} -k cpu-small-ckpt-fp32 "
             "--metric peak_memory") in printed.out.splitlines()
     assert time.perf_counter() - start < 120  # ~25 s here; the budget is 60 s on 2 cores, with room for a busy one
+
+
+# -- bad data: NaN, inf, missing and zero values ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("bad", "named"), [(float("nan"), "NaN"), (float("inf"), "+inf")])
+def test_a_loss_that_becomes_nan_or_inf_is_a_regression_and_the_other_cases_are_still_reported(
+        tmp_path: Path, capsys, bad: float, named: str):
+    from gptcore.cli import main
+
+    runs = tmp_path / "runs" / "Linux-CPython-3.11-64bit"
+    commits = [f"{i:02d}" * 20 for i in range(1, 13)]
+    for i, commit in enumerate(commits, 1):  # b's loss diverges at the 6th commit; a's memory steps at the 8th
+        a = {"peak_allocated_bytes": 100 if i < 8 else 120, "loss": 3.0, "loss_step": 8}
+        b = {"peak_allocated_bytes": 50, "loss": 3.0 if i < 6 else bad, "loss_step": 8}
+        save(runs, i, commit, {"test_a[x]": a, "test_b[y]": b})
+    assert main(["history", "--storage", str(tmp_path / "runs")]) == 1
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    lines = captured.out.splitlines()
+    assert (f"test_b[y] loss@8: {named} between {commits[4][:12]} and {commits[5][:12]} (exact; loss became "
+            f"{named.lstrip('+')} at {commits[5][:12]}; 7 run(s) not finite): regression") in lines
+    assert any(line.startswith(f"test_a[x] peak memory: +20 (+20.0%) between {commits[6][:12]} and "
+                               f"{commits[7][:12]}") for line in lines)
+    assert not any(line.startswith("test_b[y] peak memory") for line in lines)  # b's flat memory: nothing
+
+
+def test_a_missing_value_is_skipped_and_counted_and_a_series_at_zero_has_a_defined_answer(tmp_path: Path, capsys):
+    from gptcore.cli import main
+
+    runs = tmp_path / "runs" / "Linux-CPython-3.11-64bit"
+    commits = [f"{i:02d}" * 20 for i in range(1, 21)]
+    for i, commit in enumerate(commits, 1):
+        a = {"peak_allocated_bytes": None if i in (3, 4) else 100, "work": {"syncs": 0 if i <= 10 else 1}}
+        save(runs, i, commit, {"test_a[x]": a})
+    assert main(["history", "--storage", str(tmp_path / "runs")]) == 1
+    captured = capsys.readouterr()
+    assert "gptcore history: test_a[x] peak memory: 2 of 20 run(s) have no value (skipped)" in captured.err
+    # a count that steps from 0: the exact path names it with its absolute change, no relative figure
+    assert (f"test_a[x] syncs: +1 between {commits[9][:12]} and {commits[10][:12]} (exact; 10 commit(s) at the new "
+            "value): regression") in captured.out.splitlines()
+
+
+def test_a_noisy_series_at_zero_and_then_one_has_no_relative_creep_and_raises_nothing():
+    points = [Point(f"c{i:03d}", f"{i:03d}", 0.0 if i < 10 else 1.0) for i in range(20)]
+    found = everything(points, metric="tokens/s", tolerance=0.05)  # a creep relative to a level of 0: none
+    assert all(f.kind == "step" for f in found)
+    assert history.creeping("c", "tokens/s", points, 0.05) == []

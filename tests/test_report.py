@@ -454,3 +454,23 @@ def test_html_plots_the_validation_curves_of_a_convergence_run_against_the_basel
     doc = Elements(build_html(tmp_path / "run.json", baselines_dir=BASELINES))
     assert [img["data-plot"] for img in doc.find("img")] == ["convergence"]
     assert doc.rows[name][9] == "no figure"  # memory: a convergence run measures none
+
+
+def test_a_nan_loss_and_an_inf_speed_are_named_in_the_report_and_its_page(tmp_path: Path, capsys) -> None:
+    pytest.importorskip("matplotlib")
+    from gptcore.report_html import build_html
+
+    run = json.loads(CPU_RUN.read_text())
+    first, second = run["benchmarks"][0], run["benchmarks"][1]
+    first["extra_info"]["loss"] = float("nan")  # a diverged run
+    second["extra_info"]["tokens_per_s"] = float("inf")  # a broken timer
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run))  # Python's json writes NaN and Infinity, and reads them back
+    assert main(["report", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    lines = captured.out.splitlines()
+    assert f"not finite: {first['name']}: loss is NaN (the run diverged)" in lines
+    assert f"not finite: {second['name']}: tokens/s is +inf (the timing broke)" in lines
+    page = build_html(path, baselines_dir=BASELINES)
+    assert "loss is NaN (the run diverged)" in page and "tokens/s is +inf (the timing broke)" in page

@@ -169,13 +169,14 @@ class Gate:
         estimate's peak by category, kept to say where a memory change is."""
         measured = Entry.from_measurement(m, precision=precision, cpu_model=self.cpu_model,
                                           estimate_by_category=estimate_by_category)
-        verdict = self.judge_entry(node, measured, m.device, estimate=estimate, error=m.error, mfu=_mfu_cell(m),
+        error = m.error or _not_finite(measured)  # a NaN or inf is never recorded, nor compared
+        verdict = self.judge_entry(node, measured, m.device, estimate=estimate, error=error, mfu=_mfu_cell(m),
                                    unfit=m.unfit)
         if m.flagged_rounds:  # said under the end table: which rounds the median left out
             self.notes.append(f"{node.name}: tokens/s over {len(m.round_seconds) - len(m.flagged_rounds)} of "
                               f"{len(m.round_seconds)} rounds, the rest ran below the GPU's clocks")
-        unmet = [] if m.error else self._expect(model, recipe, m, estimate, world)
-        return self._outcome(node, m.device, m.error, verdict, unmet)
+        unmet = [] if error else self._expect(model, recipe, m, estimate, world)
+        return self._outcome(node, m.device, error, verdict, unmet)
 
     def judge_convergence(self, node: pytest.Item, run: Convergence | None, *, device: str, precision: str,
                           error: str | None = None) -> Outcome:
@@ -214,7 +215,8 @@ class Gate:
         self.cases[node.nodeid] = {"slug": slug, "entry": baselines.recorded_form(measured).to_json(),
                                    "recorded": False}
         if error:
-            self._row(node, Row(node.name, measured, baseline, "FAIL: out of memory", estimate, error))
+            what = "out of memory" if error.startswith("out of memory") else "not finite"
+            self._row(node, Row(node.name, measured, baseline, f"FAIL: {what}", estimate, error))
             return None
         if self.update or (self.update_loss and device_type == "cpu"):
             self.pending.setdefault(slug, {})[node.name] = measured
@@ -277,6 +279,13 @@ class Gate:
                              commit=identity.git_commit(self.root))
             counts[0] += len(entries)
         self.pending.clear()
+
+
+def _not_finite(measured: Entry) -> str | None:
+    """'the loss is NaN (the run diverged)' where a figure is NaN or inf (None where every figure is finite)."""
+    said = [f"{label} is {bad}" for label, value in (("the loss", measured.loss), ("tokens/s", measured.tokens_per_s))
+            if (bad := verdicts.non_finite(value))]
+    return f"{' and '.join(said)} (the run diverged or its timing broke): nothing recorded or compared" if said else None
 
 
 def _mfu_cell(m: Measurement) -> str:

@@ -262,6 +262,7 @@ class CaseRunner:
         self.loss_at: torch.Tensor | float | None = None  # the loss of step ``loss_step``, kept on the device (no
         # sync; a float when read during the tracked steps, where holding a tensor would add its bytes to the peak)
         self.trainer = None
+        self._tracked = False  # the peak was tracked over the first warm-up steps
         self.timer = StepTimer(self.device)
         self.gpu_clocks = gpu_clocks or open_clocks(self.device)
         self._samples: list[Sample] = []
@@ -281,9 +282,13 @@ class CaseRunner:
             self.m.setup_seconds = time.perf_counter() - t0
             t0 = time.perf_counter()
             steps = self.warmup
-            if self.device.type == "cpu" and not self.recipe.compile:  # the tracker cannot see compiled kernels
+            # the tracker cannot see compiled kernels; under FSDP2 it follows the storage resizes of the gathered
+            # parameters, which the tracked ranks' arithmetic does not survive (measured: a NaN loss), so several
+            # ranks track a Trainer of their own in finish()
+            if self.device.type == "cpu" and not self.recipe.compile and self.trainer.rank.world_size == 1:
                 report = track_training(self.trainer, TRACKED_STEPS, take_step=self._tracked_step)
                 self.m.peak_allocated_bytes, self.m.peak_by_category = report.peak_bytes, dict(report.by_category)
+                self._tracked = True
                 steps -= TRACKED_STEPS
             for _ in range(steps):
                 self._step()
@@ -354,6 +359,9 @@ class CaseRunner:
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+        elif m.error is None and not self.recipe.compile and not self._tracked:  # several ranks: a pass of its own
+            report = cpu_peak(self.cfg, self.recipe)
+            m.peak_allocated_bytes, m.peak_by_category = report.peak_bytes, dict(report.by_category)
         return m
 
 

@@ -496,3 +496,19 @@ def test_a_figure_that_is_not_finite_fails_naming_itself_and_the_end_table_still
                                                                               for c in verdict.checks})])
     assert f"FAIL: {metric}" in table.splitlines()[-1]
     assert not verdict_of("c", BASE, now, CPU).failed  # a baseline that is not finite compares with nothing
+
+
+def test_a_nan_loss_is_never_recorded_and_fails_the_case_naming_itself(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from gptcore.gate import Gate
+    from gptcore.measure import Measurement
+
+    gate = Gate(directory=tmp_path, update=True, strict=False, overrides={}, timing_override=(None,) * 3)
+    node = SimpleNamespace(name="test_x[tiny-fp32]", nodeid="bench/x.py::test_x[tiny-fp32]")
+    m = Measurement(device="cpu", tokens_per_step=1, steps_per_round=1, tokens_per_s=1e3, peak_allocated_bytes=3,
+                    loss=float("nan"))
+    outcome = gate.judge(node, m, model="tiny", recipe="fp32", precision="fp32", estimate=None)
+    assert outcome.failures == ["test_x[tiny-fp32]: the loss is NaN (the run diverged or its timing broke): nothing "
+                                "recorded or compared"]
+    assert gate.rows[-1].verdict == "FAIL: not finite" and not (tmp_path / "cpu.json").exists()

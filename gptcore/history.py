@@ -52,6 +52,14 @@ range of a step is widened over such points next to the cut, so that it holds th
 WINDOW = 6
 """Commit-to-commit changes (WINDOW + 1 commits) a creeping slope is first looked for over."""
 Z_CREEP = 5.0
+CV_PLACE = 0.015
+"""A noisy series whose point-to-point noise is more than this, relative to its level (a hosted runner's 2.7%), has
+no certain place for any step: a step found there is found where noise made it look larger (measured: a 3% drop at
+2.7% noise, found in 60 of 1,000 series, had its range miss the commit in half of them). Such findings say so too."""
+Z_PLACE = 3.0
+"""A noisy step smaller than this many noise sigmas (of one point) has an uncertain place: the points beside it
+could belong to either side, and its commit range misses the commit that made it too often to bisect it alone
+(measured: docs/history.md). Such a finding says so, and its hunt covers the two segments around the cut."""
 """A creep's slope must lie this many standard errors from flat (one-sided; the standard error from the series'
 noise). Not 4: the noise is estimated from the series itself, and an estimate 25% low turns 4 into 3. Measured on
 2,000 seeded step-free series of 50 points at CV 0.6% and 2.7%: at 4, up to 33 series (1.7%) had a false creep; at
@@ -101,6 +109,10 @@ class Finding:
     """regression, improvement, changed (a loss at a fixed step: either direction is news), suspicious, or
     creeping."""
     note: str = ""
+    uncertain: bool = False
+    """The step is smaller than Z_PLACE noise sigmas: its range is a best guess, ``hunt`` the range to bisect."""
+    hunt: tuple[str, str] | None = None
+    """(last commit before, last commit) that the hunt covers, where wider than (before, after]."""
 
     def size(self) -> str:
         """The change as text: '+8,915,712 (+43.2%)', '-0.111657 (-3.0%)'; 'NaN' or 'inf' where it became that."""
@@ -120,14 +132,15 @@ class Finding:
         if self.status not in ("regression", "creeping", "changed") or self.metric in UNHUNTED:
             return None
         case_id = self.case.split("[", 1)[-1].rstrip("]")
+        before, after = self.hunt or (self.before, self.after)
         metric = "loss" if self.metric.startswith("loss@") else self.metric
         if metric in BISECT:
             # bisect calls a commit slower beyond --threshold (default 5%): half this change, so that it is seen
             threshold = (f" --threshold {max(MIN_STEP, round(abs(self.relative) / 2, 3)):g}"
                          if metric == "tokens/s" and self.relative is not None else "")
-            return (f"python -m gptcore bisect {self.before[:12]} {self.after[:12]} -k {case_id} "
+            return (f"python -m gptcore bisect {before[:12]} {after[:12]} -k {case_id} "
                     f"--metric {BISECT[metric]}{threshold}")
-        return f"python -m gptcore compare {self.before[:12]} {self.after[:12]} -k {case_id}"
+        return f"python -m gptcore compare {before[:12]} {after[:12]} -k {case_id}"
 
 
 @dataclass
@@ -388,9 +401,12 @@ def noisy_steps(case: str, metric: str, points: list[Point]) -> list[Finding]:
             continue
         change, last = mean_after - mean_before, cut
         lo, hi = _ambiguous(values, start, cut, end, (mean_before + mean_after) / 2, sigma)
-        found.append(Finding(case, metric, "step", points[lo - 1].commit, points[hi].commit, change, relative, p,
-                             end - cut, _status(metric, change, end - cut),
-                             f"{end - cut} point(s) after{_moved(points[lo - 1], points[hi])}"))
+        finding = Finding(case, metric, "step", points[lo - 1].commit, points[hi].commit, change, relative, p,
+                          end - cut, _status(metric, change, end - cut),
+                          f"{end - cut} point(s) after{_moved(points[lo - 1], points[hi])}")
+        # the series' noise estimate from few points can come out low: the segments' own spread counts too
+        spread = max(sigma, statistics.stdev(before), statistics.stdev(after))
+        found.append(_place(finding, abs(change) / sigma, spread / abs(mean_before), points[start], points[end - 1]))
     tail = tail_step(case, metric, points, last, sigma)  # against what follows the last step that counted
     return found + ([tail] if tail else [])
 
@@ -423,10 +439,24 @@ def tail_step(case: str, metric: str, points: list[Point], start: int, sigma: fl
             # the first of the two could be either side's: the step is in one of them, and only the last confirms it
             after, where, step_at = after[last - first:], "at the end of the history, in one of the last 2 commits", \
                 points[last]
-        return Finding(case, metric, "step", points[first - 1].commit, step_at.commit, change, change / mean_before, p,
-                       len(after), _status(metric, change, len(after)),
-                       f"{len(after)} point(s) after, {where}{_moved(points[first - 1], step_at)}")
+        finding = Finding(case, metric, "step", points[first - 1].commit, step_at.commit, change,
+                          change / mean_before, p, len(after), _status(metric, change, len(after)),
+                          f"{len(after)} point(s) after, {where}{_moved(points[first - 1], step_at)}")
+        return _place(finding, abs(change) / scale, scale / abs(mean_before), points[start], points[-1])
     return None
+
+
+def _place(finding: Finding, size: float, cv: float, first: Point, last: Point) -> Finding:
+    """``finding`` with its place marked uncertain where the step is under Z_PLACE noise sigmas (``size``) or the
+    series' relative noise (``cv``) is over CV_PLACE: its hunt then covers the segments around the cut, from
+    ``first`` to ``last``, which held the commit in every such finding measured (docs/history.md)."""
+    why = (f"the step is {size:.1f} noise sigmas (under {Z_PLACE:g})" if size < Z_PLACE else
+           f"the series' noise is {cv:.1%} a point (over {CV_PLACE:.1%})" if cv > CV_PLACE else None)
+    if why and first.commit != last.commit:
+        finding.uncertain, finding.hunt = True, (first.commit, last.commit)
+        finding.note += (f"; place uncertain: {why}, its range may miss the commit: hunt over {first.commit[:12]}.."
+                         f"{last.commit[:12]}")
+    return finding
 
 
 def _ambiguous(values: list[float], start: int, cut: int, end: int, middle: float, sigma: float) -> tuple[int, int]:

@@ -147,7 +147,7 @@ def now_vs_baseline_figure(group: str, recs: Sequence[Record], base: BaselineFil
                 ax_s.fill_betweenx([y - 0.42, y + 0.42], base_s * (1 - tol.speed), base_s * (1 + tol.speed),
                                    color=COLORS["band"], alpha=0.18, lw=0)
             ax_s.barh(y + 0.19, base_s, 0.36, color=COLORS["base"], xerr=(e.tokens_per_s_iqr or 0) / 2, capsize=2)
-        if now_s is not None:
+        if now_s is not None and math.isfinite(now_s):  # a NaN or inf speed is named in the table, not drawn
             ax_s.barh(y - 0.19, now_s, 0.36, color=COLORS["fail" if status == Status.FAIL else "now"],
                       xerr=(r.speed_iqr or 0) / 2, capsize=2, hatch="//" if r.busy else None, edgecolor="black")
             if r.busy:

@@ -35,14 +35,19 @@ def test_workflow_is_valid_against_the_github_workflow_schema(name: str) -> None
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def assert_hosted_cpu_job(workflow: dict) -> None:
+    """Its job 'cpu' runs on GitHub's standard runner with Python 3.11 and takes torch's CPU wheel."""
+    job = workflow["jobs"]["cpu"]
+    assert job["runs-on"] == "ubuntu-latest"
+    setup = next(s for s in steps(workflow, "cpu") if s.get("uses", "").startswith("actions/setup-python"))
+    assert setup["with"]["python-version"] == "3.11"
+    # torch==<pin> in a fresh venv: the CPU index makes that the +cpu wheel, not CUDA's
+    assert job["env"]["PIP_EXTRA_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+
+
 def test_ci_takes_the_cpu_torch_wheel_and_runs_ci_run_on_python_311() -> None:
     ci = load("ci.yml")
-    job = ci["jobs"]["cpu"]
-    assert job["runs-on"] == "ubuntu-latest"
-    setup = next(s for s in steps(ci, "cpu") if s.get("uses", "").startswith("actions/setup-python"))
-    assert setup["with"]["python-version"] == "3.11"
-    # .ci/run installs torch==2.13.0 in a fresh venv: the CPU index makes that the +cpu wheel, not CUDA's
-    assert job["env"]["PIP_EXTRA_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    assert_hosted_cpu_job(ci)
     assert "bash .ci/run" in [s.get("run") for s in steps(ci, "cpu")]
 
 
@@ -93,11 +98,7 @@ def test_torch_upgrade_runs_weekly_and_can_be_dispatched() -> None:
 
 def test_torch_upgrade_installs_the_pinned_torch_in_one_venv_and_the_newest_cpu_wheel_in_the_other() -> None:
     upgrade = load("torch-upgrade.yml")
-    job = upgrade["jobs"]["cpu"]
-    assert job["runs-on"] == "ubuntu-latest"
-    setup = next(s for s in steps(upgrade, "cpu") if s.get("uses", "").startswith("actions/setup-python"))
-    assert setup["with"]["python-version"] == "3.11"
-    assert job["env"]["PIP_EXTRA_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    assert_hosted_cpu_job(upgrade)
     pinned, newest = (next(s["run"] for s in steps(upgrade, "cpu") if f'"$RUNNER_TEMP/{venv}/bin/pip" install' in
                            s.get("run", "")) for venv in ("pinned", "newest"))
     # the pin read from constraints-cpu.txt, then the project under the constraints, as .ci/run installs

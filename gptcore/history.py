@@ -109,10 +109,14 @@ class Finding:
     """regression, improvement, changed (a loss at a fixed step: either direction is news), suspicious, or
     creeping."""
     note: str = ""
-    uncertain: bool = False
-    """The step is smaller than Z_PLACE noise sigmas: its range is a best guess, ``hunt`` the range to bisect."""
     hunt: tuple[str, str] | None = None
-    """(last commit before, last commit) that the hunt covers, where wider than (before, after]."""
+    """(last commit before, last commit) that the hunt covers where the step's place is uncertain (:func:`_place`):
+    its (before, after] is then a best guess."""
+
+    @property
+    def uncertain(self) -> bool:
+        """The step's place is uncertain: its hunt covers a wider range than (before, after]."""
+        return self.hunt is not None
 
     def size(self) -> str:
         """The change as text: '+8,915,712 (+43.2%)', '-0.111657 (-3.0%)'; 'NaN' or 'inf' where it became that."""
@@ -160,8 +164,8 @@ class History:
 
     def to_json(self) -> dict:
         return {"device": self.device, "runs": self.runs, "commits": self.commits, "series": self.series,
-                "analysed": self.analysed,
-                "findings": [asdict(f) | {"command": f.command()} for f in self.findings], "skipped": self.skipped}
+                "analysed": self.analysed, "skipped": self.skipped,
+                "findings": [asdict(f) | {"uncertain": f.uncertain, "command": f.command()} for f in self.findings]}
 
 
 # -- reading -------------------------------------------------------------------------------------------------------
@@ -453,7 +457,7 @@ def _place(finding: Finding, size: float, cv: float, first: Point, last: Point) 
     why = (f"the step is {size:.1f} noise sigmas (under {Z_PLACE:g})" if size < Z_PLACE else
            f"the series' noise is {cv:.1%} a point (over {CV_PLACE:.1%})" if cv > CV_PLACE else None)
     if why and first.commit != last.commit:
-        finding.uncertain, finding.hunt = True, (first.commit, last.commit)
+        finding.hunt = (first.commit, last.commit)
         finding.note += (f"; place uncertain: {why}, its range may miss the commit: hunt over {first.commit[:12]}.."
                          f"{last.commit[:12]}")
     return finding

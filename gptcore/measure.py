@@ -319,11 +319,10 @@ class CaseRunner:
         if self.trainer.step_count == self.loss_step:
             self.loss_at = loss.item()  # CPU only: no sync to avoid
 
-    def _step(self, batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        self.last_loss = self.trainer.step(batch)
+    def _step(self) -> None:
+        self.last_loss = self.trainer.step()
         if self.trainer.step_count == self.loss_step:
             self.loss_at = self.last_loss
-        return self.last_loss
 
     def out_of_memory(self, err: torch.OutOfMemoryError) -> None:
         """Record an OOM with what was allocated at the time (call inside the ``except``)."""

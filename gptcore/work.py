@@ -156,9 +156,10 @@ class _OpCounter(TorchDispatchMode):
         self.allocs[name] += self.tracker.allocations - allocated
         phase = self.tracker.phase if self.tracker.phase in PHASES else "optimizer"  # after the step: its tail
         self.calls[phase] += 1
-        self.ops[str(func.overloadpacket)] += 1
+        packet = str(func.overloadpacket)
+        self.ops[packet] += 1
         self.by_phase[phase][name] += 1
-        flops = formulas.count(str(func.overloadpacket), args, kwargs)
+        flops = formulas.count(packet, args, kwargs)
         if flops is not None:
             self.flops[phase] += flops
             self.flops_by_op[name] += flops

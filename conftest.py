@@ -44,8 +44,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter,
-                            config: pytest.Config) -> Generator[None, object, object]:
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> Generator[None, object, object]:
     """The end table after every other summary, in every outcome: pytest-benchmark raises PerformanceRegression
     from its summary when --benchmark-compare-fail fails; the run has already failed (gptcore.plugin.finish) and
     the table lists the regressions, so no traceback."""

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from gptcore.config import Recipe, Schedule, Study
-from gptcore.presets import MODELS, RECIPES
-from gptcore.convergence import Convergence, converge
-from gptcore.measure import Measurement, out_of_memory_in, run_case
 from gptcore import memory
+from gptcore.config import Recipe, Schedule, Study
+from gptcore.convergence import Convergence, converge
 from gptcore.gate import Outcome
+from gptcore.measure import Measurement, out_of_memory_in, run_case
+from gptcore.presets import MODELS, RECIPES
 from gptcore.train import unsupported_reason
 
 
@@ -50,8 +50,9 @@ class Timing:
         return dataclasses.replace(self, rounds=1, loss_step=self.warmup + self.steps_per_round)
 
 
-def run_if(*, cuda: bool = False, bf16: bool = False, min_capability: tuple[int, int] | None = None,
-           min_gpus: int = 0) -> list[pytest.MarkDecorator]:
+def run_if(
+    *, cuda: bool = False, bf16: bool = False, min_capability: tuple[int, int] | None = None, min_gpus: int = 0
+) -> list[pytest.MarkDecorator]:
     """One skipif mark carrying every unmet hardware need (Lightning's RunIf), for
     ``pytest.param(..., marks=run_if(...))``; an empty list when all needs are met."""
     reasons = []
@@ -71,15 +72,21 @@ def needs_of(recipe: Recipe, device: str) -> list[pytest.MarkDecorator]:
     """The run_if marks a recipe implies on ``device`` (bf16 and flash need the right GPU)."""
     if device != "cuda":
         return []
-    return run_if(cuda=True, bf16=recipe.precision.startswith("bf16"),
-                  min_capability=(8, 0) if recipe.attention == "flash" else None)
+    return run_if(
+        cuda=True,
+        bf16=recipe.precision.startswith("bf16"),
+        min_capability=(8, 0) if recipe.attention == "flash" else None,
+    )
 
 
 def grid(study: Study) -> list:
     """pytest.param(model, recipe name) for every case of ``study``, with ids like 'char-ctx2-bf16' (a registered
     model and recipe: ``python -m gptcore train --model char-ctx2 --recipe bf16`` reruns the case) and RunIf marks."""
-    return [pytest.param(model, name, id=f"{model}-{name}", marks=needs_of(RECIPES[name], study.device))
-            for model in study.models for name in study.recipes]
+    return [
+        pytest.param(model, name, id=f"{model}-{name}", marks=needs_of(RECIPES[name], study.device))
+        for model in study.models
+        for name in study.recipes
+    ]
 
 
 def estimate_of(model: str, recipe: Recipe, device: str) -> tuple[int | str, dict[str, int] | None]:
@@ -90,7 +97,7 @@ def estimate_of(model: str, recipe: Recipe, device: str) -> tuple[int | str, dic
         question = memory.resolve(cfg, recipe, batch=cfg.batch_size, seq=cfg.block_size, device=device)
         est = memory.estimate(question)
         return est.total_bytes, dict(est.by_category)
-    except Exception:  # noqa: BLE001
+    except Exception:
         return "err", None
 
 
@@ -100,12 +107,15 @@ def skip_if_it_cannot_fit(estimate: int | str, device: str) -> None:
         return
     total = torch.cuda.get_device_properties(0).total_memory
     if estimate > total:
-        pytest.skip(f"estimated peak {estimate / 2**30:.1f} GiB exceeds the {total / 2**30:.1f} GiB of "
-                    f"{torch.cuda.get_device_name()}")
+        pytest.skip(
+            f"estimated peak {estimate / 2**30:.1f} GiB exceeds the {total / 2**30:.1f} GiB of "
+            f"{torch.cuda.get_device_name()}"
+        )
 
 
-def benchmark_case(benchmark, gate, request: pytest.FixtureRequest, study: Study, model: str, recipe_name: str,
-                   timing: Timing) -> Measurement:
+def benchmark_case(
+    benchmark, gate, request: pytest.FixtureRequest, study: Study, model: str, recipe_name: str, timing: Timing
+) -> Measurement:
     """Run one case of ``study`` under benchmark.pedantic and gate it; skip (with the reason) what the device
     cannot run."""
     recipe, device, cfg = RECIPES[recipe_name], study.device, MODELS[model]
@@ -121,20 +131,49 @@ def benchmark_case(benchmark, gate, request: pytest.FixtureRequest, study: Study
     def timed_loop(round_fn: Callable[[], None], n: int, between: Callable[[], None]) -> None:
         benchmark.pedantic(round_fn, setup=between, rounds=n, iterations=1, warmup_rounds=0)
 
-    m = run_case(cfg, recipe, device, warmup=warmup, rounds=rounds, steps_per_round=steps_per_round,
-                 timed_loop=timed_loop, loss_step=timing.loss_step)
-    outcome = gate.judge(request.node, m, model=model, recipe=recipe_name, precision=recipe.precision,
-                         estimate=estimate, estimate_by_category=estimate_by_category)
-    benchmark.extra_info.update(model=model, recipe=recipe_name, precision=recipe.precision,
-                                batch=recipe.batch_size(cfg), block_size=cfg.block_size, estimate_bytes=estimate,
-                                cpu_model=gate.cpu_model if device == "cpu" else None,
-                                verdict=outcome.verdict.summary() if outcome.verdict else None, **m.to_dict())
+    m = run_case(
+        cfg,
+        recipe,
+        device,
+        warmup=warmup,
+        rounds=rounds,
+        steps_per_round=steps_per_round,
+        timed_loop=timed_loop,
+        loss_step=timing.loss_step,
+    )
+    outcome = gate.judge(
+        request.node,
+        m,
+        model=model,
+        recipe=recipe_name,
+        precision=recipe.precision,
+        estimate=estimate,
+        estimate_by_category=estimate_by_category,
+    )
+    benchmark.extra_info.update(
+        model=model,
+        recipe=recipe_name,
+        precision=recipe.precision,
+        batch=recipe.batch_size(cfg),
+        block_size=cfg.block_size,
+        estimate_bytes=estimate,
+        cpu_model=gate.cpu_model if device == "cpu" else None,
+        verdict=outcome.verdict.summary() if outcome.verdict else None,
+        **m.to_dict(),
+    )
     conclude(outcome)
     return m
 
 
-def converge_case(benchmark, gate, request: pytest.FixtureRequest, study: Study, model: str, recipe_name: str,
-                  schedule: Schedule | None = None) -> Convergence | None:
+def converge_case(
+    benchmark,
+    gate,
+    request: pytest.FixtureRequest,
+    study: Study,
+    model: str,
+    recipe_name: str,
+    schedule: Schedule | None = None,
+) -> Convergence | None:
     """Train one case of ``study`` for its whole schedule (or ``schedule``) as one pytest-benchmark round and gate
     what it learned (gptcore.convergence); skip what the device cannot run. On CPU each case runs on one thread:
     bit-identical whatever else runs beside it, so that its time-to-loss can be gated exactly."""
@@ -151,7 +190,7 @@ def converge_case(benchmark, gate, request: pytest.FixtureRequest, study: Study,
 
     try:
         benchmark.pedantic(whole_run, rounds=1, iterations=1, warmup_rounds=0)
-    except Exception as err:  # noqa: BLE001 - an OOM (also one raised while compiling) is a failed case with its
+    except Exception as err:  # an OOM (also one raised while compiling) is a failed case with its
         if out_of_memory_in(err) is None:  # numbers, and the rest of the suite goes on; anything else is raised
             raise
         peak = torch.cuda.max_memory_allocated() if device == "cuda" else 0
@@ -160,11 +199,18 @@ def converge_case(benchmark, gate, request: pytest.FixtureRequest, study: Study,
             torch.cuda.empty_cache()
     run = out.get("run")
     outcome = gate.judge_convergence(request.node, run, device=device, precision=recipe.precision, error=error)
-    benchmark.extra_info.update(model=model, recipe=recipe_name, precision=recipe.precision, device=device,
-                                batch=recipe.batch_size(cfg), block_size=cfg.block_size,
-                                tokens_per_s=run.tokens_per_s if run else None,
-                                convergence=run.to_json() if run else None, error=error,
-                                verdict=outcome.verdict.summary() if outcome.verdict else None)
+    benchmark.extra_info.update(
+        model=model,
+        recipe=recipe_name,
+        precision=recipe.precision,
+        device=device,
+        batch=recipe.batch_size(cfg),
+        block_size=cfg.block_size,
+        tokens_per_s=run.tokens_per_s if run else None,
+        convergence=run.to_json() if run else None,
+        error=error,
+        verdict=outcome.verdict.summary() if outcome.verdict else None,
+    )
     conclude(outcome)
     return run
 

@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 
 from bench.harness import Timing, conclude, needs_of, run_if
-from gptcore.presets import MODELS, RECIPES
 from gptcore.measure import Measurement
 from gptcore.memory import resolve
 from gptcore.memory.parallel import estimate_per_rank
+from gptcore.presets import MODELS, RECIPES
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMING = {"cpu": Timing(warmup=2, rounds=5, steps_per_round=2), "cuda": Timing(warmup=5, rounds=10, steps_per_round=5)}
@@ -35,11 +35,21 @@ LAUNCH_TIMEOUT_S = 300
 WORLD = 2
 
 CASES = [
-    *(pytest.param("cpu-small", name, WORLD, "cpu", id=f"cpu-small-{name}-x{WORLD}", marks=pytest.mark.cpu)
-      for name in ("ddp", "fsdp2", "fsdp2-no-reshard")),
-    *(pytest.param("gpt2", name, WORLD, "cuda", id=f"gpt2-{name}-x{WORLD}",
-                   marks=[pytest.mark.gpu, *run_if(min_gpus=WORLD), *needs_of(RECIPES[name], "cuda")])
-      for name in ("ddp", "ddp-bucket-view", "fsdp2", "fsdp2-no-reshard", "fsdp2-bf16")),
+    *(
+        pytest.param("cpu-small", name, WORLD, "cpu", id=f"cpu-small-{name}-x{WORLD}", marks=pytest.mark.cpu)
+        for name in ("ddp", "fsdp2", "fsdp2-no-reshard")
+    ),
+    *(
+        pytest.param(
+            "gpt2",
+            name,
+            WORLD,
+            "cuda",
+            id=f"gpt2-{name}-x{WORLD}",
+            marks=[pytest.mark.gpu, *run_if(min_gpus=WORLD), *needs_of(RECIPES[name], "cuda")],
+        )
+        for name in ("ddp", "ddp-bucket-view", "fsdp2", "fsdp2-no-reshard", "fsdp2-bf16")
+    ),
 ]
 
 
@@ -47,17 +57,39 @@ class LaunchFailed(Exception):
     """torchrun exited non-zero or ran past its timeout (the message says which, with the end of its output)."""
 
 
-def launch(model: str, recipes: list[str], world: int, device: str, out: Path,
-           counts: tuple[int, int, int]) -> dict[str, list[dict]]:
+def launch(
+    model: str, recipes: list[str], world: int, device: str, out: Path, counts: tuple[int, int, int]
+) -> dict[str, list[dict]]:
     """Run the cases on ``world`` ranks in one torchrun job; for each recipe, each rank's Measurement as a dict
     (with rank, world_size)."""
     warmup, rounds, steps = counts
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-           "-m", "gptcore.worker", "--model", model, "--recipe", *recipes, "--out", str(out), "--device", device,
-           "--warmup", str(warmup), "--rounds", str(rounds), "--steps", str(steps)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={world}",
+        "-m",
+        "gptcore.worker",
+        "--model",
+        model,
+        "--recipe",
+        *recipes,
+        "--out",
+        str(out),
+        "--device",
+        device,
+        "--warmup",
+        str(warmup),
+        "--rounds",
+        str(rounds),
+        "--steps",
+        str(steps),
+    ]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          start_new_session=True) as proc:
+    with subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    ) as proc:
         try:
             output, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -80,14 +112,24 @@ def sharing(request: pytest.FixtureRequest, model: str, world: int, device: str)
     for item in request.session.items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         skipped = any(mark.args and mark.args[0] is True for mark in item.iter_markers("skipif"))
-        if getattr(item, "originalname", None) == "test_distributed" and not skipped and \
-                (params.get("model"), params.get("world"), params.get("device")) == (model, world, device):
+        if (
+            getattr(item, "originalname", None) == "test_distributed"
+            and not skipped
+            and (params.get("model"), params.get("world"), params.get("device")) == (model, world, device)
+        ):
             names.append(params["recipe"])
     return names
 
 
-def ranks_of(request: pytest.FixtureRequest, out: Path, model: str, recipe: str, world: int, device: str,
-             counts: tuple[int, int, int]) -> list[dict]:
+def ranks_of(
+    request: pytest.FixtureRequest,
+    out: Path,
+    model: str,
+    recipe: str,
+    world: int,
+    device: str,
+    counts: tuple[int, int, int],
+) -> list[dict]:
     """This case's ranks: from the session's launch that holds it, launching it (with every selected case that
     shares its model, world size and device) the first time; a failed launch fails the case with its message."""
     key = (model, world, device, counts)
@@ -112,8 +154,9 @@ def combine(ranks: list[dict]) -> Measurement:
         values = [r[key] for r in ranks if r[key] is not None]
         setattr(m, key, max(values) if values else None)
     if m.peak_allocated_bytes is not None:  # the breakdown of the rank whose peak is the job's
-        m.peak_by_category = next(r.get("peak_by_category") for r in ranks
-                                  if r["peak_allocated_bytes"] == m.peak_allocated_bytes)
+        m.peak_by_category = next(
+            r.get("peak_by_category") for r in ranks if r["peak_allocated_bytes"] == m.peak_allocated_bytes
+        )
     errors = [f"rank {r['rank']}: {r['error']}" for r in ranks if r["error"]]
     m.error = "; ".join(errors) or None
     return m
@@ -127,18 +170,32 @@ def test_distributed(benchmark, gate, request, tmp_path, model: str, recipe: str
     counts = gate.timing(timing.warmup, timing.rounds, timing.steps_per_round)
     try:
         estimate: int | str = estimate_per_rank(resolve(cfg, r, device=device), world).total_bytes
-    except Exception:  # noqa: BLE001 (an estimate column never fails a case)
+    except Exception:  # (an estimate column never fails a case)
         estimate = "err"
     # pytest-benchmark times the launch in the case that makes it (torchrun's start and every case it holds) and
     # the reading of the results in the others; the gate reads the ranks' own timings
-    ranks = benchmark.pedantic(ranks_of, args=(request, tmp_path, model, recipe, world, device, counts), rounds=1,
-                               iterations=1, warmup_rounds=0)
+    ranks = benchmark.pedantic(
+        ranks_of,
+        args=(request, tmp_path, model, recipe, world, device, counts),
+        rounds=1,
+        iterations=1,
+        warmup_rounds=0,
+    )
     m = combine(ranks)
-    outcome = gate.judge(request.node, m, model=model, recipe=recipe, precision=r.precision, estimate=estimate,
-                         world=world)
-    benchmark.extra_info.update(model=model, recipe=recipe, world_size=world, precision=r.precision,
-                                batch=r.batch_size(cfg), block_size=cfg.block_size, estimate_bytes=estimate,
-                                peak_bytes_per_rank=[x["peak_allocated_bytes"] for x in ranks],
-                                tokens_per_s_per_rank=[x["tokens_per_s"] for x in ranks],
-                                verdict=outcome.verdict.summary() if outcome.verdict else None, **m.to_dict())
+    outcome = gate.judge(
+        request.node, m, model=model, recipe=recipe, precision=r.precision, estimate=estimate, world=world
+    )
+    benchmark.extra_info.update(
+        model=model,
+        recipe=recipe,
+        world_size=world,
+        precision=r.precision,
+        batch=r.batch_size(cfg),
+        block_size=cfg.block_size,
+        estimate_bytes=estimate,
+        peak_bytes_per_rank=[x["peak_allocated_bytes"] for x in ranks],
+        tokens_per_s_per_rank=[x["tokens_per_s"] for x in ranks],
+        verdict=outcome.verdict.summary() if outcome.verdict else None,
+        **m.to_dict(),
+    )
     conclude(outcome)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.harness import Timing, grid, benchmark_case
+from bench.harness import Timing, benchmark_case, grid
 from gptcore.presets import STUDIES
 
 STUDY = STUDIES["memory-recipe"]

@@ -9,14 +9,30 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .config import GPTConfig, Recipe
-from .presets import MODELS, RECIPES, get_model, get_recipe
+from gptcore.config import GPTConfig, Recipe
+from gptcore.presets import MODELS, RECIPES, get_model, get_recipe
 
-_LAZY = {"GPT": "model", "Trainer": "train", "UnsupportedRecipe": "train", "check_runnable": "train",
-         "resolve_device": "train"}
+_LAZY = {
+    "GPT": "model",
+    "Trainer": "train",
+    "UnsupportedRecipe": "train",
+    "check_runnable": "train",
+    "resolve_device": "train",
+}
 
-__all__ = ["GPT", "GPTConfig", "MODELS", "RECIPES", "Recipe", "Trainer", "UnsupportedRecipe", "check_runnable",
-           "get_model", "get_recipe", "resolve_device"]
+__all__ = [
+    "GPT",
+    "GPTConfig",
+    "MODELS",
+    "RECIPES",
+    "Recipe",
+    "Trainer",
+    "UnsupportedRecipe",
+    "check_runnable",
+    "get_model",
+    "get_recipe",
+    "resolve_device",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .convergence import Convergence
+from gptcore.convergence import Convergence
 
 if TYPE_CHECKING:
-    from .work import WorkLedger
+    from gptcore.work import WorkLedger
 
 SCHEMA_VERSION = 2
 AMP_PRECISIONS = ("fp16", "bf16", "bf16-pure")
@@ -68,8 +68,7 @@ class Tolerances:
         2.4e-7 (1 ulp) and bf16 by 1.6e-4: 1e-6 and 5e-4. Between CPU models (AMD EPYC vs an AMX Xeon) fp32 moved
         by up to 2.9e-5 and bf16 by 5.3e-3: 1e-4 and 2e-2."""
         if device_type == "cpu":
-            return cls(memory=0.02, speed=None, loss=1e-6, loss_amp=5e-4, loss_other_cpu=1e-4,
-                       loss_amp_other_cpu=2e-2)
+            return cls(memory=0.02, speed=None, loss=1e-6, loss_amp=5e-4, loss_other_cpu=1e-4, loss_amp_other_cpu=2e-2)
         return cls()
 
     def loss_tolerance(self, precision: str, other_cpu: bool) -> float:
@@ -79,8 +78,7 @@ class Tolerances:
         return wide if other_cpu and wide is not None else self.loss_amp if amp else self.loss
 
     def validate(self, where: str) -> None:
-        for name in ("memory", "speed", "loss", "loss_amp", "loss_other_cpu", "loss_amp_other_cpu", "work",
-                     "val_loss"):
+        for name in ("memory", "speed", "loss", "loss_amp", "loss_other_cpu", "loss_amp_other_cpu", "work", "val_loss"):
             value = getattr(self, name)
             if value is None and name in ("speed", "loss_other_cpu", "loss_amp_other_cpu"):
                 continue
@@ -123,29 +121,46 @@ class Entry:
     from a code change."""
 
     @classmethod
-    def from_measurement(cls, m: Any, *, precision: str, cpu_model: str | None,
-                         estimate_by_category: dict[str, int] | None = None) -> Entry:
+    def from_measurement(
+        cls, m: Any, *, precision: str, cpu_model: str | None, estimate_by_category: dict[str, int] | None = None
+    ) -> Entry:
         """The entry of a ``gptcore.measure.Measurement`` (or anything with its fields, such as a run's
         extra_info as a namespace); ``cpu_model`` is recorded on CPU only."""
-        from .work import WorkLedger
+        from gptcore.work import WorkLedger
 
-        return cls(tokens_per_s=m.tokens_per_s, tokens_per_s_iqr=m.tokens_per_s_iqr,
-                   peak_allocated_bytes=m.peak_allocated_bytes, peak_reserved_bytes=m.peak_reserved_bytes,
-                   loss=m.loss, loss_step=m.loss_step, precision=precision,
-                   cpu_model=cpu_model if m.device.startswith("cpu") else None, cpu_share=m.cpu_share,
-                   work=WorkLedger.from_json(m.work) if m.work else None,
-                   peak_by_category=m.peak_by_category, estimate_by_category=estimate_by_category,
-                   seconds=getattr(m, "case_seconds", None) or None, clocks=getattr(m, "clocks", None),
-                   speed_note=getattr(m, "speed_note", None) if m.device.startswith("cpu") else None)
+        return cls(
+            tokens_per_s=m.tokens_per_s,
+            tokens_per_s_iqr=m.tokens_per_s_iqr,
+            peak_allocated_bytes=m.peak_allocated_bytes,
+            peak_reserved_bytes=m.peak_reserved_bytes,
+            loss=m.loss,
+            loss_step=m.loss_step,
+            precision=precision,
+            cpu_model=cpu_model if m.device.startswith("cpu") else None,
+            cpu_share=m.cpu_share,
+            work=WorkLedger.from_json(m.work) if m.work else None,
+            peak_by_category=m.peak_by_category,
+            estimate_by_category=estimate_by_category,
+            seconds=getattr(m, "case_seconds", None) or None,
+            clocks=getattr(m, "clocks", None),
+            speed_note=getattr(m, "speed_note", None) if m.device.startswith("cpu") else None,
+        )
 
     @classmethod
-    def from_convergence(cls, run: Convergence | None, *, device: str, precision: str,
-                         cpu_model: str | None) -> Entry:
+    def from_convergence(cls, run: Convergence | None, *, device: str, precision: str, cpu_model: str | None) -> Entry:
         """The entry of a convergence run (``run`` None: the case failed); ``cpu_model`` is recorded on CPU only.
         No step loss nor memory: such a case is judged on what it learned."""
-        return cls(tokens_per_s=run and run.tokens_per_s, tokens_per_s_iqr=None, peak_allocated_bytes=None,
-                   peak_reserved_bytes=None, loss=None, loss_step=run.steps[-1] if run else 0, precision=precision,
-                   cpu_model=cpu_model if device.startswith("cpu") else None, convergence=run)
+        return cls(
+            tokens_per_s=run and run.tokens_per_s,
+            tokens_per_s_iqr=None,
+            peak_allocated_bytes=None,
+            peak_reserved_bytes=None,
+            loss=None,
+            loss_step=run.steps[-1] if run else 0,
+            precision=precision,
+            cpu_model=cpu_model if device.startswith("cpu") else None,
+            convergence=run,
+        )
 
     def loss_reference(self, cpu_model: str | None) -> tuple[float | None, str | None]:
         """The loss to hold a run on ``cpu_model`` to, and the CPU model it was measured on: that model's own
@@ -186,8 +201,10 @@ class Entry:
             if value is None and nullable:
                 return None
             if isinstance(value, bool) or not isinstance(value, types):
-                raise BaselineError(f"{where}: {path}: expected {' or '.join(t.__name__ for t in types)}"
-                                    f"{' or null' if nullable else ''}, got {value!r}")
+                raise BaselineError(
+                    f"{where}: {path}: expected {' or '.join(t.__name__ for t in types)}"
+                    f"{' or null' if nullable else ''}, got {value!r}"
+                )
             return value
 
         num = (int, float)
@@ -195,12 +212,14 @@ class Entry:
         loss = get(data, "loss", (dict,), "loss", nullable=False)
         by_cpu = loss.get("by_cpu", {})
         if not isinstance(by_cpu, dict) or not all(
-                isinstance(k, str) and isinstance(v, num) and not isinstance(v, bool) for k, v in by_cpu.items()):
+            isinstance(k, str) and isinstance(v, num) and not isinstance(v, bool) for k, v in by_cpu.items()
+        ):
             raise BaselineError(f"{where}: loss.by_cpu: expected an object of CPU model -> number, got {by_cpu!r}")
         return cls(
             tokens_per_s=get(speed, "median", num, "tokens_per_s.median"),
             tokens_per_s_iqr=get(speed, "iqr", num, "tokens_per_s.iqr"),
-            speed_note=get(speed, "not_recorded", (str,), "tokens_per_s.not_recorded") if "not_recorded" in speed
+            speed_note=get(speed, "not_recorded", (str,), "tokens_per_s.not_recorded")
+            if "not_recorded" in speed
             else None,
             peak_allocated_bytes=get(data, "peak_allocated_bytes", (int,), "peak_allocated_bytes"),
             peak_reserved_bytes=get(data, "peak_reserved_bytes", (int,), "peak_reserved_bytes"),
@@ -233,14 +252,15 @@ def _convergence(value: Any, where: str) -> Convergence | None:
 def _categories(value: Any, where: str, path: str) -> dict[str, int] | None:
     if value is None:
         return None
-    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
-                                              for k, v in value.items()):
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in value.items()
+    ):
         raise BaselineError(f"{where}: {path}: expected an object of category -> bytes, got {value!r}")
     return dict(value)
 
 
 def _work(data: Any, where: str) -> WorkLedger | None:
-    from .work import WorkLedger
+    from gptcore.work import WorkLedger
 
     if data is None:
         return None
@@ -296,8 +316,10 @@ def parse(data: Any, path: Path, expect_slug: str | None = None) -> BaselineFile
     if "schema_version" not in data:
         raise BaselineError(f"{where}: schema_version: missing")
     if data["schema_version"] != SCHEMA_VERSION:
-        raise BaselineError(f"{where}: schema_version: unknown {data['schema_version']!r} (this gptcore reads "
-                            f"{SCHEMA_VERSION}); re-record with --update-baselines or upgrade gptcore")
+        raise BaselineError(
+            f"{where}: schema_version: unknown {data['schema_version']!r} (this gptcore reads "
+            f"{SCHEMA_VERSION}); re-record with --update-baselines or upgrade gptcore"
+        )
     for key in ("device", "tolerances", "benchmarks"):
         if not isinstance(data.get(key), dict):
             raise BaselineError(f"{where}: {key}: {'missing' if key not in data else 'must be an object'}")
@@ -306,19 +328,34 @@ def parse(data: Any, path: Path, expect_slug: str | None = None) -> BaselineFile
         if not isinstance(device.get(key), str):
             raise BaselineError(f"{where}: device.{key}: {'missing' if key not in device else 'must be a string'}")
     if expect_slug is not None and device["slug"] != expect_slug:
-        raise BaselineError(f"{where}: device.slug: this file holds baselines of {device['name']!r} "
-                            f"({device['slug']}), this run is on {expect_slug!r}")
+        raise BaselineError(
+            f"{where}: device.slug: this file holds baselines of {device['name']!r} "
+            f"({device['slug']}), this run is on {expect_slug!r}"
+        )
     known = {f.name for f in dataclasses.fields(Tolerances)}
     unknown = set(data["tolerances"]) - known
     if unknown:
-        raise BaselineError(f"{where}: tolerances.{sorted(unknown)[0]}: unknown field; known: {', '.join(sorted(known))}")
+        raise BaselineError(
+            f"{where}: tolerances.{sorted(unknown)[0]}: unknown field; known: {', '.join(sorted(known))}"
+        )
     tol = dataclasses.replace(Tolerances.default_for(device["type"]), **data["tolerances"])
     tol.validate(where)
-    entries = {name: Entry.from_json(value, f"{where}: benchmarks[{name!r}]")
-               for name, value in data["benchmarks"].items()}
-    return BaselineFile(path=path, slug=device["slug"], device_name=device["name"], device_type=device["type"],
-                        tolerances=tol, entries=entries, torch=data.get("torch"), cuda=data.get("cuda"),
-                        driver=data.get("driver"), recorded_at=data.get("recorded_at"), commit=data.get("commit"))
+    entries = {
+        name: Entry.from_json(value, f"{where}: benchmarks[{name!r}]") for name, value in data["benchmarks"].items()
+    }
+    return BaselineFile(
+        path=path,
+        slug=device["slug"],
+        device_name=device["name"],
+        device_type=device["type"],
+        tolerances=tol,
+        entries=entries,
+        torch=data.get("torch"),
+        cuda=data.get("cuda"),
+        driver=data.get("driver"),
+        recorded_at=data.get("recorded_at"),
+        commit=data.get("commit"),
+    )
 
 
 def load(path: str | Path, expect_slug: str | None = None) -> BaselineFile | None:
@@ -357,16 +394,30 @@ def write_atomic(path: str | Path, data: dict) -> None:
         raise
 
 
-def update(path: str | Path, slug: str, entries: dict[str, Entry], *, device_name: str, device_type: str,
-           torch_version: str | None = None, cuda: str | None = None, driver: str | None = None,
-           commit: str | None = None) -> BaselineFile:
+def update(
+    path: str | Path,
+    slug: str,
+    entries: dict[str, Entry],
+    *,
+    device_name: str,
+    device_type: str,
+    torch_version: str | None = None,
+    cuda: str | None = None,
+    driver: str | None = None,
+    commit: str | None = None,
+) -> BaselineFile:
     """Merge ``entries`` (the cases that ran) into the file at ``path``, keeping every other entry and the file's
     tolerances (defaults for a new file), and rewrite it atomically."""
     current = load(path, expect_slug=slug)
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     if current is None:
-        current = BaselineFile(path=Path(path), slug=slug, device_name=device_name, device_type=device_type,
-                               tolerances=Tolerances.default_for(device_type))
+        current = BaselineFile(
+            path=Path(path),
+            slug=slug,
+            device_name=device_name,
+            device_type=device_type,
+            tolerances=Tolerances.default_for(device_type),
+        )
     for name, entry in entries.items():
         old = current.entries.get(name)
         kept: dict[str, float] = {}
@@ -377,8 +428,9 @@ def update(path: str | Path, slug: str, entries: dict[str, Entry], *, device_nam
                 kept = {m: v for m, v in old.loss_by_cpu.items() if m != entry.cpu_model}
                 if old.cpu_model and old.cpu_model != entry.cpu_model and old.loss is not None:
                     kept[old.cpu_model] = old.loss
-        current.entries[name] = dataclasses.replace(recorded_form(entry), recorded_at=now, commit=commit,
-                                                    loss_by_cpu=kept)
+        current.entries[name] = dataclasses.replace(
+            recorded_form(entry), recorded_at=now, commit=commit, loss_by_cpu=kept
+        )
     current.device_name, current.torch, current.cuda, current.driver = device_name, torch_version, cuda, driver
     current.recorded_at, current.commit = now, commit
     write_atomic(path, current.to_json())

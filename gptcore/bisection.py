@@ -14,13 +14,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .baselines import Tolerances
-from .compare import CompareError, DriverError, Options, compare_trees, run_driver, select_cases, write_driver
-from .presets import RECIPES
-from .identity import local_device
-from .revisions import commit_of, git, repo_root, subject, worktree
-from .significance import SLOWER
-from .verdicts import Check, loss_check, memory_check
+from gptcore.baselines import Tolerances
+from gptcore.compare import CompareError, DriverError, Options, compare_trees, run_driver, select_cases, write_driver
+from gptcore.identity import local_device
+from gptcore.presets import RECIPES
+from gptcore.revisions import commit_of, git, repo_root, subject, worktree
+from gptcore.significance import SLOWER
+from gptcore.verdicts import Check, loss_check, memory_check
 
 METRICS = ("tokens_per_s", "peak_memory", "loss")
 """What ``bisect`` can hunt: a drop in tokens/s, or a rise in peak memory or a change of the loss."""
@@ -46,8 +46,13 @@ def _bad_by_exact(metric: str, good: dict, now: dict, precision: str, tol: Toler
     """This commit's peak memory or loss against GOOD's, as the gate judges them."""
     if metric == "peak_memory":
         return memory_check(now.get("peak_memory"), good.get("peak_memory"), tol, report_change=True)
-    return loss_check(now.get("loss"), good.get("loss"), tol.loss_tolerance(precision, other_cpu=False),
-                      step=now.get("loss_step"), before_step=good.get("loss_step"))
+    return loss_check(
+        now.get("loss"),
+        good.get("loss"),
+        tol.loss_tolerance(precision, other_cpu=False),
+        step=now.get("loss_step"),
+        before_step=good.get("loss_step"),
+    )
 
 
 def judge_commit(tree: Path, spec: BisectSpec, workdir: Path) -> tuple[bool, dict]:
@@ -56,8 +61,15 @@ def judge_commit(tree: Path, spec: BisectSpec, workdir: Path) -> tuple[bool, dic
     tol = Tolerances.default_for(options.device)
     bad, figures = False, {}
     if spec.metric == "tokens_per_s":
-        results = compare_trees(Path(spec.good_tree), tree, [tuple(c) for c in spec.cases], rounds=spec.rounds,
-                                threshold=spec.threshold, options=options, workdir=workdir)
+        results = compare_trees(
+            Path(spec.good_tree),
+            tree,
+            [tuple(c) for c in spec.cases],
+            rounds=spec.rounds,
+            threshold=spec.threshold,
+            options=options,
+            workdir=workdir,
+        )
         for r in results:
             if r.error:
                 raise DriverError(r.error)
@@ -101,17 +113,28 @@ class BisectResult:
     steps: list[dict]
 
 
-def bisect(good: str, bad: str, expr: str, *, metric: str = "tokens_per_s", rounds: int = 10,
-           threshold: float = 0.05, options: Options | None = None, cwd: str | Path | None = None,
-           progress: Callable[[str], None] | None = None) -> BisectResult:
+def bisect(
+    good: str,
+    bad: str,
+    expr: str,
+    *,
+    metric: str = "tokens_per_s",
+    rounds: int = 10,
+    threshold: float = 0.05,
+    options: Options | None = None,
+    cwd: str | Path | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> BisectResult:
     """The first commit between ``good`` and ``bad`` that is worse than ``good`` on ``metric``, found by
     ``git bisect run`` in a temporary worktree (the user's checkout is not touched)."""
     if metric not in METRICS:
         raise CompareError(f"--metric: unknown {metric!r}; choose from {', '.join(METRICS)}")
     repo = repo_root(cwd)
     good_sha, bad_sha = commit_of(repo, good), commit_of(repo, bad)
-    if good_sha == bad_sha or subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", good_sha,
-                                              bad_sha]).returncode:
+    if (
+        good_sha == bad_sha
+        or subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", good_sha, bad_sha]).returncode
+    ):
         raise CompareError(f"GOOD {good!r} must be an ancestor of BAD {bad!r}")
     options = options or Options(device=local_device())
     cases = select_cases(expr, options.device)
@@ -125,12 +148,21 @@ def bisect(good: str, bad: str, expr: str, *, metric: str = "tokens_per_s", roun
                 say(f"measuring GOOD {good_sha[:10]}")
                 for model, recipe in cases:
                     try:
-                        good_figures[f"{model}-{recipe}"] = run_driver(good_tree, model, recipe, options, script,
-                                                                       memory=metric == "peak_memory")
+                        good_figures[f"{model}-{recipe}"] = run_driver(
+                            good_tree, model, recipe, options, script, memory=metric == "peak_memory"
+                        )
                     except DriverError as err:
                         raise CompareError(f"GOOD {good!r} cannot run {err}") from None
-            spec = BisectSpec(str(good_tree), [list(c) for c in cases], metric, rounds, threshold, asdict(options),
-                              good_figures, str(tmp_path / "steps.jsonl"))
+            spec = BisectSpec(
+                str(good_tree),
+                [list(c) for c in cases],
+                metric,
+                rounds,
+                threshold,
+                asdict(options),
+                good_figures,
+                str(tmp_path / "steps.jsonl"),
+            )
             spec_path = tmp_path / "spec.json"
             spec_path.write_text(json.dumps(asdict(spec)))
             say(f"checking that BAD {bad_sha[:10]} is worse than GOOD on {metric}")
@@ -142,17 +174,25 @@ def bisect(good: str, bad: str, expr: str, *, metric: str = "tokens_per_s", roun
                 raise CompareError(f"BAD {bad!r} is not worse than GOOD {good!r} on {metric}: nothing to bisect")
             driver = tmp_path / "gptcore_bisect_step.py"
             here = Path(__file__).resolve().parents[1]
-            driver.write_text(f"import sys\nsys.path.insert(0, {str(here)!r})\nfrom gptcore.bisection import "
-                              f"bisect_step\nsys.exit(bisect_step({str(spec_path)!r}))\n")
+            driver.write_text(
+                f"import sys\nsys.path.insert(0, {str(here)!r})\nfrom gptcore.bisection import "
+                f"bisect_step\nsys.exit(bisect_step({str(spec_path)!r}))\n"
+            )
             git(bad_tree, "bisect", "start", bad_sha, good_sha)
             say("git bisect run ...")
-            run = subprocess.run(["git", "-C", str(bad_tree), "bisect", "run", sys.executable, str(driver)],
-                                 capture_output=True, text=True,
-                                 env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+            run = subprocess.run(
+                ["git", "-C", str(bad_tree), "bisect", "run", sys.executable, str(driver)],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+            )
             found = re.search(r"^([0-9a-f]{40}) is the first bad commit", run.stdout, re.M)
             subprocess.run(["git", "-C", str(bad_tree), "bisect", "reset"], capture_output=True)
-            steps = [json.loads(line) for line in Path(spec.log).read_text().splitlines()] \
-                if Path(spec.log).exists() else []
+            steps = (
+                [json.loads(line) for line in Path(spec.log).read_text().splitlines()]
+                if Path(spec.log).exists()
+                else []
+            )
     if not found:
         last = ([line for line in (run.stdout + run.stderr).splitlines() if line.strip()] or ["no output"])[-1]
         return BisectResult(good_sha, bad_sha, None, f"git bisect found no single commit: {last}", {}, steps)

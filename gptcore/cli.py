@@ -17,9 +17,9 @@ import typing
 import warnings
 from collections.abc import Sequence
 
-from .config import GPTConfig, Recipe, Schedule
-from .presets import MODEL_NOTES, MODELS, RECIPE_NOTES, RECIPES, get_model, get_recipe
-from .units import format_bytes
+from gptcore.config import GPTConfig, Recipe, Schedule
+from gptcore.presets import MODEL_NOTES, MODELS, RECIPE_NOTES, RECIPES, get_model, get_recipe
+from gptcore.units import format_bytes
 
 
 class UsageError(Exception):
@@ -46,11 +46,17 @@ def _add_case_arguments(parser: argparse.ArgumentParser) -> None:
     """--model, --recipe and --set: the one definition of what names a case."""
     parser.add_argument("--model", required=True, help="model preset (see `list`)")
     parser.add_argument("--recipe", default="fp32", help="recipe (see `list`); default fp32")
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="assignments",
-                        help="change one Recipe field on top of the recipe, e.g. --set checkpoint=true "
-                             "--set grad_accum_steps=4; a nested field by its dotted name, e.g. "
-                             "--set parallel.fsdp2.reshard_after_forward=false (repeatable; "
-                             "None/true/false/numbers/names)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        dest="assignments",
+        help="change one Recipe field on top of the recipe, e.g. --set checkpoint=true "
+        "--set grad_accum_steps=4; a nested field by its dotted name, e.g. "
+        "--set parallel.fsdp2.reshard_after_forward=false (repeatable; "
+        "None/true/false/numbers/names)",
+    )
 
 
 def _interpreter(value: str) -> str:
@@ -64,10 +70,11 @@ def _interpreter(value: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from . import bisection  # no torch: the choices of bisect --metric
+    from gptcore import bisection  # no torch: the choices of bisect --metric
 
-    parser = _Parser(prog="python -m gptcore", description="gptcore: train, estimate and report GPT training "
-                     "recipes (see README.md)")
+    parser = _Parser(
+        prog="python -m gptcore", description="gptcore: train, estimate and report GPT training recipes (see README.md)"
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sub.add_parser("list", help="every model and recipe, one line each")
 
@@ -76,68 +83,135 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--steps", type=_positive, default=100, help="optimizer steps (default 100)")
     train.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if present, else cpu")
     train.add_argument("--batch", type=_positive, default=None, help="override the model's batch size")
-    train.add_argument("--log-every", type=_positive, default=10,
-                       help="read the loss every N steps (a host-device sync each; default 10)")
-    train.add_argument("--eval-every", type=_positive, default=None, metavar="N",
-                       help="read the validation loss every N steps, at step 0 and at the end (eval mode, fixed "
-                            "batches); the summary gives the final one")
-    train.add_argument("--eval-batches", type=_positive, default=20, metavar="K",
-                       help="validation batches per evaluation (the model's batch size each; default 20)")
+    train.add_argument(
+        "--log-every",
+        type=_positive,
+        default=10,
+        help="read the loss every N steps (a host-device sync each; default 10)",
+    )
+    train.add_argument(
+        "--eval-every",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="read the validation loss every N steps, at step 0 and at the end (eval mode, fixed "
+        "batches); the summary gives the final one",
+    )
+    train.add_argument(
+        "--eval-batches",
+        type=_positive,
+        default=20,
+        metavar="K",
+        help="validation batches per evaluation (the model's batch size each; default 20)",
+    )
 
     estimate = sub.add_parser("estimate", help="memory breakdown of a training step: analytic, optionally simulated")
     _add_case_arguments(estimate)
-    estimate.add_argument("--batch", type=_positive, default=None,
-                          help="sequences per optimizer step (default: the preset's)")
-    estimate.add_argument("--seq", type=_positive, default=None,
-                          help="context length (default: the preset's block_size)")
+    estimate.add_argument(
+        "--batch", type=_positive, default=None, help="sequences per optimizer step (default: the preset's)"
+    )
+    estimate.add_argument(
+        "--seq", type=_positive, default=None, help="context length (default: the preset's block_size)"
+    )
     estimate.add_argument("--checkpoint", action="store_true", help="add activation checkpointing to the recipe")
     estimate.add_argument("--simulate", action="store_true", help="also simulate two iterations on fake tensors")
-    estimate.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                          help="device to estimate for (default cuda)")
+    estimate.add_argument(
+        "--device", choices=("cuda", "cpu"), default="cuda", help="device to estimate for (default cuda)"
+    )
 
     report = sub.add_parser("report", help="tables (and --plot charts) from a pytest --benchmark-json file")
     report.add_argument("run", metavar="RUN.json", help="a file written by pytest bench --benchmark-json=RUN.json")
-    report.add_argument("--plot", metavar="DIR", default=None,
-                        help="also write PNG charts into DIR (needs matplotlib: pip install 'gptcore-bench[plot]')")
-    report.add_argument("--html", metavar="OUT.html", default=None,
-                        help="also write one self-contained HTML page: each case vs its baseline, the memory "
-                             "breakdown, the ladder, the history (needs matplotlib)")
-    report.add_argument("--baselines", metavar="DIR", default="baselines",
-                        help="baseline files for --html (default baselines)")
-    report.add_argument("--history", metavar="DIR", default=None,
-                        help="pytest-benchmark saved runs for --html, e.g. .benchmarks/cpu")
+    report.add_argument(
+        "--plot",
+        metavar="DIR",
+        default=None,
+        help="also write PNG charts into DIR (needs matplotlib: pip install 'gptcore-bench[plot]')",
+    )
+    report.add_argument(
+        "--html",
+        metavar="OUT.html",
+        default=None,
+        help="also write one self-contained HTML page: each case vs its baseline, the memory "
+        "breakdown, the ladder, the history (needs matplotlib)",
+    )
+    report.add_argument(
+        "--baselines", metavar="DIR", default="baselines", help="baseline files for --html (default baselines)"
+    )
+    report.add_argument(
+        "--history", metavar="DIR", default=None, help="pytest-benchmark saved runs for --html, e.g. .benchmarks/cpu"
+    )
 
-    compare = sub.add_parser("compare", help="is HEAD slower than BASE on this machine (or B's Python environment "
-                             "than A's)? interleaved fresh-process rounds of both, per case")
-    compare.add_argument("base", metavar="BASE", nargs="?", default=None,
-                         help="git revision A (resolved in the repository of the cwd); leave it out with "
-                              "--python-a/--python-b to run the working tree under both interpreters")
-    compare.add_argument("head", metavar="HEAD", nargs="?", default=None,
-                         help="git revision B (default: the working tree as it is, uncommitted changes included)")
+    compare = sub.add_parser(
+        "compare",
+        help="is HEAD slower than BASE on this machine (or B's Python environment "
+        "than A's)? interleaved fresh-process rounds of both, per case",
+    )
+    compare.add_argument(
+        "base",
+        metavar="BASE",
+        nargs="?",
+        default=None,
+        help="git revision A (resolved in the repository of the cwd); leave it out with "
+        "--python-a/--python-b to run the working tree under both interpreters",
+    )
+    compare.add_argument(
+        "head",
+        metavar="HEAD",
+        nargs="?",
+        default=None,
+        help="git revision B (default: the working tree as it is, uncommitted changes included)",
+    )
     _add_hunt_arguments(compare)
     compare.add_argument("--json", metavar="FILE", default=None, help="write every figure to FILE")
-    compare.add_argument("--python-a", metavar="PATH", default=None, type=_interpreter,
-                         help="the interpreter that runs A, e.g. venv-old/bin/python (default: this one)")
-    compare.add_argument("--python-b", metavar="PATH", default=None, type=_interpreter,
-                         help="the interpreter that runs B, e.g. venv-new/bin/python with another torch")
+    compare.add_argument(
+        "--python-a",
+        metavar="PATH",
+        default=None,
+        type=_interpreter,
+        help="the interpreter that runs A, e.g. venv-old/bin/python (default: this one)",
+    )
+    compare.add_argument(
+        "--python-b",
+        metavar="PATH",
+        default=None,
+        type=_interpreter,
+        help="the interpreter that runs B, e.g. venv-new/bin/python with another torch",
+    )
 
     bisect = sub.add_parser("bisect", help="git bisect run for the first commit worse than GOOD on one metric")
     bisect.add_argument("good", metavar="GOOD", help="a revision with the good figure")
     bisect.add_argument("bad", metavar="BAD", help="a later revision with the bad figure")
     _add_hunt_arguments(bisect)
-    bisect.add_argument("--metric", choices=bisection.METRICS, default="tokens_per_s",
-                        help="tokens_per_s: compare's verdict slower is bad; peak_memory, loss: beyond the gate's "
-                             "tolerance of GOOD's figure is bad (exact, deterministic)")
+    bisect.add_argument(
+        "--metric",
+        choices=bisection.METRICS,
+        default="tokens_per_s",
+        help="tokens_per_s: compare's verdict slower is bad; peak_memory, loss: beyond the gate's "
+        "tolerance of GOOD's figure is bad (exact, deterministic)",
+    )
 
-    history = sub.add_parser("history", help="change points over commits in pytest-benchmark's saved runs: the "
-                             "creeping regression no single run fails, named by its commit range")
-    history.add_argument("-k", dest="expr", default=None, metavar="TEXT",
-                         help="only the cases whose name holds TEXT, e.g. cpu-small-ckpt-fp32")
-    history.add_argument("--storage", metavar="DIR", default=None,
-                         help="pytest-benchmark's storage (default: .benchmarks/<this device>)")
+    history = sub.add_parser(
+        "history",
+        help="change points over commits in pytest-benchmark's saved runs: the "
+        "creeping regression no single run fails, named by its commit range",
+    )
+    history.add_argument(
+        "-k",
+        dest="expr",
+        default=None,
+        metavar="TEXT",
+        help="only the cases whose name holds TEXT, e.g. cpu-small-ckpt-fp32",
+    )
+    history.add_argument(
+        "--storage", metavar="DIR", default=None, help="pytest-benchmark's storage (default: .benchmarks/<this device>)"
+    )
     history.add_argument("--json", metavar="FILE", default=None, help="write every finding to FILE")
-    history.add_argument("--markdown", metavar="FILE", default=None,
-                         help="write the 'change points in history' section of the verdict to FILE")
+    history.add_argument(
+        "--markdown",
+        metavar="FILE",
+        default=None,
+        help="write the 'change points in history' section of the verdict to FILE",
+    )
     return parser
 
 
@@ -154,12 +228,20 @@ def _fraction(text: str) -> float:
 
 def _add_hunt_arguments(parser: argparse.ArgumentParser) -> None:
     """-k, --rounds, --threshold, --warmup and --steps: what compare and bisect share."""
-    parser.add_argument("-k", dest="expr", required=True, metavar="EXPR",
-                        help="cases by id, as pytest -k: cpu-small-ckpt, 'cpu-small and not bf16'")
+    parser.add_argument(
+        "-k",
+        dest="expr",
+        required=True,
+        metavar="EXPR",
+        help="cases by id, as pytest -k: cpu-small-ckpt, 'cpu-small and not bf16'",
+    )
     parser.add_argument("--rounds", type=_positive, default=10, help="fresh-process rounds per revision (default 10)")
-    parser.add_argument("--threshold", type=_fraction, default=0.05,
-                        help="smallest tokens/s change called slower/faster (default 0.05; it must also be "
-                             "significant)")
+    parser.add_argument(
+        "--threshold",
+        type=_fraction,
+        default=0.05,
+        help="smallest tokens/s change called slower/faster (default 0.05; it must also be significant)",
+    )
     parser.add_argument("--warmup", type=_positive, default=3, help="warm-up steps per round (default 3)")
     parser.add_argument("--steps", type=_positive, default=10, help="timed steps per round (default 10)")
 
@@ -212,8 +294,10 @@ def _convert(field: str, text: str, hint: object) -> object:
                 pass
         elif typing.get_origin(option) is typing.Literal or option is str:
             return text  # the Recipe checks the name
-    kinds = " or ".join("true/false" if o is bool or o is group else "None" if o is type(None)
-                        else getattr(o, "__name__", "a name") for o in options)
+    kinds = " or ".join(
+        "true/false" if o is bool or o is group else "None" if o is type(None) else getattr(o, "__name__", "a name")
+        for o in options
+    )
     raise UsageError(f"--set {field}={text}: expected {kinds}")
 
 
@@ -222,9 +306,13 @@ def _replaced(config: object, cls: type, changes: dict[str, object]) -> object:
     config a dict of its own changes."""
     base = config if config is not None else cls()
     hints = typing.get_type_hints(cls)
-    return dataclasses.replace(base, **{
-        name: _replaced(getattr(base, name), _group(hints[name]), change) if isinstance(change, dict) else change
-        for name, change in changes.items()})
+    return dataclasses.replace(
+        base,
+        **{
+            name: _replaced(getattr(base, name), _group(hints[name]), change) if isinstance(change, dict) else change
+            for name, change in changes.items()
+        },
+    )
 
 
 def _not_a_field(field: str) -> UsageError:
@@ -282,9 +370,9 @@ def cmd_list(_: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from .convergence import train_and_evaluate
-    from .measure import out_of_memory_in, process_peak_memory
-    from .train import Trainer, resolve_device
+    from gptcore.convergence import train_and_evaluate
+    from gptcore.measure import out_of_memory_in, process_peak_memory
+    from gptcore.train import Trainer, resolve_device
 
     cfg, recipe, label = _case(args)
     if args.batch is not None:
@@ -306,8 +394,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     def on_eval(step: int, val: float, train: float | None) -> None:
         nonlocal first
         first = train if first is None else first
-        bar.write(f"step {step:>6,}: val loss {val:.4f}" + (f" | train loss {train:.4f} (mean since the last "
-                                                              f"evaluation)" if train is not None else ""))
+        bar.write(
+            f"step {step:>6,}: val loss {val:.4f}"
+            + (f" | train loss {train:.4f} (mean since the last evaluation)" if train is not None else "")
+        )
         if train is not None:
             on_log(step, train)
 
@@ -316,16 +406,19 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.eval_every:  # training is timed apart from the evaluations
             schedule = Schedule(steps=args.steps, eval_every=args.eval_every, eval_batches=args.eval_batches)
             run = train_and_evaluate(trainer, schedule, on_eval)
-            losses, val, seconds = [l for l in run.train_loss if l is not None], run.final_val_loss, run.seconds[-1]
+            losses, val, seconds = [x for x in run.train_loss if x is not None], run.final_val_loss, run.seconds[-1]
         else:
             losses = trainer.run(args.steps, log_every=args.log_every, on_log=on_log)
-    except Exception as err:  # noqa: BLE001 - only an OOM (also one raised while compiling) is handled
+    except Exception as err:  # only an OOM (also one raised while compiling) is handled
         if out_of_memory_in(err) is None:
             raise
         bar.close()
         peak, kind = process_peak_memory(device)
-        print(f"gptcore: error: out of memory on {device} after step {trainer.step_count} (peak {kind} "
-              f"{format_bytes(peak)})", file=sys.stderr)
+        print(
+            f"gptcore: error: out of memory on {device} after step {trainer.step_count} (peak {kind} "
+            f"{format_bytes(peak)})",
+            file=sys.stderr,
+        )
         return 1
     bar.close()
     if val is None:
@@ -341,17 +434,21 @@ def cmd_train(args: argparse.Namespace) -> int:
     if val is None:
         what = f"loss {first:.4f} at step 1 -> {losses[-1]:.4f} at step {args.steps}"
     else:
-        what = (f"train loss {first:.4f} over the first {args.eval_every} steps -> {losses[-1]:.4f} over the last, "
-                f"validation loss {val:.4f} at step {args.steps} (evaluations not timed)")
-    print(f"{label} on {device}: {args.steps} steps in {seconds:.1f} s ({timing}), {what}, peak {kind} "
-          f"{format_bytes(peak)}")
+        what = (
+            f"train loss {first:.4f} over the first {args.eval_every} steps -> {losses[-1]:.4f} over the last, "
+            f"validation loss {val:.4f} at step {args.steps} (evaluations not timed)"
+        )
+    print(
+        f"{label} on {device}: {args.steps} steps in {seconds:.1f} s ({timing}), {what}, peak {kind} "
+        f"{format_bytes(peak)}"
+    )
     return 0
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
     """Print the breakdown, the phase of the peak and the states per parameter."""
-    from .memory import estimate, resolve, simulate
-    from .units import common_unit, in_unit
+    from gptcore.memory import estimate, resolve, simulate
+    from gptcore.units import common_unit, in_unit
 
     cfg, recipe, label = _case(args)
     if args.checkpoint:
@@ -370,10 +467,12 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     copies_text = f" (+ {copies / n:.1f} in autocast's weight copies)" if copies else ""
     saved = est.at_forward_end
     unit = common_unit([saved.get("activations", 0), saved.get("logits and loss", 0)])
-    print(f"states: {est.bytes_per_param:.1f} bytes/parameter = parameters {states['parameters'] / n:.0f} + "
-          f"gradients {states['gradients'] / n:.0f} + optimizer state {states['optimizer state'] / n:.0f}"
-          f"{copies_text}; saved by the forward: activations {in_unit(saved.get('activations', 0), unit):,.2f} "
-          f"{unit}, logits and loss {in_unit(saved.get('logits and loss', 0), unit):,.2f} {unit}")
+    print(
+        f"states: {est.bytes_per_param:.1f} bytes/parameter = parameters {states['parameters'] / n:.0f} + "
+        f"gradients {states['gradients'] / n:.0f} + optimizer state {states['optimizer state'] / n:.0f}"
+        f"{copies_text}; saved by the forward: activations {in_unit(saved.get('activations', 0), unit):,.2f} "
+        f"{unit}, logits and loss {in_unit(saved.get('logits and loss', 0), unit):,.2f} {unit}"
+    )
     for note in est.notes:
         print(f"note: {note}")
     if sim:
@@ -382,40 +481,41 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .report import load_run, plot, render
+    from gptcore.report import load_run, plot, render
 
     for flag, value in (("--plot", args.plot), ("--html", args.html)):
         if value is not None:
             try:
                 import matplotlib  # noqa: F401
             except ImportError:
-                raise UsageError(f"{flag} needs matplotlib, which is not installed: pip install "
-                                 "'gptcore-bench[plot]'") from None
+                raise UsageError(
+                    f"{flag} needs matplotlib, which is not installed: pip install 'gptcore-bench[plot]'"
+                ) from None
     records = load_run(args.run)
     print(render(records))
     if args.plot is not None:
         for path in plot(records, args.plot):
             print(f"wrote {path}")
     if args.html is not None:
-        from .report_html import write_html
+        from gptcore.report_html import write_html
 
         print(f"wrote {write_html(args.run, args.html, baselines_dir=args.baselines, history=args.history)}")
     return 0
 
 
-def _options(args: argparse.Namespace):  # noqa: ANN202 (gptcore.compare.Options, imported here)
-    from .compare import Options, local_device
+def _options(args: argparse.Namespace):  # (gptcore.compare.Options, imported here)
+    from gptcore.compare import Options, local_device
 
     return Options(warmup=args.warmup, steps=args.steps, device=local_device())
 
 
-def _interval(speed) -> str:  # noqa: ANN001 (gptcore.compare.Speed)
+def _interval(speed) -> str:  # (gptcore.compare.Speed)
     if speed.low is None:
         return "95% CI n/a: too few rounds"
     return f"95% CI {speed.low:.3f}-{speed.high:.3f}"
 
 
-def _exact_text(check) -> str:  # noqa: ANN001 (gptcore.verdicts.Check: B measured against A)
+def _exact_text(check) -> str:  # (gptcore.verdicts.Check: B measured against A)
     a, b = check.baseline, check.measured
     if a is None or b is None:
         return f"{check.metric} n/a"
@@ -429,47 +529,73 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """Interleaved rounds of BASE and HEAD per case; exit 1 when a case is slower or its memory/loss fails."""
     import json
 
-    from .compare import compare, to_json
-    from .rules import BUSY_SHARE
+    from gptcore.compare import compare, to_json
+    from gptcore.rules import BUSY_SHARE
 
-    def progress(result, done: int, total: int) -> None:  # noqa: ANN001 (gptcore.compare.CaseResult)
+    def progress(result, done: int, total: int) -> None:  # (gptcore.compare.CaseResult)
         a, b = result.tokens("a"), result.tokens("b")
         ratio = sorted(b)[len(b) // 2] / sorted(a)[len(a) // 2]
-        print(f"{result.case}: round {done}/{total}: A {a[-1]:,.0f} B {b[-1]:,.0f} tok/s, running B/A {ratio:.3f}",
-              file=sys.stderr, flush=True)
+        print(
+            f"{result.case}: round {done}/{total}: A {a[-1]:,.0f} B {b[-1]:,.0f} tok/s, running B/A {ratio:.3f}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     start = time.perf_counter()
     try:
-        a, b, results = compare(args.base, args.head, args.expr, rounds=args.rounds, threshold=args.threshold,
-                                options=_options(args), progress=progress, python_a=args.python_a,
-                                python_b=args.python_b)
+        a, b, results = compare(
+            args.base,
+            args.head,
+            args.expr,
+            rounds=args.rounds,
+            threshold=args.threshold,
+            options=_options(args),
+            progress=progress,
+            python_a=args.python_a,
+            python_b=args.python_b,
+        )
     except KeyboardInterrupt:
         print("gptcore: interrupted (temporary worktrees removed)", file=sys.stderr)
         return 130
     seconds = time.perf_counter() - start
-    def side(rev) -> str:  # noqa: ANN001 (gptcore.compare.Revision)
+
+    def side(rev) -> str:  # (gptcore.compare.Revision)
         where = f"{rev.label}" + (f" ({rev.sha[:10]})" if rev.sha else "")
         return where + (f", torch {rev.torch} ({rev.python})" if args.python_a or args.python_b else "")
 
-    print(f"A = {side(a)}, B = {side(b)}; {args.rounds} rounds of {args.steps} steps after {args.warmup} warm-up, "
-          f"{seconds:.0f} s")
+    print(
+        f"A = {side(a)}, B = {side(b)}; {args.rounds} rounds of {args.steps} steps after {args.warmup} warm-up, "
+        f"{seconds:.0f} s"
+    )
     for r in results:
         if r.error:
             print(f"{r.case}: error: {r.error}")
             continue
         s = r.speed
-        work = ("work n/a" if r.work is None else "work =" if not r.work else "work: " + ", ".join(r.work))
-        print(f"{r.case}: A {s.median_a:,.0f} tok/s, B {s.median_b:,.0f} tok/s, B/A {s.ratio:.3f} ({_interval(s)}, "
-              f"p {s.p:.2g}) {s.verdict}; {_exact_text(r.memory)}; {_exact_text(r.loss)}; {work}")
+        work = "work n/a" if r.work is None else "work =" if not r.work else "work: " + ", ".join(r.work)
+        print(
+            f"{r.case}: A {s.median_a:,.0f} tok/s, B {s.median_b:,.0f} tok/s, B/A {s.ratio:.3f} ({_interval(s)}, "
+            f"p {s.p:.2g}) {s.verdict}; {_exact_text(r.memory)}; {_exact_text(r.loss)}; {work}"
+        )
         shares = [[x["cpu_share"] for x in rounds if x.get("cpu_share")] for rounds in (r.rounds_a, r.rounds_b)]
         if all(shares):
             share_a, share_b = (statistics.median_high(x) for x in shares)
             if min(share_a, share_b) < BUSY_SHARE:
-                print(f"  note: busy machine: median CPU share A {share_a:.2f}, B {share_b:.2f} (below "
-                      f"~{BUSY_SHARE} other processes took the cores; tokens/s says little)")
+                print(
+                    f"  note: busy machine: median CPU share A {share_a:.2f}, B {share_b:.2f} (below "
+                    f"~{BUSY_SHARE} other processes took the cores; tokens/s says little)"
+                )
     if args.json:
-        data = to_json(a, b, results, rounds=args.rounds, threshold=args.threshold, warmup=args.warmup,
-                       steps=args.steps, seconds=seconds)
+        data = to_json(
+            a,
+            b,
+            results,
+            rounds=args.rounds,
+            threshold=args.threshold,
+            warmup=args.warmup,
+            steps=args.steps,
+            seconds=seconds,
+        )
         with open(args.json, "w") as f:
             json.dump(data, f, indent=1)
     return 1 if any(r.failed for r in results) else 0
@@ -477,12 +603,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_bisect(args: argparse.Namespace) -> int:
     """The first commit between GOOD and BAD that is worse than GOOD on --metric."""
-    from .bisection import bisect
+    from gptcore.bisection import bisect
 
     try:
-        result = bisect(args.good, args.bad, args.expr, metric=args.metric, rounds=args.rounds,
-                        threshold=args.threshold, options=_options(args),
-                        progress=lambda line: print(f"gptcore bisect: {line}", file=sys.stderr, flush=True))
+        result = bisect(
+            args.good,
+            args.bad,
+            args.expr,
+            metric=args.metric,
+            rounds=args.rounds,
+            threshold=args.threshold,
+            options=_options(args),
+            progress=lambda line: print(f"gptcore bisect: {line}", file=sys.stderr, flush=True),
+        )
     except KeyboardInterrupt:
         print("gptcore: interrupted (temporary worktrees removed)", file=sys.stderr)
         return 130
@@ -492,10 +625,12 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     print(f"first bad commit: {result.first_bad} {result.subject}")
     for case, figures in result.figures.items():
         if args.metric == "tokens_per_s":
-            print(f"  {case}: {figures['median_b']:,.0f} tok/s vs GOOD's {figures['median_a']:,.0f} "
-                  f"(B/A {figures['ratio']:.3f}, {figures['verdict']})")
+            print(
+                f"  {case}: {figures['median_b']:,.0f} tok/s vs GOOD's {figures['median_a']:,.0f} "
+                f"(B/A {figures['ratio']:.3f}, {figures['verdict']})"
+            )
         else:
-            from .verdicts import Check
+            from gptcore.verdicts import Check
 
             print(f"  {case}: {_exact_text(Check(**figures))} (GOOD -> first bad)")
     return 0
@@ -507,10 +642,10 @@ def cmd_history(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from . import history
+    from gptcore import history
 
     if args.storage is None:
-        from .identity import session_slug
+        from gptcore.identity import session_slug
 
         args.storage = f".benchmarks/{session_slug()}"
     found = history.analyse(args.storage, args.expr)
@@ -524,14 +659,18 @@ def cmd_history(args: argparse.Namespace) -> int:
         else:
             why = "every series has too few points (see above)"
         raise UsageError(f"{args.storage}: nothing to analyse: {why}")
-    print(f"{found.runs} saved run(s) of {len(found.commits)} commit(s), {found.analysed} series, "
-          f"{len(found.findings)} change point(s) or creep(s) in {args.storage}")
+    print(
+        f"{found.runs} saved run(s) of {len(found.commits)} commit(s), {found.analysed} series, "
+        f"{len(found.findings)} change point(s) or creep(s) in {args.storage}"
+    )
     for finding in found.findings:
         print(finding.line())
         if finding.command():
             print(f"  hunt it: {finding.command()}")
-    for flag, path, text in (("--json", args.json, lambda: json.dumps(found.to_json(), indent=1) + "\n"),
-                             ("--markdown", args.markdown, lambda: history.markdown(found))):
+    for flag, path, text in (
+        ("--json", args.json, lambda: json.dumps(found.to_json(), indent=1) + "\n"),
+        ("--markdown", args.markdown, lambda: history.markdown(found)),
+    ):
         if path:
             try:
                 Path(path).write_text(text())
@@ -540,11 +679,18 @@ def cmd_history(args: argparse.Namespace) -> int:
     return 1 if any(f.status in ("regression", "creeping") for f in found.findings) else 0
 
 
-COMMANDS = {"list": cmd_list, "train": cmd_train, "estimate": cmd_estimate, "report": cmd_report,
-            "compare": cmd_compare, "bisect": cmd_bisect, "history": cmd_history}
+COMMANDS = {
+    "list": cmd_list,
+    "train": cmd_train,
+    "estimate": cmd_estimate,
+    "report": cmd_report,
+    "compare": cmd_compare,
+    "bisect": cmd_bisect,
+    "history": cmd_history,
+}
 
 
-def _one_line_warning(message, category, filename, lineno, line=None) -> str:  # noqa: ANN001 (warnings' API)
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:  # (warnings' API)
     return f"gptcore: warning: {message}\n"
 
 

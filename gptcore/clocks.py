@@ -56,10 +56,13 @@ class Clocks:
 
     def sample(self) -> Sample:
         n, h = self.nvml, self.handle
-        return Sample(sm_mhz=int(n.nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM)),
-                      mem_mhz=int(n.nvmlDeviceGetClockInfo(h, NVML_CLOCK_MEM)),
-                      temperature_c=int(n.nvmlDeviceGetTemperature(h, NVML_TEMPERATURE_GPU)),
-                      power_w=n.nvmlDeviceGetPowerUsage(h) / 1000.0, reasons=int(self._reasons(h)))
+        return Sample(
+            sm_mhz=int(n.nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM)),
+            mem_mhz=int(n.nvmlDeviceGetClockInfo(h, NVML_CLOCK_MEM)),
+            temperature_c=int(n.nvmlDeviceGetTemperature(h, NVML_TEMPERATURE_GPU)),
+            power_w=n.nvmlDeviceGetPowerUsage(h) / 1000.0,
+            reasons=int(self._reasons(h)),
+        )
 
     def flag(self, s: Sample) -> str | None:
         """Why a round sampled at ``s`` ran below the GPU's clocks, or None."""
@@ -93,11 +96,11 @@ def open_clocks(device: Any, nvml: Any = None) -> Clocks | None:
         uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
         try:  # by UUID: right under CUDA_VISIBLE_DEVICES, whose indices are not NVML's
             handle = nvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}") if uuid else None
-        except Exception:  # noqa: BLE001 - an NVML error of its own type: fall back to the index
+        except Exception:  # an NVML error of its own type: fall back to the index
             handle = None
         handle = handle or nvml.nvmlDeviceGetHandleByIndex(index)
         return Clocks(nvml, handle)
-    except Exception:  # noqa: BLE001 - NVML's own error types (no driver, no permission): no clocks, no change
+    except Exception:  # NVML's own error types (no driver, no permission): no clocks, no change
         return None
 
 
@@ -105,7 +108,12 @@ def summary(samples: list[Sample], flagged: list[int], default_sm_mhz: int) -> d
     """The clocks of the rounds that count (the unflagged ones; all when every round was flagged), for the
     baseline entry."""
     kept = [s for i, s in enumerate(samples) if i not in flagged] or samples
-    return {"sm_mhz": statistics.median(s.sm_mhz for s in kept), "mem_mhz": statistics.median(s.mem_mhz for s in kept),
-            "default_sm_mhz": default_sm_mhz, "temperature_c_max": max(s.temperature_c for s in samples),
-            "power_w_median": round(statistics.median(s.power_w for s in kept), 1),
-            "flagged_rounds": len(flagged), "rounds": len(samples)}
+    return {
+        "sm_mhz": statistics.median(s.sm_mhz for s in kept),
+        "mem_mhz": statistics.median(s.mem_mhz for s in kept),
+        "default_sm_mhz": default_sm_mhz,
+        "temperature_c_max": max(s.temperature_c for s in samples),
+        "power_w_median": round(statistics.median(s.power_w for s in kept), 1),
+        "flagged_rounds": len(flagged),
+        "rounds": len(samples),
+    }

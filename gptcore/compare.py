@@ -29,13 +29,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .baselines import Tolerances
-from .compare_driver import MARK
-from .presets import RECIPES, STUDIES
-from .identity import local_device
-from .revisions import commit_of, repo_root, snapshot, worktree
-from .significance import SLOWER, Speed, speed_verdict
-from .verdicts import Check, loss_check, memory_check, moved_ops
+from gptcore.baselines import Tolerances
+from gptcore.compare_driver import MARK
+from gptcore.identity import local_device
+from gptcore.presets import RECIPES, STUDIES
+from gptcore.revisions import commit_of, repo_root, snapshot, worktree
+from gptcore.significance import SLOWER, Speed, speed_verdict
+from gptcore.verdicts import Check, loss_check, memory_check, moved_ops
 
 
 class CompareError(ValueError):
@@ -71,8 +71,9 @@ def select_cases(expr: str, device_type: str) -> list[tuple[str, str]]:
     """The cases whose id ``{model}-{recipe}`` matches ``expr``; CompareError when none does."""
     chosen = [case for case in all_cases(device_type) if keyword_match(expr, f"{case[0]}-{case[1]}")]
     if not chosen:
-        raise CompareError(f"-k {expr!r}: no {device_type.upper()} case matches (ids are like "
-                           f"{'-'.join(all_cases(device_type)[0])})")
+        raise CompareError(
+            f"-k {expr!r}: no {device_type.upper()} case matches (ids are like {'-'.join(all_cases(device_type)[0])})"
+        )
     return chosen
 
 
@@ -98,23 +99,37 @@ class Options:
     timeout: float = 900.0
 
 
-def run_driver(tree: Path, model: str, recipe: str, options: Options, script: Path, memory: bool,
-               python: str = sys.executable) -> dict:
+def run_driver(
+    tree: Path, model: str, recipe: str, options: Options, script: Path, memory: bool, python: str = sys.executable
+) -> dict:
     """One fresh process of the interpreter ``python`` measuring ``model``/``recipe`` with the code of the
     checkout ``tree``."""
-    spec = dict(root=str(tree), model=model, recipe=recipe, warmup=options.warmup, steps=options.steps,
-                device=options.device, memory=memory)
+    spec = dict(
+        root=str(tree),
+        model=model,
+        recipe=recipe,
+        warmup=options.warmup,
+        steps=options.steps,
+        device=options.device,
+        memory=memory,
+    )
     env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
     try:
-        out = subprocess.run([python, str(script), json.dumps(spec)], cwd=tree, env=env, capture_output=True,
-                             text=True, timeout=options.timeout)
+        out = subprocess.run(
+            [python, str(script), json.dumps(spec)],
+            cwd=tree,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=options.timeout,
+        )
     except subprocess.TimeoutExpired:
         raise DriverError(f"{model}-{recipe}: no answer in {options.timeout:.0f} s") from None
     lines = [line for line in out.stdout.splitlines() if line.startswith(MARK)]
     if out.returncode or not lines:
         last = (out.stderr.strip().splitlines() or [f"exit code {out.returncode}"])[-1]
         raise DriverError(f"{model}-{recipe}: {last}")
-    return json.loads(lines[-1][len(MARK):])
+    return json.loads(lines[-1][len(MARK) :])
 
 
 def write_driver(directory: Path) -> Path:
@@ -148,8 +163,12 @@ class CaseResult:
 
     @property
     def failed(self) -> bool:
-        return bool(self.error or (self.speed and self.speed.verdict == SLOWER)
-                    or (self.memory and self.memory.failed) or (self.loss and self.loss.failed))
+        return bool(
+            self.error
+            or (self.speed and self.speed.verdict == SLOWER)
+            or (self.memory and self.memory.failed)
+            or (self.loss and self.loss.failed)
+        )
 
     def tokens(self, which: str) -> list[float]:
         return [r["tokens_per_s"] for r in (self.rounds_a if which == "a" else self.rounds_b)]
@@ -172,12 +191,16 @@ def decide(result: CaseResult, threshold: float, tol: Tolerances) -> CaseResult:
         result.error = result.error or f"tokens/s not finite in {' and '.join(broken)}'s rounds (the timing broke)"
     elif a and b:
         result.speed = speed_verdict(a, b, threshold)
-    result.memory = memory_check(_first(result.rounds_b, "peak_memory"), _first(result.rounds_a, "peak_memory"), tol,
-                                 report_change=True)
-    result.loss = loss_check(_first(result.rounds_b, "loss"), _first(result.rounds_a, "loss"),
-                             tol.loss_tolerance(result.precision, other_cpu=False),
-                             step=_first(result.rounds_b, "loss_step"),
-                             before_step=_first(result.rounds_a, "loss_step"))
+    result.memory = memory_check(
+        _first(result.rounds_b, "peak_memory"), _first(result.rounds_a, "peak_memory"), tol, report_change=True
+    )
+    result.loss = loss_check(
+        _first(result.rounds_b, "loss"),
+        _first(result.rounds_a, "loss"),
+        tol.loss_tolerance(result.precision, other_cpu=False),
+        step=_first(result.rounds_b, "loss_step"),
+        before_step=_first(result.rounds_a, "loss_step"),
+    )
     result.work = ledger_changes(_first(result.rounds_a, "work"), _first(result.rounds_b, "work"))
     return result
 
@@ -192,10 +215,14 @@ def ledger_changes(a: dict | None, b: dict | None, prefix: str = "") -> list[str
     'operators not recorded' where a revision's ledger has none); None when either ledger is missing."""
     if a is None or b is None:
         return None
-    changes = _count_changes({k: v for k, v in a.items() if k not in BY_OP},
-                             {k: v for k, v in b.items() if k not in BY_OP}, prefix)
-    for total, key, what in (("op_calls", "ops", "op calls"), ("allocations", "allocations_by_op", "allocations"),
-                             ("flops", "flops_by_op", "flops")):
+    changes = _count_changes(
+        {k: v for k, v in a.items() if k not in BY_OP}, {k: v for k, v in b.items() if k not in BY_OP}, prefix
+    )
+    for total, key, what in (
+        ("op_calls", "ops", "op calls"),
+        ("allocations", "allocations_by_op", "allocations"),
+        ("flops", "flops_by_op", "flops"),
+    ):
         if a.get(total) != b.get(total):
             by_op = [_summed(x.get(key)) for x in (a, b)]
             named = moved_ops(by_op[1], by_op[0])
@@ -223,17 +250,28 @@ def _count_changes(a: dict, b: dict, prefix: str = "") -> list[str]:
             changes += _count_changes(x or {}, y or {}, f"{prefix}{key}.")
         elif x != y:
             delta = f" ({y - x:+,})" if isinstance(x, int) and isinstance(y, int) else ""
-            changes.append(f"{prefix}{key} {x if x is None else format(x, ',')} -> "
-                           f"{y if y is None else format(y, ',')}{delta}")
+            changes.append(
+                f"{prefix}{key} {x if x is None else format(x, ',')} -> {y if y is None else format(y, ',')}{delta}"
+            )
     return changes
 
 
 Progress = Callable[[CaseResult, int, int], None]
 
 
-def compare_trees(tree_a: Path, tree_b: Path, cases: Sequence[tuple[str, str]], *, rounds: int, threshold: float,
-                  options: Options, workdir: Path, progress: Progress | None = None,
-                  python_a: str = sys.executable, python_b: str = sys.executable) -> list[CaseResult]:
+def compare_trees(
+    tree_a: Path,
+    tree_b: Path,
+    cases: Sequence[tuple[str, str]],
+    *,
+    rounds: int,
+    threshold: float,
+    options: Options,
+    workdir: Path,
+    progress: Progress | None = None,
+    python_a: str = sys.executable,
+    python_b: str = sys.executable,
+) -> list[CaseResult]:
     """Each case: ``rounds`` rounds of A then B, each in a fresh process of its interpreter; the verdicts."""
     script = write_driver(workdir)
     tol = Tolerances.default_for(options.device)
@@ -292,8 +330,9 @@ def interpreter(python: str | None) -> tuple[str, str]:
     if not path:
         raise CompareError(f"python {python!r}: no such interpreter")
     try:
-        out = subprocess.run([path, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True,
-                             timeout=300)
+        out = subprocess.run(
+            [path, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True, timeout=300
+        )
     except (OSError, subprocess.TimeoutExpired) as err:
         raise CompareError(f"python {path}: cannot run it: {err}") from None
     if out.returncode:
@@ -302,9 +341,19 @@ def interpreter(python: str | None) -> tuple[str, str]:
     return path, out.stdout.strip()
 
 
-def compare(base: str | None, head: str | None, expr: str, *, rounds: int = 10, threshold: float = 0.05,
-            options: Options | None = None, cwd: str | Path | None = None, progress: Progress | None = None,
-            python_a: str | None = None, python_b: str | None = None) -> tuple[Revision, Revision, list[CaseResult]]:
+def compare(
+    base: str | None,
+    head: str | None,
+    expr: str,
+    *,
+    rounds: int = 10,
+    threshold: float = 0.05,
+    options: Options | None = None,
+    cwd: str | Path | None = None,
+    progress: Progress | None = None,
+    python_a: str | None = None,
+    python_b: str | None = None,
+) -> tuple[Revision, Revision, list[CaseResult]]:
     """Compare revision ``head`` (None: the working tree) with ``base`` on the cases ``expr`` selects, A under
     ``python_a`` and B under ``python_b`` (default: this interpreter). ``base`` None: both sides are the working
     tree, told apart by their interpreters (an upgrade of torch, CUDA or a driver)."""
@@ -313,20 +362,38 @@ def compare(base: str | None, head: str | None, expr: str, *, rounds: int = 10, 
     if base is None and not (python_a or python_b):
         raise CompareError("give BASE (a revision), or --python-a/--python-b to compare two interpreters")
     repo = repo_root(cwd)
-    a, b = revisions(repo, base, head) if base is not None else (Revision("working tree", None),
-                                                                 Revision("working tree", None))
+    a, b = (
+        revisions(repo, base, head)
+        if base is not None
+        else (Revision("working tree", None), Revision("working tree", None))
+    )
     (a.python, a.torch), (b.python, b.torch) = interpreter(python_a), interpreter(python_b)
     options = options or Options(device=local_device())
     cases = select_cases(expr, options.device)
     with tempfile.TemporaryDirectory(prefix="gptcore-compare-") as tmp:
         with checkout(repo, a, Path(tmp)) as tree_a:
             same = base is None  # one snapshot serves both interpreters: the same code on each side
-            with (contextlib.nullcontext(tree_a) if same else checkout(repo, b, Path(tmp))) as tree_b:
-                results = compare_trees(tree_a, tree_b, cases, rounds=rounds, threshold=threshold, options=options,
-                                        workdir=Path(tmp), progress=progress, python_a=a.python, python_b=b.python)
+            with contextlib.nullcontext(tree_a) if same else checkout(repo, b, Path(tmp)) as tree_b:
+                results = compare_trees(
+                    tree_a,
+                    tree_b,
+                    cases,
+                    rounds=rounds,
+                    threshold=threshold,
+                    options=options,
+                    workdir=Path(tmp),
+                    progress=progress,
+                    python_a=a.python,
+                    python_b=b.python,
+                )
     return a, b, results
 
 
 def to_json(a: Revision, b: Revision, results: Sequence[CaseResult], **settings: object) -> dict:
-    return {"a": asdict(a), "b": asdict(b), "settings": settings, "cases": [r.to_json() for r in results],
-            "failed": any(r.failed for r in results)}
+    return {
+        "a": asdict(a),
+        "b": asdict(b),
+        "settings": settings,
+        "cases": [r.to_json() for r in results],
+        "failed": any(r.failed for r in results),
+    }

@@ -43,10 +43,19 @@ def main(spec: dict) -> dict:
     with StepTimer(device) as timer:
         for _ in range(spec["steps"]):
             loss = trainer.step()
-    out = {"gptcore": str(where.parent), "seconds": timer.seconds,
-           "tokens_per_s": spec["steps"] * trainer.tokens_per_step / timer.seconds, "loss": float(loss.item()),
-           "loss_step": spec["warmup"] + spec["steps"], "cpu_share": timer.cpu_share, "peak_memory": None,
-           "threads": torch.get_num_threads(), "torch": torch.__version__, "python": sys.executable, "work": None}
+    out = {
+        "gptcore": str(where.parent),
+        "seconds": timer.seconds,
+        "tokens_per_s": spec["steps"] * trainer.tokens_per_step / timer.seconds,
+        "loss": float(loss.item()),
+        "loss_step": spec["warmup"] + spec["steps"],
+        "cpu_share": timer.cpu_share,
+        "peak_memory": None,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": sys.executable,
+        "work": None,
+    }
     if device.type == "cuda":
         out["peak_memory"] = torch.cuda.max_memory_allocated(device)  # before the ledger's step allocates
     if spec["memory"]:  # the first round: the work ledger of one more step, where this revision has one
@@ -56,8 +65,20 @@ def main(spec: dict) -> dict:
             count_step = None
         if count_step is not None:
             ledger = count_step(trainer).to_json()
-            out["work"] = {k: ledger[k] for k in ("flops", "op_calls", "syncs", "allocations", "allocated_bytes",
-                                                  "ops", "allocations_by_op", "flops_by_op") if k in ledger}
+            out["work"] = {
+                k: ledger[k]
+                for k in (
+                    "flops",
+                    "op_calls",
+                    "syncs",
+                    "allocations",
+                    "allocated_bytes",
+                    "ops",
+                    "allocations_by_op",
+                    "flops_by_op",
+                )
+                if k in ledger
+            }
     if device.type != "cuda" and spec["memory"] and not recipe.compile:
         trainer = loss = None
         gc.collect()

@@ -67,13 +67,15 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         _check_counts(self, "n_layer", "n_head", "n_embd", "block_size", "vocab_size", "batch_size")
-        _check(self.n_embd % self.n_head == 0, "n_embd",
-               f"{self.n_embd} is not divisible by n_head={self.n_head}")
+        _check(self.n_embd % self.n_head == 0, "n_embd", f"{self.n_embd} is not divisible by n_head={self.n_head}")
         _check(0.0 <= self.dropout < 1.0, "dropout", f"must be in [0, 1), got {self.dropout}")
         _check(self.dataset in DATASETS, "dataset", f"unknown {self.dataset!r}; choose from {', '.join(DATASETS)}")
         if self.dataset == "shakespeare":
-            _check(self.vocab_size == CHAR_VOCAB, "vocab_size",
-                   f"the shakespeare corpus has {CHAR_VOCAB} characters, got {self.vocab_size}")
+            _check(
+                self.vocab_size == CHAR_VOCAB,
+                "vocab_size",
+                f"the shakespeare corpus has {CHAR_VOCAB} characters, got {self.vocab_size}",
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,8 +88,11 @@ class DDPOptions:
     """All-reduce bucket size in MiB (DDP's default)."""
 
     def __post_init__(self) -> None:
-        _check(self.gradient_as_bucket_view in (True, False), "parallel.ddp.gradient_as_bucket_view",
-               "must be true or false")
+        _check(
+            self.gradient_as_bucket_view in (True, False),
+            "parallel.ddp.gradient_as_bucket_view",
+            "must be true or false",
+        )
         _check(self.bucket_cap_mb > 0, "parallel.ddp.bucket_cap_mb", f"must be > 0, got {self.bucket_cap_mb}")
 
 
@@ -101,11 +106,15 @@ class FSDP2Options:
     """MixedPrecisionPolicy's compute dtype (fp32 reductions and master shards); None: fp32. Needs precision fp32."""
 
     def __post_init__(self) -> None:
-        _check(self.reshard_after_forward in (True, False), "parallel.fsdp2.reshard_after_forward",
-               "must be true or false")
+        _check(
+            self.reshard_after_forward in (True, False), "parallel.fsdp2.reshard_after_forward", "must be true or false"
+        )
         dtypes = get_args(FSDPParamDtype)
-        _check(self.param_dtype is None or self.param_dtype in dtypes, "parallel.fsdp2.param_dtype",
-               f"unknown {self.param_dtype!r}; choose None or {_choose(dtypes)}")
+        _check(
+            self.param_dtype is None or self.param_dtype in dtypes,
+            "parallel.fsdp2.param_dtype",
+            f"unknown {self.param_dtype!r}; choose None or {_choose(dtypes)}",
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,10 +127,16 @@ class Parallel:
     """FSDP2: fully_shard per block, then the root; parameters, gradients, optimizer state 1/N. None: not FSDP2."""
 
     def __post_init__(self) -> None:
-        _check(self.ddp is None or isinstance(self.ddp, DDPOptions), "parallel.ddp",
-               f"must be DDPOptions or None, got {self.ddp!r}")
-        _check(self.fsdp2 is None or isinstance(self.fsdp2, FSDP2Options), "parallel.fsdp2",
-               f"must be FSDP2Options or None, got {self.fsdp2!r}")
+        _check(
+            self.ddp is None or isinstance(self.ddp, DDPOptions),
+            "parallel.ddp",
+            f"must be DDPOptions or None, got {self.ddp!r}",
+        )
+        _check(
+            self.fsdp2 is None or isinstance(self.fsdp2, FSDP2Options),
+            "parallel.fsdp2",
+            f"must be FSDP2Options or None, got {self.fsdp2!r}",
+        )
         _check(self.ddp is None or self.fsdp2 is None, "parallel", "DDP and FSDP2 at once; choose one")
 
     @property
@@ -192,8 +207,14 @@ class Recipe:
     """Data parallelism under torchrun: DDP or FSDP2 with its options; the default is none (one process)."""
 
     def __post_init__(self) -> None:
-        for name, names in (("precision", Precision), ("attention", Attention), ("optimizer", Optimizer),
-                            ("adamw_impl", AdamWImpl), ("schedule", LRSchedule), ("compile_scope", CompileScope)):
+        for name, names in (
+            ("precision", Precision),
+            ("attention", Attention),
+            ("optimizer", Optimizer),
+            ("adamw_impl", AdamWImpl),
+            ("schedule", LRSchedule),
+            ("compile_scope", CompileScope),
+        ):
             value = getattr(self, name)
             _check(value in get_args(names), name, f"unknown {value!r}; choose {_choose(get_args(names))}")
         _check_counts(self, "batch_divisor", "grad_accum_steps", "vocab_multiple", "decay_steps")
@@ -205,40 +226,69 @@ class Recipe:
             _check(self.compile, "memory_budget", "an activation memory budget needs compile=True")
             _check(0.0 <= self.memory_budget <= 1.0, "memory_budget", f"must be in [0, 1], got {self.memory_budget}")
         if self.optim_in_backward:
-            _check(self.grad_clip is None, "grad_clip", "global-norm clipping needs every gradient at once; "
-                   "optim_in_backward steps and frees each parameter's as soon as it is ready. Set grad_clip=None")
-            _check(self.grad_accum_steps == 1, "grad_accum_steps",
-                   "optim_in_backward would step on every micro-batch; gradient accumulation needs the step after")
-            _check(self.precision != "fp16", "precision",
-                   "fp16 needs GradScaler's global inf check before any step; optim_in_backward steps early")
+            _check(
+                self.grad_clip is None,
+                "grad_clip",
+                "global-norm clipping needs every gradient at once; "
+                "optim_in_backward steps and frees each parameter's as soon as it is ready. Set grad_clip=None",
+            )
+            _check(
+                self.grad_accum_steps == 1,
+                "grad_accum_steps",
+                "optim_in_backward would step on every micro-batch; gradient accumulation needs the step after",
+            )
+            _check(
+                self.precision != "fp16",
+                "precision",
+                "fp16 needs GradScaler's global inf check before any step; optim_in_backward steps early",
+            )
         self._check_parallel()
         if self.attention == "flash":
-            _check(self.precision in ("fp16", "bf16", "bf16-pure"), "attention", "FlashAttention needs fp16/bf16 "
-                   "inputs; use precision fp16, bf16 or bf16-pure")
+            _check(
+                self.precision in ("fp16", "bf16", "bf16-pure"),
+                "attention",
+                "FlashAttention needs fp16/bf16 inputs; use precision fp16, bf16 or bf16-pure",
+            )
 
     def _check_parallel(self) -> None:
         """What data parallelism cannot be combined with (the options themselves are checked by Parallel)."""
         _check(isinstance(self.parallel, Parallel), "parallel", f"must be a Parallel, got {self.parallel!r}")
         if self.parallel.mode != "none":
-            _check(not self.optim_in_backward, "optim_in_backward",
-                   "steps each parameter in its post-accumulate-grad hook, before DDP's all-reduce or FSDP2's "
-                   "reduce-scatter has averaged the gradient over ranks: each rank would step on its own gradient")
-            _check(not self.compile, "compile", "torch.compile with DDP/FSDP2 is not proven equivalent here "
-                   "(untested with gloo collectives on CPU); run the parallel recipe eager")
+            _check(
+                not self.optim_in_backward,
+                "optim_in_backward",
+                "steps each parameter in its post-accumulate-grad hook, before DDP's all-reduce or FSDP2's "
+                "reduce-scatter has averaged the gradient over ranks: each rank would step on its own gradient",
+            )
+            _check(
+                not self.compile,
+                "compile",
+                "torch.compile with DDP/FSDP2 is not proven equivalent here "
+                "(untested with gloo collectives on CPU); run the parallel recipe eager",
+            )
         fsdp2 = self.parallel.fsdp2
         if fsdp2 is not None:
-            _check(self.precision != "fp16", "precision", "fp16 needs a GradScaler that understands sharded "
-                   "gradients; use bf16 or parallel.fsdp2.param_dtype=bf16")
+            _check(
+                self.precision != "fp16",
+                "precision",
+                "fp16 needs a GradScaler that understands sharded "
+                "gradients; use bf16 or parallel.fsdp2.param_dtype=bf16",
+            )
             if fsdp2.param_dtype is not None:
-                _check(self.precision == "fp32", "precision",
-                       "parallel.fsdp2.param_dtype already sets the compute dtype; use precision fp32 with it")
+                _check(
+                    self.precision == "fp32",
+                    "precision",
+                    "parallel.fsdp2.param_dtype already sets the compute dtype; use precision fp32 with it",
+                )
 
     def micro_batch(self, model: GPTConfig, world_size: int = 1) -> int:
         """Sequences per forward/backward on one rank: the batch / batch_divisor / world_size / grad_accum_steps."""
         batch = self.batch_size(model)
         if world_size > 1 and batch % (world_size * self.grad_accum_steps):
-            raise ValueError(f"parallel: the batch of {batch} does not split into {world_size} ranks x "
-                             f"{self.grad_accum_steps} micro-batches; change the batch or the number of processes")
+            raise ValueError(
+                f"parallel: the batch of {batch} does not split into {world_size} ranks x "
+                f"{self.grad_accum_steps} micro-batches; change the batch or the number of processes"
+            )
         if batch % self.grad_accum_steps:
             raise ValueError(f"grad_accum_steps: {self.grad_accum_steps} does not divide the batch of {batch}")
         return batch // self.grad_accum_steps // world_size

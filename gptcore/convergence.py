@@ -15,12 +15,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .config import GPTConfig, Recipe, Schedule
+from gptcore.config import GPTConfig, Recipe, Schedule
 
 if TYPE_CHECKING:  # loaded inside the functions: the result type is read by baselines, which must not load torch
     import torch
 
-    from .train import Trainer
+    from gptcore.train import Trainer
 
 
 @dataclass
@@ -67,11 +67,17 @@ class Convergence:
     @classmethod
     def from_json(cls, data: Any, where: str) -> Convergence:
         """A recorded run; ValueError naming ``where`` and the field when the data is not one."""
+
         def numbers(key: str, types: tuple, nullable_first: bool = False) -> list:
             value = data.get(key) if isinstance(data, dict) else None
-            ok = isinstance(value, list) and value and all(
-                (v is None and nullable_first and i == 0) or (isinstance(v, types) and not isinstance(v, bool))
-                for i, v in enumerate(value))
+            ok = (
+                isinstance(value, list)
+                and value
+                and all(
+                    (v is None and nullable_first and i == 0) or (isinstance(v, types) and not isinstance(v, bool))
+                    for i, v in enumerate(value)
+                )
+            )
             if not ok:
                 raise ValueError(f"{where}: convergence.{key}: expected a non-empty list of numbers, got {value!r}")
             return list(value)
@@ -79,8 +85,11 @@ class Convergence:
         if not isinstance(data, dict):
             raise ValueError(f"{where}: convergence: must be an object")
         steps = numbers("steps", (int,))
-        curves = [numbers("val_loss", (int, float)), numbers("train_loss", (int, float), nullable_first=True),
-                  numbers("seconds", (int, float))]
+        curves = [
+            numbers("val_loss", (int, float)),
+            numbers("train_loss", (int, float), nullable_first=True),
+            numbers("seconds", (int, float)),
+        ]
         if any(len(c) != len(steps) for c in curves):
             raise ValueError(f"{where}: convergence: steps, val_loss, train_loss and seconds differ in length")
         per_step, target = data.get("tokens_per_step"), data.get("target_loss")
@@ -111,19 +120,26 @@ def torch_threads(n: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def train_and_evaluate(trainer: Trainer, schedule: Schedule,
-                       on_eval: Callable[[int, float, float | None], None] | None = None) -> Convergence:
+def train_and_evaluate(
+    trainer: Trainer, schedule: Schedule, on_eval: Callable[[int, float, float | None], None] | None = None
+) -> Convergence:
     """Run ``trainer`` for ``schedule.steps`` optimizer steps, evaluating on ``schedule.eval_batches`` fixed batches
     at every evaluation point; ``on_eval(step, val_loss, train_loss)`` is called at each. No host-device sync
     between evaluations: the step losses stay on the device until the interval ends."""
     import torch
 
-    from .measure import StepTimer
+    from gptcore.measure import StepTimer
 
     if trainer.step_count != 0:
         raise ValueError(f"train_and_evaluate needs a fresh Trainer, this one has taken {trainer.step_count} steps")
-    out = Convergence(steps=[0], val_loss=[trainer.evaluate(n_batches=schedule.eval_batches)], train_loss=[None],
-                      seconds=[0.0], tokens_per_step=trainer.tokens_per_step, target_loss=schedule.target_loss)
+    out = Convergence(
+        steps=[0],
+        val_loss=[trainer.evaluate(n_batches=schedule.eval_batches)],
+        train_loss=[None],
+        seconds=[0.0],
+        tokens_per_step=trainer.tokens_per_step,
+        target_loss=schedule.target_loss,
+    )
     if on_eval:
         on_eval(0, out.val_loss[0], None)
     elapsed, timer = 0.0, StepTimer(trainer.device)
@@ -142,12 +158,18 @@ def train_and_evaluate(trainer: Trainer, schedule: Schedule,
     return out
 
 
-def converge(cfg: GPTConfig, recipe: Recipe, schedule: Schedule, device: torch.device | str = "cpu", *,
-             threads: int | None = None,
-             on_eval: Callable[[int, float, float | None], None] | None = None) -> Convergence:
+def converge(
+    cfg: GPTConfig,
+    recipe: Recipe,
+    schedule: Schedule,
+    device: torch.device | str = "cpu",
+    *,
+    threads: int | None = None,
+    on_eval: Callable[[int, float, float | None], None] | None = None,
+) -> Convergence:
     """One case of the convergence tier: a fresh Trainer with the schedule's decay, trained and evaluated on
     ``threads`` intra-op threads (CPU: one per case, so that the run is bit-identical whatever else runs)."""
-    from .train import Trainer
+    from gptcore.train import Trainer
 
     with torch_threads(threads):
         trainer = Trainer(cfg, schedule_recipe(recipe, schedule), device)

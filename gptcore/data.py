@@ -15,6 +15,7 @@ Three corpora, picked by name with :func:`load_corpus`:
 :class:`TokenBatches` makes batch ``i`` a function of ``(seed, i, split)`` only, so a
 DataLoader gives the same batches in the same order for any number of workers.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -28,7 +29,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .config import DATASETS as CORPORA
+from gptcore.config import DATASETS as CORPORA
 
 MARKOV_TRAIN_TOKENS, MARKOV_VAL_TOKENS = 300_000, 30_000
 _SPLITS = ("train", "val")
@@ -63,11 +64,11 @@ class CharTokenizer:
 
 @dataclass(frozen=True, eq=False)  # eq=False: identity equality, since fields hold tensors
 class Corpus:
-    name: str                        # one of CORPORA
+    name: str  # one of CORPORA
     vocab_size: int
-    train: torch.Tensor | None       # 1-D int64 token ids; None for "random" (drawn on the fly)
+    train: torch.Tensor | None  # 1-D int64 token ids; None for "random" (drawn on the fly)
     val: torch.Tensor | None
-    entropy_rate: float | None       # nats/token of the source when known exactly
+    entropy_rate: float | None  # nats/token of the source when known exactly
     tokenizer: CharTokenizer | None  # shakespeare only
 
 
@@ -128,8 +129,7 @@ def _markov(vocab_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, flo
     return train, val, entropy_rate(P)
 
 
-def load_corpus(name: str, *, vocab_size: int | None = None, seed: int = 0,
-                val_fraction: float = 0.1) -> Corpus:
+def load_corpus(name: str, *, vocab_size: int | None = None, seed: int = 0, val_fraction: float = 0.1) -> Corpus:
     """Load a corpus by name (see module docstring). val_fraction applies to shakespeare only."""
     if name == "shakespeare":
         tok, data = _shakespeare()
@@ -164,17 +164,21 @@ class TokenBatches(Dataset):
     Batch i depends only on (seed, i), never on which worker draws it, so a DataLoader yields the same batches
     in the same order for any num_workers."""
 
-    def __init__(self, corpus: Corpus, split: str, batch_size: int, block_size: int, seed: int,
-                 length: int = 10**9) -> None:
+    def __init__(
+        self, corpus: Corpus, split: str, batch_size: int, block_size: int, seed: int, length: int = 10**9
+    ) -> None:
         if split not in _SPLITS:
             raise ValueError(f"split must be 'train' or 'val', got {split!r}")
         if batch_size < 1 or block_size < 1 or length < 1:
-            raise ValueError(f"batch_size, block_size and length must be >= 1, "
-                             f"got {batch_size}, {block_size}, {length}")
+            raise ValueError(
+                f"batch_size, block_size and length must be >= 1, got {batch_size}, {block_size}, {length}"
+            )
         self.data = corpus.train if split == "train" else corpus.val
         if self.data is not None and len(self.data) < block_size + 1:
-            raise ValueError(f"block_size={block_size} is too large for the {corpus.name} {split} split "
-                             f"({len(self.data)} tokens; need at least block_size + 1)")
+            raise ValueError(
+                f"block_size={block_size} is too large for the {corpus.name} {split} split "
+                f"({len(self.data)} tokens; need at least block_size + 1)"
+            )
         self.corpus, self.split = corpus, split
         self.batch_size, self.block_size, self.seed, self.length = batch_size, block_size, seed, length
 
@@ -199,5 +203,12 @@ class TokenBatches(Dataset):
 
 def make_loader(batches: TokenBatches, *, num_workers: int = 0, pin_memory: bool = False) -> DataLoader:
     """DataLoader over pre-batched items, in index order (batch_size=None, no shuffling)."""
-    return DataLoader(batches, batch_size=None, shuffle=False, num_workers=num_workers, pin_memory=pin_memory,
-                      persistent_workers=num_workers > 0, prefetch_factor=4 if num_workers > 0 else None)
+    return DataLoader(
+        batches,
+        batch_size=None,
+        shuffle=False,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        persistent_workers=num_workers > 0,
+        prefetch_factor=4 if num_workers > 0 else None,
+    )

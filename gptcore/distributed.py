@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .config import Recipe
+from gptcore.config import Recipe
 
 #: How long a collective waits for the other ranks before it raises: a peer that is gone ends the job, never
 #: hangs it (torchrun also stops the other workers as soon as one exits non-zero).
@@ -55,15 +55,20 @@ def init(device: torch.device) -> tuple[Rank, torch.device]:
     """Join torchrun's process group (once per process: gloo on CPU, nccl on CUDA, a finite timeout) and return
     the rank and the device it trains on (cuda:LOCAL_RANK on a GPU). ValueError when not launched by torchrun."""
     if not launched():
-        raise ValueError("parallel: a DDP/FSDP2 recipe runs under torchrun, e.g. torchrun --nproc-per-node=2 "
-                         "-m gptcore train --model cpu-small --recipe ddp")
+        raise ValueError(
+            "parallel: a DDP/FSDP2 recipe runs under torchrun, e.g. torchrun --nproc-per-node=2 "
+            "-m gptcore train --model cpu-small --recipe ddp"
+        )
     rank = this_rank()
     if device.type == "cuda":
         device = torch.device("cuda", rank.local_rank)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=TIMEOUT,
-                                device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            timeout=TIMEOUT,
+            device_id=device if device.type == "cuda" else None,
+        )
         atexit.register(shutdown)
     return rank, device
 
@@ -82,16 +87,21 @@ def wrap(model: nn.Module, recipe: Recipe, device: torch.device) -> nn.Module:
     if ddp is not None:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        return DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                   bucket_cap_mb=ddp.bucket_cap_mb, gradient_as_bucket_view=ddp.gradient_as_bucket_view)
+        return DDP(
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            bucket_cap_mb=ddp.bucket_cap_mb,
+            gradient_as_bucket_view=ddp.gradient_as_bucket_view,
+        )
     if fsdp2 is not None:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
         low = fsdp2.param_dtype == "bf16"
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if low else None,
-                                      reduce_dtype=torch.float32 if low else None)
+        policy = MixedPrecisionPolicy(
+            param_dtype=torch.bfloat16 if low else None, reduce_dtype=torch.float32 if low else None
+        )
         for block in model.transformer.h:
             fully_shard(block, mesh=mesh, reshard_after_forward=fsdp2.reshard_after_forward, mp_policy=policy)
         fully_shard(model, mesh=mesh, reshard_after_forward=fsdp2.reshard_after_forward, mp_policy=policy)

@@ -29,8 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from .presets import LADDER, RECIPES
-from .units import format_bytes, unit_for
+from gptcore.presets import LADDER, RECIPES
+from gptcore.units import format_bytes, unit_for
 
 MEMORY_SLACK = 0.02
 SPEED_FLOOR = 0.02
@@ -58,8 +58,10 @@ def _lower_memory(recipe: str, reference: str, why: str) -> Expectation:
 
 def _ladder() -> list[Expectation]:
     """Each rung of the ladder is not slower than the one before (on a GPU)."""
-    return [Expectation(now, before, "tokens/s", "not lower", "the ladder adds one optimization per rung",
-                        GPU_ONLY) for before, now in zip(LADDER, LADDER[1:])]
+    return [
+        Expectation(now, before, "tokens/s", "not lower", "the ladder adds one optimization per rung", GPU_ONLY)
+        for before, now in zip(LADDER, LADDER[1:])
+    ]
 
 
 EXPECTATIONS: tuple[Expectation, ...] = (
@@ -76,25 +78,46 @@ EXPECTATIONS: tuple[Expectation, ...] = (
     _lower_memory("fp16", "fp32", "fp16 activations"),
     Expectation("bf16", "fp32", "tokens/s", "higher", "bf16 tensor cores", GPU_ONLY),
     Expectation("fp16", "fp32", "tokens/s", "higher", "fp16 tensor cores", GPU_ONLY),
-    Expectation("optim-in-bwd", "fp32", "peak memory", "not higher",
-                "each gradient is freed as soon as its parameter steps; without checkpointing the peak is in "
-                "backward, before most gradients exist, so it saves little or nothing"),
-    _lower_memory("optim-in-bwd-checkpoint", "checkpoint",
-                  "with checkpointing the peak moves to the optimizer step, where no full set of gradients is "
-                  "ever live"),
+    Expectation(
+        "optim-in-bwd",
+        "fp32",
+        "peak memory",
+        "not higher",
+        "each gradient is freed as soon as its parameter steps; without checkpointing the peak is in "
+        "backward, before most gradients exist, so it saves little or nothing",
+    ),
+    _lower_memory(
+        "optim-in-bwd-checkpoint",
+        "checkpoint",
+        "with checkpointing the peak moves to the optimizer step, where no full set of gradients is ever live",
+    ),
     _lower_memory("bf16-pure-optim-in-bwd-checkpoint", "optim-in-bwd-checkpoint", "bf16 weights and state"),
     _lower_memory("bf16-pure-budget-0.60", "budget-0.60", "bf16 weights and state"),
-    Expectation("budget-0.05", "budget-0.60", "peak memory", "not higher",
-                "a lower activation memory budget never raises the peak"),
-    Expectation("budget-0.60", "compile", "peak memory", "not higher",
-                "a memory budget never raises the peak above the compiler's default"),
-    Expectation("optim-in-bwd-budget-0.05", "budget-0.05", "peak memory", "not higher",
-                "the optimizer in backward never adds memory"),
+    Expectation(
+        "budget-0.05",
+        "budget-0.60",
+        "peak memory",
+        "not higher",
+        "a lower activation memory budget never raises the peak",
+    ),
+    Expectation(
+        "budget-0.60",
+        "compile",
+        "peak memory",
+        "not higher",
+        "a memory budget never raises the peak above the compiler's default",
+    ),
+    Expectation(
+        "optim-in-bwd-budget-0.05",
+        "budget-0.05",
+        "peak memory",
+        "not higher",
+        "the optimizer in backward never adds memory",
+    ),
     Expectation("compile", "fp32", "tokens/s", "not lower", "fused kernels", GPU_ONLY),
     _lower_memory("fsdp2", "ddp", "parameters, gradients and optimizer state sharded 1/N"),
     _lower_memory("fsdp2", "fsdp2-no-reshard", "each block's gathered parameters freed after its forward"),
-    Expectation("fsdp2-no-reshard", "fsdp2", "tokens/s", "not lower", "no second all-gather in backward",
-                GPU_ONLY),
+    Expectation("fsdp2-no-reshard", "fsdp2", "tokens/s", "not lower", "no second all-gather in backward", GPU_ONLY),
     Expectation("ddp-bucket-view", "ddp", "peak memory", "not higher", "gradients are views of the buckets"),
     _lower_memory("fsdp2-bf16", "fsdp2", "bf16 gathered parameters and activations"),
     *_ladder(),
@@ -154,22 +177,30 @@ def _ratio(a: float, b: float) -> str:
 def _judge_memory(e: Expectation, model: str, now: Figures, ref: Figures) -> EffectResult:
     if now.peak is None or ref.peak is None:
         missing = e.recipe if now.peak is None else e.reference
-        return EffectResult(e, model, "not measured", "—", "—",
-                       f"{e.recipe}: peak memory of {missing} not measured on this device")
+        return EffectResult(
+            e, model, "not measured", "—", "—", f"{e.recipe}: peak memory of {missing} not measured on this device"
+        )
     unit = unit_for(now.peak, ref.peak)
-    predicted = (now.estimate / ref.estimate if isinstance(now.estimate, int) and isinstance(ref.estimate, int)
-                 and ref.estimate else None)
+    predicted = (
+        now.estimate / ref.estimate
+        if isinstance(now.estimate, int) and isinstance(ref.estimate, int) and ref.estimate
+        else None
+    )
     now_text, ref_text = format_bytes(now.peak, unit), format_bytes(ref.peak, unit)
     if e.direction == "lower":
         bound = ref.peak * min(predicted + MEMORY_SLACK, 1.0) if predicted is not None else None
-        expected = (f"at most {format_bytes(bound, unit)}: estimate {predicted:.3f}x + {MEMORY_SLACK:.0%}"
-                    if bound is not None else f"below {ref_text}")
+        expected = (
+            f"at most {format_bytes(bound, unit)}: estimate {predicted:.3f}x + {MEMORY_SLACK:.0%}"
+            if bound is not None
+            else f"below {ref_text}"
+        )
         failed = now.peak >= ref.peak or (bound is not None and now.peak > bound)
         verb = "is not below" if now.peak >= ref.peak else "saves less than the estimate against"
     else:  # not higher
         bound = ref.peak * (1 + MEMORY_SLACK)
         expected = f"at most {format_bytes(bound, unit)}: +{MEMORY_SLACK:.0%}" + (
-            f", estimate {predicted:.3f}x" if predicted is not None else "")
+            f", estimate {predicted:.3f}x" if predicted is not None else ""
+        )
         failed = now.peak > bound
         verb = "is above"
     measured = f"{now_text} vs {ref_text} ({_ratio(now.peak, ref.peak)})"
@@ -190,8 +221,10 @@ def _judge_speed(e: Expectation, model: str, now: Figures, ref: Figures) -> Effe
         noise = max((now.tokens_per_s_iqr or 0) + (ref.tokens_per_s_iqr or 0), SPEED_FLOOR * ref.tokens_per_s)
         failed = now.tokens_per_s < ref.tokens_per_s - noise
         expected = f"at least {ref.tokens_per_s - noise:,.0f} tok/s (noise: sum of IQRs, floor {SPEED_FLOOR:.0%})"
-        line = (f"{e.recipe}: {now.tokens_per_s:,.0f} tok/s is below {e.reference}'s {ref.tokens_per_s:,.0f} by "
-                f"more than the noise bound {noise:,.0f} (sum of IQRs, floor {SPEED_FLOOR:.0%})")
+        line = (
+            f"{e.recipe}: {now.tokens_per_s:,.0f} tok/s is below {e.reference}'s {ref.tokens_per_s:,.0f} by "
+            f"more than the noise bound {noise:,.0f} (sum of IQRs, floor {SPEED_FLOOR:.0%})"
+        )
     return EffectResult(e, model, "FAIL" if failed else "ok", measured, expected, line if failed else "")
 
 
@@ -225,17 +258,29 @@ class Session:
     def record_info(self, info: dict) -> list[EffectResult]:
         """``record`` from a benchmark's extra_info (model, recipe, device, world_size, peak_allocated_bytes,
         tokens_per_s, tokens_per_s_iqr, estimate_bytes), as the report reads a saved run."""
-        figures = Figures(info.get("peak_allocated_bytes"), info.get("tokens_per_s"), info.get("tokens_per_s_iqr"),
-                          info.get("estimate_bytes"))
-        return self.record(info["model"], info["recipe"], str(info.get("device", "cpu")).split(":")[0], figures,
-                           int(info.get("world_size") or 1))
+        figures = Figures(
+            info.get("peak_allocated_bytes"),
+            info.get("tokens_per_s"),
+            info.get("tokens_per_s_iqr"),
+            info.get("estimate_bytes"),
+        )
+        return self.record(
+            info["model"],
+            info["recipe"],
+            str(info.get("device", "cpu")).split(":")[0],
+            figures,
+            int(info.get("world_size") or 1),
+        )
 
     def unchecked(self) -> list[str]:
         """'cpu-small checkpoint (needs fp32)' for each case that ran with an expectation whose reference did not."""
         out = []
-        for (model, recipe, world, device_type) in self.ran:
+        for model, recipe, world, device_type in self.ran:
             for e in self.expectations:
-                if e.recipe == recipe and applies(e, device_type) and \
-                        (model, e.reference, world, device_type) not in self.ran:
+                if (
+                    e.recipe == recipe
+                    and applies(e, device_type)
+                    and (model, e.reference, world, device_type) not in self.ran
+                ):
                     out.append(f"{model} {recipe} (needs {e.reference})")
         return out

@@ -96,5 +96,5 @@ def uncounted(func: Any, args: tuple, kwargs: dict, out: Any) -> int | None:
         return None
     try:
         return int(formula(*args, **kwargs, out_val=out))
-    except Exception:  # noqa: BLE001 - a formula torch cannot apply to these arguments counts nothing
+    except Exception:  # a formula torch cannot apply to these arguments counts nothing
         return None

@@ -44,8 +44,14 @@ class Row:
 
     def cells(self) -> dict:
         """What the end table shows of the case beside its figures (kept in the results log)."""
-        return {"verdict": self.verdict, "estimate": self.estimate, "error": self.error, "status": self.status,
-                "work": self.work, "mfu": self.mfu}
+        return {
+            "verdict": self.verdict,
+            "estimate": self.estimate,
+            "error": self.error,
+            "status": self.status,
+            "work": self.work,
+            "mfu": self.mfu,
+        }
 
 
 @dataclass
@@ -132,26 +138,36 @@ class Gate:
         """The lines under the end table: setup notes, what was not gated, what to record, the regressions."""
         notes = list(self.notes)
         for path, (n, skipped) in self.recorded.items():
-            notes.append(f"baselines: added {n} loss reference(s) of {self.cpu_model} to {path}"
-                         + (f"; skipped {skipped} (no entry, or a loss read at another step)" if skipped else "")
-                         if self.update_loss else f"baselines: recorded {n} case(s) into {path}, each as it ended")
+            notes.append(
+                f"baselines: added {n} loss reference(s) of {self.cpu_model} to {path}"
+                + (f"; skipped {skipped} (no entry, or a loss read at another step)" if skipped else "")
+                if self.update_loss
+                else f"baselines: recorded {n} case(s) into {path}, each as it ended"
+            )
         if self.leaner:
-            notes.append(f"{len(self.leaner)} case(s) leaner than the baseline; refresh exactly those with: "
-                         f"{self.record_command(*self.leaner)}")
+            notes.append(
+                f"{len(self.leaner)} case(s) leaner than the baseline; refresh exactly those with: "
+                f"{self.record_command(*self.leaner)}"
+            )
         if self.resumed:
-            notes.append(f"resumed: {len(self.resumed)} case(s) finished in {self.log.path if self.log else 'the log'} "
-                         f"shown from it, not run again")
+            notes.append(
+                f"resumed: {len(self.resumed)} case(s) finished in {self.log.path if self.log else 'the log'} "
+                f"shown from it, not run again"
+            )
         if self.not_started:
             notes.append(f"deadline: {len(self.not_started)} case(s) not started: {', '.join(self.not_started)}")
         if self.log and (self.rows or self.not_started):
             notes.append(f"results log: {self.log.path} (--resume {self.log.path} runs what it has not finished)")
-        notes += [f"{reason} ({n} case{'s' if n > 1 else ''}; shown in parentheses)"
-                  for reason, n in self.not_gated.items()]
+        notes += [
+            f"{reason} ({n} case{'s' if n > 1 else ''}; shown in parentheses)" for reason, n in self.not_gated.items()
+        ]
         if self.missing:
-            targets = self.missing if len(self.missing) <= 3 else list(dict.fromkeys(
-                n.split("::")[0] for n in self.missing))  # many: whole files (only the cases that run are written)
-            notes.append(f"{len(self.missing)} case(s) have no baseline; record them with: "
-                         f"{self.record_command(*targets)}")
+            targets = (
+                self.missing if len(self.missing) <= 3 else list(dict.fromkeys(n.split("::")[0] for n in self.missing))
+            )  # many: whole files (only the cases that run are written)
+            notes.append(
+                f"{len(self.missing)} case(s) have no baseline; record them with: {self.record_command(*targets)}"
+            )
         unchecked = self.expected.unchecked()
         if unchecked:
             notes.append(f"expectations not checked, their reference did not run (-k?): {', '.join(unchecked)}")
@@ -161,32 +177,47 @@ class Gate:
             notes.append(self.history_note)
         return notes + self.regressions
 
-    def judge(self, node: pytest.Item, m: Measurement, *, model: str, recipe: str, precision: str,
-              estimate: int | str | None, estimate_by_category: dict[str, int] | None = None,
-              world: int = 1) -> Outcome:
+    def judge(
+        self,
+        node: pytest.Item,
+        m: Measurement,
+        *,
+        model: str,
+        recipe: str,
+        precision: str,
+        estimate: int | str | None,
+        estimate_by_category: dict[str, int] | None = None,
+        world: int = 1,
+    ) -> Outcome:
         """The one hand-over of a benchmark case: its Measurement against the baseline (a row of the end table, or
         recorded under --update-baselines), then the expected effects it completes. ``estimate_by_category``: the
         estimate's peak by category, kept to say where a memory change is."""
-        measured = Entry.from_measurement(m, precision=precision, cpu_model=self.cpu_model,
-                                          estimate_by_category=estimate_by_category)
+        measured = Entry.from_measurement(
+            m, precision=precision, cpu_model=self.cpu_model, estimate_by_category=estimate_by_category
+        )
         error = m.error or _not_finite(measured)  # a NaN or inf is never recorded, nor compared
-        verdict = self.judge_entry(node, measured, m.device, estimate=estimate, error=error, mfu=_mfu_cell(m),
-                                   unfit=m.unfit)
+        verdict = self.judge_entry(
+            node, measured, m.device, estimate=estimate, error=error, mfu=_mfu_cell(m), unfit=m.unfit
+        )
         if m.flagged_rounds:  # said under the end table: which rounds the median left out
-            self.notes.append(f"{node.name}: tokens/s over {len(m.round_seconds) - len(m.flagged_rounds)} of "
-                              f"{len(m.round_seconds)} rounds, the rest ran below the GPU's clocks")
+            self.notes.append(
+                f"{node.name}: tokens/s over {len(m.round_seconds) - len(m.flagged_rounds)} of "
+                f"{len(m.round_seconds)} rounds, the rest ran below the GPU's clocks"
+            )
         unmet = [] if error else self._expect(model, recipe, m, estimate, world)
         return self._outcome(node, m.device, error, verdict, unmet)
 
-    def judge_convergence(self, node: pytest.Item, run: Convergence | None, *, device: str, precision: str,
-                          error: str | None = None) -> Outcome:
+    def judge_convergence(
+        self, node: pytest.Item, run: Convergence | None, *, device: str, precision: str, error: str | None = None
+    ) -> Outcome:
         """The hand-over of a convergence case (gptcore.convergence); ``run`` is None when it failed with
         ``error``."""
         measured = Entry.from_convergence(run, device=device, precision=precision, cpu_model=self.cpu_model)
         return self._outcome(node, device, error, self.judge_entry(node, measured, device, error=error), [])
 
-    def _outcome(self, node: pytest.Item, device: str, error: str | None, verdict: Verdict | None,
-                 unmet: list[str]) -> Outcome:
+    def _outcome(
+        self, node: pytest.Item, device: str, error: str | None, verdict: Verdict | None, unmet: list[str]
+    ) -> Outcome:
         failures = [f"{node.name}: {error}"] if error else []
         failures += [verdict.failure_message()] if verdict is not None and verdict.failed else []
         failures += [f"{node.name}: expected effect not met: {line}" for line in unmet]
@@ -197,23 +228,37 @@ class Gate:
                 failures.append(f"{node.name}: baselines: NOT written: {err}")
         missing = None
         if not failures and verdict is not None and verdict.missing:
-            missing = (f"{node.name}: no baseline for {identity.device_slug(device)}; record it with: "
-                       f"{self.record_command(node.nodeid)}")
+            missing = (
+                f"{node.name}: no baseline for {identity.device_slug(device)}; record it with: "
+                f"{self.record_command(node.nodeid)}"
+            )
             if self.strict:
                 failures.append(missing + " (--baseline-strict)")
         self.failures += failures
         self.cases.setdefault(node.nodeid, {})["failures"] = failures
         return Outcome(verdict, failures, missing)
 
-    def judge_entry(self, node: pytest.Item, measured: Entry, device: str, *, estimate: int | str | None = None,
-                    error: str | None = None, mfu: str = "—", unfit: str | None = None) -> Verdict | None:
+    def judge_entry(
+        self,
+        node: pytest.Item,
+        measured: Entry,
+        device: str,
+        *,
+        estimate: int | str | None = None,
+        error: str | None = None,
+        mfu: str = "—",
+        unfit: str | None = None,
+    ) -> Verdict | None:
         """Record (under --update-baselines) or judge ``measured`` against the device's baseline, and keep a row."""
         device_type = device.split(":")[0]
         slug = identity.device_slug(device)
         file = self.load(slug)
         baseline = file.entries.get(node.name) if file else None
-        self.cases[node.nodeid] = {"slug": slug, "entry": baselines.recorded_form(measured).to_json(),
-                                   "recorded": False}
+        self.cases[node.nodeid] = {
+            "slug": slug,
+            "entry": baselines.recorded_form(measured).to_json(),
+            "recorded": False,
+        }
         if error:
             what = "out of memory" if error.startswith("out of memory") else "not finite"
             self._row(node, Row(node.name, measured, baseline, f"FAIL: {what}", estimate, error))
@@ -227,8 +272,9 @@ class Gate:
             status = {"tokens/s": verdicts.Status.NO_FIGURE} if apart else {}
             self._row(node, Row(node.name, measured, baseline, what, estimate, status=status))
             return None
-        verdict = verdicts.verdict_of(node.name, measured, baseline, self.tolerances(file, device_type), unfit,
-                                      strict=self.strict)
+        verdict = verdicts.verdict_of(
+            node.name, measured, baseline, self.tolerances(file, device_type), unfit, strict=self.strict
+        )
         if any(c.failed and c.note.startswith(verdicts.LEANER) for c in verdict.checks):
             self.leaner.append(node.nodeid)
         if baseline is not None and device_type == "cpu" and measured.convergence is None:  # a step loss held
@@ -244,16 +290,26 @@ class Gate:
             if c.status == verdicts.NOT_GATED and c.delta is not None:
                 reason = f"{c.metric} not gated: {c.note}"
                 self.not_gated[reason] = self.not_gated.get(reason, 0) + 1
-        self._row(node, Row(node.name, measured, baseline, summary, estimate,
-                            status={c.metric: c.status for c in verdict.checks}, work=_work_cell(verdict), mfu=mfu))
+        self._row(
+            node,
+            Row(
+                node.name,
+                measured,
+                baseline,
+                summary,
+                estimate,
+                status={c.metric: c.status for c in verdict.checks},
+                work=_work_cell(verdict),
+                mfu=mfu,
+            ),
+        )
         return verdict
 
     def _row(self, node: pytest.Item, row: Row) -> None:
         self.rows.append(row)
         self.cases[node.nodeid]["row"] = row.cells()
 
-    def _expect(self, model: str, recipe: str, m: Measurement, estimate: int | str | None,
-                world: int = 1) -> list[str]:
+    def _expect(self, model: str, recipe: str, m: Measurement, estimate: int | str | None, world: int = 1) -> list[str]:
         """Judge the expectations this case completes (gptcore.expectations); the failures' lines."""
         figures = Figures(m.peak_allocated_bytes, m.tokens_per_s, m.tokens_per_s_iqr, estimate)
         judged = self.expected.record(model, recipe, m.device.split(":")[0], figures, world)
@@ -273,19 +329,31 @@ class Gate:
                 counts[0] += added
                 counts[1] += len(skipped)
                 continue
-            baselines.update(path, slug, entries, device_name=identity.device_name(device), device_type=device,
-                             torch_version=torch.__version__, cuda=torch.version.cuda,
-                             driver=identity.driver_version() if device == "cuda" else None,
-                             commit=identity.git_commit(self.root))
+            baselines.update(
+                path,
+                slug,
+                entries,
+                device_name=identity.device_name(device),
+                device_type=device,
+                torch_version=torch.__version__,
+                cuda=torch.version.cuda,
+                driver=identity.driver_version() if device == "cuda" else None,
+                commit=identity.git_commit(self.root),
+            )
             counts[0] += len(entries)
         self.pending.clear()
 
 
 def _not_finite(measured: Entry) -> str | None:
     """'the loss is NaN (the run diverged)' where a figure is NaN or inf (None where every figure is finite)."""
-    said = [f"{label} is {bad}" for label, value in (("the loss", measured.loss), ("tokens/s", measured.tokens_per_s))
-            if (bad := verdicts.non_finite(value))]
-    return f"{' and '.join(said)} (the run diverged or its timing broke): nothing recorded or compared" if said else None
+    said = [
+        f"{label} is {bad}"
+        for label, value in (("the loss", measured.loss), ("tokens/s", measured.tokens_per_s))
+        if (bad := verdicts.non_finite(value))
+    ]
+    return (
+        f"{' and '.join(said)} (the run diverged or its timing broke): nothing recorded or compared" if said else None
+    )
 
 
 def _mfu_cell(m: Measurement) -> str:

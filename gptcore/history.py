@@ -140,10 +140,14 @@ class Finding:
         metric = "loss" if self.metric.startswith("loss@") else self.metric
         if metric in BISECT:
             # bisect calls a commit slower beyond --threshold (default 5%): half this change, so that it is seen
-            threshold = (f" --threshold {max(MIN_STEP, round(abs(self.relative) / 2, 3)):g}"
-                         if metric == "tokens/s" and self.relative is not None else "")
-            return (f"python -m gptcore bisect {before[:12]} {after[:12]} -k {case_id} "
-                    f"--metric {BISECT[metric]}{threshold}")
+            threshold = (
+                f" --threshold {max(MIN_STEP, round(abs(self.relative) / 2, 3)):g}"
+                if metric == "tokens/s" and self.relative is not None
+                else ""
+            )
+            return (
+                f"python -m gptcore bisect {before[:12]} {after[:12]} -k {case_id} --metric {BISECT[metric]}{threshold}"
+            )
         return f"python -m gptcore compare {before[:12]} {after[:12]} -k {case_id}"
 
 
@@ -163,9 +167,15 @@ class History:
     device: str | None = None
 
     def to_json(self) -> dict:
-        return {"device": self.device, "runs": self.runs, "commits": self.commits, "series": self.series,
-                "analysed": self.analysed, "skipped": self.skipped,
-                "findings": [asdict(f) | {"uncertain": f.uncertain, "command": f.command()} for f in self.findings]}
+        return {
+            "device": self.device,
+            "runs": self.runs,
+            "commits": self.commits,
+            "series": self.series,
+            "analysed": self.analysed,
+            "skipped": self.skipped,
+            "findings": [asdict(f) | {"uncertain": f.uncertain, "command": f.command()} for f in self.findings],
+        }
 
 
 # -- reading -------------------------------------------------------------------------------------------------------
@@ -173,7 +183,7 @@ class History:
 
 def _metrics(info: dict) -> dict[str, tuple[float, bool]]:
     """A saved case's metrics: name -> (value, exact). tokens/s only on a GPU (on CPU the gate does not gate it)."""
-    from .baselines import Tolerances
+    from gptcore.baselines import Tolerances
 
     device = str(info.get("device") or "cpu")
     cpu = device.startswith("cpu")
@@ -245,8 +255,9 @@ def read(storage: str | Path, select: str | None = None) -> tuple[dict[tuple[str
             history.skipped.append(f"{name}: no commit recorded ({commit or 'none'}: saved outside git; left out)")
             continue
         if info.get("dirty"):
-            history.skipped.append(f"{name}: saved from uncommitted changes to {commit[:12]} (left out: not that "
-                                   f"commit's figure)")
+            history.skipped.append(
+                f"{name}: saved from uncommitted changes to {commit[:12]} (left out: not that commit's figure)"
+            )
             continue
         machine = data.get("machine_info") or {}
         ran = utc_time(str(data.get("datetime") or "")) or epoch
@@ -264,8 +275,9 @@ def read(storage: str | Path, select: str | None = None) -> tuple[dict[tuple[str
     series: dict[tuple[str, str], list[Point]] = {}
     exact: dict[tuple[str, str], bool] = {}
     runs_of: dict[str, int] = {}
-    for committed, ran, name, commit, slug, env, data in sorted(loaded, key=lambda r: (first.get(r[3], (r[0], r[1])),
-                                                                                        r[3], r[1], r[2])):
+    for committed, _ran, name, commit, slug, env, data in sorted(
+        loaded, key=lambda r: (first.get(r[3], (r[0], r[1])), r[3], r[1], r[2])
+    ):
         if slug != device:
             history.skipped.append(f"{name}: device {slug}, not {device} like the rest (left out)")
             continue
@@ -282,8 +294,9 @@ def read(storage: str | Path, select: str | None = None) -> tuple[dict[tuple[str
                 exact[(case, metric)] = is_exact
     for (case, metric), points in sorted(series.items()):  # null or absent in some runs: skipped, as asv does
         if len(points) < runs_of[case]:
-            history.skipped.append(f"{case} {metric}: {runs_of[case] - len(points)} of {runs_of[case]} run(s) have "
-                                   "no value (skipped)")
+            history.skipped.append(
+                f"{case} {metric}: {runs_of[case] - len(points)} of {runs_of[case]} run(s) have no value (skipped)"
+            )
     return series, exact, history
 
 
@@ -302,8 +315,11 @@ def _status(metric: str, change: float, points_after: int) -> str:
 
 def _moved(a: Point, b: Point) -> str:
     """'; torch 2.11.0 -> 2.13.0 between these runs' where the environment changed too (empty where not)."""
-    moved = [f"{k} {a.env[k]} -> {b.env[k]}" for k in ("torch", "cpu_model")
-             if a.env.get(k) and b.env.get(k) and a.env[k] != b.env[k]]
+    moved = [
+        f"{k} {a.env[k]} -> {b.env[k]}"
+        for k in ("torch", "cpu_model")
+        if a.env.get(k) and b.env.get(k) and a.env[k] != b.env[k]
+    ]
     return f"; {', '.join(moved)} between these runs" if moved else ""
 
 
@@ -317,8 +333,10 @@ def exact_steps(case: str, metric: str, points: list[Point], notes: list[str] | 
     for commit, runs in commits.items():
         seen = [p.value for p in runs]
         if len(set(seen)) > 1 and notes is not None:
-            notes.append(f"{case} {metric}: the runs of {commit[:12]} differ ({', '.join(f'{v:g}' for v in seen)}): "
-                         f"not exact here; its most frequent value is used")
+            notes.append(
+                f"{case} {metric}: the runs of {commit[:12]} differ ({', '.join(f'{v:g}' for v in seen)}): "
+                f"not exact here; its most frequent value is used"
+            )
         values.append(max(seen, key=seen.count))
     found = []
     for i in range(1, len(order)):
@@ -329,9 +347,21 @@ def exact_steps(case: str, metric: str, points: list[Point], notes: list[str] | 
             j += 1
         change = values[i] - values[i - 1]
         a, b = commits[order[i - 1]][-1], commits[order[i]][0]
-        found.append(Finding(case, metric, "step", order[i - 1], order[i], change,
-                             change / values[i - 1] if values[i - 1] else None, None, j - i,
-                             _status(metric, change, j - i), f"{j - i} commit(s) at the new value{_moved(a, b)}"))
+        found.append(
+            Finding(
+                case,
+                metric,
+                "step",
+                order[i - 1],
+                order[i],
+                change,
+                change / values[i - 1] if values[i - 1] else None,
+                None,
+                j - i,
+                _status(metric, change, j - i),
+                f"{j - i} commit(s) at the new value{_moved(a, b)}",
+            )
+        )
     return found
 
 
@@ -339,14 +369,26 @@ def non_finite(case: str, metric: str, points: list[Point]) -> Finding:
     """The first commit at which a metric became NaN or inf (a diverged run): a regression, named by the commit
     range from the last finite value before it, however little else of the series can be analysed."""
     first = next(i for i, p in enumerate(points) if not math.isfinite(p.value))
-    before = next((p.commit for p in reversed(points[:first]) if p.commit != points[first].commit),
-                  points[first].commit)
+    before = next(
+        (p.commit for p in reversed(points[:first]) if p.commit != points[first].commit), points[first].commit
+    )
     value = points[first].value
     what = "NaN" if math.isnan(value) else "inf" if value > 0 else "-inf"
     after = sum(1 for p in points[first:] if not math.isfinite(p.value))
     name = "loss" if metric.startswith("loss@") else metric
-    return Finding(case, metric, "non-finite", before, points[first].commit, value, None, None, after, "regression",
-                   f"{name} became {what} at {points[first].commit[:12]}; {after} run(s) not finite")
+    return Finding(
+        case,
+        metric,
+        "non-finite",
+        before,
+        points[first].commit,
+        value,
+        None,
+        None,
+        after,
+        "regression",
+        f"{name} became {what} at {points[first].commit[:12]}; {after} run(s) not finite",
+    )
 
 
 def noise(values: Sequence[float]) -> float:
@@ -388,8 +430,11 @@ def noisy_steps(case: str, metric: str, points: list[Point]) -> list[Finding]:
     values = [p.value for p in points]
     sigma = _floor(values, noise(values))
     z = (np.asarray(values) - statistics.median(values)) / sigma
-    cuts = ruptures.Pelt(model="l2", min_size=MIN_SIZE, jump=1).fit(z.reshape(-1, 1)).predict(
-        pen=PENALTY * math.log(len(values)))
+    cuts = (
+        ruptures.Pelt(model="l2", min_size=MIN_SIZE, jump=1)
+        .fit(z.reshape(-1, 1))
+        .predict(pen=PENALTY * math.log(len(values)))
+    )
     bounds, found, last = [0, *cuts], [], 0
     for k in range(1, len(bounds) - 1):
         start, cut, end = bounds[k - 1], bounds[k], bounds[k + 1]
@@ -405,9 +450,19 @@ def noisy_steps(case: str, metric: str, points: list[Point]) -> list[Finding]:
             continue
         change, last = mean_after - mean_before, cut
         lo, hi = _ambiguous(values, start, cut, end, (mean_before + mean_after) / 2, sigma)
-        finding = Finding(case, metric, "step", points[lo - 1].commit, points[hi].commit, change, relative, p,
-                          end - cut, _status(metric, change, end - cut),
-                          f"{end - cut} point(s) after{_moved(points[lo - 1], points[hi])}")
+        finding = Finding(
+            case,
+            metric,
+            "step",
+            points[lo - 1].commit,
+            points[hi].commit,
+            change,
+            relative,
+            p,
+            end - cut,
+            _status(metric, change, end - cut),
+            f"{end - cut} point(s) after{_moved(points[lo - 1], points[hi])}",
+        )
         # the series' noise estimate from few points can come out low: the segments' own spread counts too
         spread = max(sigma, statistics.stdev(before), statistics.stdev(after))
         found.append(_place(finding, abs(change) / sigma, spread / abs(mean_before), points[start], points[end - 1]))
@@ -434,18 +489,35 @@ def tail_step(case: str, metric: str, points: list[Point], start: int, sigma: fl
         # the noise of few points may be estimated low: the larger of the series' and the segment's own
         scale = max(sigma, statistics.stdev(before))
         z = change / (scale * math.sqrt(1 / len(after) + 1 / len(before)))
-        if (not mean_before or abs(change / mean_before) < MIN_STEP or abs(z) < Z_TAIL
-                or not all((v - middle) * change > 0 for v in after)):
+        if (
+            not mean_before
+            or abs(change / mean_before) < MIN_STEP
+            or abs(z) < Z_TAIL
+            or not all((v - middle) * change > 0 for v in after)
+        ):
             continue
         p, where, step_at = math.erfc(abs(z) / math.sqrt(2)), "at the end of the history", points[first]
         last = next(i for i in range(first, len(points)) if points[i].commit == commits[-1])
-        if m == 2 and abs(statistics.mean(after[:last - first]) - middle) < AMBIGUOUS * scale:
+        if m == 2 and abs(statistics.mean(after[: last - first]) - middle) < AMBIGUOUS * scale:
             # the first of the two could be either side's: the step is in one of them, and only the last confirms it
-            after, where, step_at = after[last - first:], "at the end of the history, in one of the last 2 commits", \
-                points[last]
-        finding = Finding(case, metric, "step", points[first - 1].commit, step_at.commit, change,
-                          change / mean_before, p, len(after), _status(metric, change, len(after)),
-                          f"{len(after)} point(s) after, {where}{_moved(points[first - 1], step_at)}")
+            after, where, step_at = (
+                after[last - first :],
+                "at the end of the history, in one of the last 2 commits",
+                points[last],
+            )
+        finding = Finding(
+            case,
+            metric,
+            "step",
+            points[first - 1].commit,
+            step_at.commit,
+            change,
+            change / mean_before,
+            p,
+            len(after),
+            _status(metric, change, len(after)),
+            f"{len(after)} point(s) after, {where}{_moved(points[first - 1], step_at)}",
+        )
         return _place(finding, abs(change) / scale, scale / abs(mean_before), points[start], points[-1])
     return None
 
@@ -454,12 +526,19 @@ def _place(finding: Finding, size: float, cv: float, first: Point, last: Point) 
     """``finding`` with its place marked uncertain where the step is under Z_PLACE noise sigmas (``size``) or the
     series' relative noise (``cv``) is over CV_PLACE: its hunt then covers the segments around the cut, from
     ``first`` to ``last``, which held the commit in every such finding measured (docs/history.md)."""
-    why = (f"the step is {size:.1f} noise sigmas (under {Z_PLACE:g})" if size < Z_PLACE else
-           f"the series' noise is {cv:.1%} a point (over {CV_PLACE:.1%})" if cv > CV_PLACE else None)
+    why = (
+        f"the step is {size:.1f} noise sigmas (under {Z_PLACE:g})"
+        if size < Z_PLACE
+        else f"the series' noise is {cv:.1%} a point (over {CV_PLACE:.1%})"
+        if cv > CV_PLACE
+        else None
+    )
     if why and first.commit != last.commit:
         finding.hunt = (first.commit, last.commit)
-        finding.note += (f"; place uncertain: {why}, its range may miss the commit: hunt over {first.commit[:12]}.."
-                         f"{last.commit[:12]}")
+        finding.note += (
+            f"; place uncertain: {why}, its range may miss the commit: hunt over {first.commit[:12]}.."
+            f"{last.commit[:12]}"
+        )
     return finding
 
 
@@ -487,14 +566,17 @@ def _line(xs: Sequence[float], ys: Sequence[float], ws: Sequence[float]) -> tupl
 
 def _step_rss(ys: Sequence[float], ws: Sequence[float]) -> float:
     """The residual sum of squares of the best single step (two means, split anywhere) through ys."""
+
     def rss(part: range) -> float:
         mean = sum(ws[i] * ys[i] for i in part) / sum(ws[i] for i in part)
         return sum(ws[i] * (ys[i] - mean) ** 2 for i in part)
+
     return min(rss(range(k)) + rss(range(k, len(ys))) for k in range(1, len(ys)))
 
 
-def creeping(case: str, metric: str, points: list[Point], tolerance: float | None,
-             steps: Sequence[Finding] = ()) -> list[Finding]:
+def creeping(
+    case: str, metric: str, points: list[Point], tolerance: float | None, steps: Sequence[Finding] = ()
+) -> list[Finding]:
     """Stretches of commits whose per-commit means slope the worse way, Z_CREEP standard errors from flat (the
     series' noise), adding up to ``tolerance`` or more (relative; the validation loss: nats) over WINDOW
     commit-to-commit changes. Overlapping such windows make one stretch, trimmed at either end while that makes it
@@ -515,11 +597,15 @@ def creeping(case: str, metric: str, points: list[Point], tolerance: float | Non
 
     def fit(a: int, b: int) -> tuple[float, float, float, float]:
         """(per-commit change, total over commits a..b, z from flat, line RSS - best step RSS) of a..b."""
-        slope, level, sxx, rss = _line(range(b - a + 1), means[a:b + 1], counts[a:b + 1])
+        slope, level, sxx, rss = _line(range(b - a + 1), means[a : b + 1], counts[a : b + 1])
         # a window whose mean is 0 has no relative slope: no creep (a step from 0 is found as a step)
         per = (slope / abs(level) if level else 0.0) if relative else slope
-        return per, per * (b - a), slope / (sigma / math.sqrt(sxx)), rss - _step_rss(means[a:b + 1], counts[a:b + 1])
-
+        return (
+            per,
+            per * (b - a),
+            slope / (sigma / math.sqrt(sxx)),
+            rss - _step_rss(means[a : b + 1], counts[a : b + 1]),
+        )
 
     def qualifies(a: int, b: int) -> bool:
         per, total, z, _ = fit(a, b)
@@ -541,16 +627,27 @@ def creeping(case: str, metric: str, points: list[Point], tolerance: float | Non
                 break
             a, b = steeper
         per, total, z, line_minus_step = fit(a, b)
-        if line_minus_step > -STEP_OR_LINE * sigma ** 2 and any(_within(f, names[a:b + 1]) for f in steps):
+        if line_minus_step > -STEP_OR_LINE * sigma**2 and any(_within(f, names[a : b + 1]) for f in steps):
             continue
         # the change: what the stretch's last commit reads against its first (a line through a short creep with
         # flat commits beside it is steeper than the creep; its slope is the note)
         change = means[b] - means[a]
         unit = f"{per:+.1%}" if relative else f"{per:+.4f} nats"
-        found.append(Finding(case, metric, "creep", names[a], names[b], change,
-                             change / abs(means[a]) if relative and means[a] else None,
-                             0.5 * math.erfc(abs(z) / math.sqrt(2)), b - a, "creeping",
-                             f"{unit} per commit over {b - a} commits"))
+        found.append(
+            Finding(
+                case,
+                metric,
+                "creep",
+                names[a],
+                names[b],
+                change,
+                change / abs(means[a]) if relative and means[a] else None,
+                0.5 * math.erfc(abs(z) / math.sqrt(2)),
+                b - a,
+                "creeping",
+                f"{unit} per commit over {b - a} commits",
+            )
+        )
     return found
 
 
@@ -565,14 +662,14 @@ def changes(case: str, metric: str, points: list[Point], tolerance: float | None
     steps = noisy_steps(case, metric, points)
     creeps = creeping(case, metric, points, tolerance, steps)
     commits = list(dict.fromkeys(p.commit for p in points))
-    spans = [commits[commits.index(c.before):commits.index(c.after) + 1] for c in creeps]
+    spans = [commits[commits.index(c.before) : commits.index(c.after) + 1] for c in creeps]
     return [s for s in steps if not any(_within(s, span) for span in spans)] + creeps
 
 
 def analyse(storage: str | Path, select: str | None = None) -> History:
     """Every change point and creeping stretch in the saved runs under ``storage`` (``select``: a substring of the
     case names)."""
-    from .baselines import Tolerances
+    from gptcore.baselines import Tolerances
 
     series, exact, history = read(storage, select)
     tol = Tolerances.default_for("cpu" if history.device == "cpu" else "cuda")
@@ -595,8 +692,10 @@ def analyse(storage: str | Path, select: str | None = None) -> History:
         history.analysed += 1
         history.findings += changes(case, metric, points, creep_tolerance.get(metric))
     for case, metrics in short.items():
-        history.skipped.append(f"{case}: fewer points than the {2 * MIN_SIZE} the change-point search needs: "
-                               f"{', '.join(metrics)} (left out)")
+        history.skipped.append(
+            f"{case}: fewer points than the {2 * MIN_SIZE} the change-point search needs: "
+            f"{', '.join(metrics)} (left out)"
+        )
     return history
 
 
@@ -621,15 +720,27 @@ def markdown(history: History) -> str:
     if not history.findings:
         out.append(f"None in {where}.")
     else:
-        out += [f"{len(history.findings)} in {where}.", "",
-                "| case | metric | change | commits | significance | status |", "|---|---|---|---|---|---|"]
+        out += [
+            f"{len(history.findings)} in {where}.",
+            "",
+            "| case | metric | change | commits | significance | status |",
+            "|---|---|---|---|---|---|",
+        ]
         for f in history.findings:
-            out.append(f"| {_md(f.case)} | {f.metric} | {f.size()} | {f.before[:7]}..{f.after[:7]} | "
-                       f"{'exact' if f.p is None else f'p {f.p:.1e}'} | {f.status} ({_md(f.note)}) |")
+            out.append(
+                f"| {_md(f.case)} | {f.metric} | {f.size()} | {f.before[:7]}..{f.after[:7]} | "
+                f"{'exact' if f.p is None else f'p {f.p:.1e}'} | {f.status} ({_md(f.note)}) |"
+            )
         hunts = list(dict.fromkeys(f.command() for f in history.findings if f.command()))
         if hunts:
             out += ["", "Hunt each one:", "", "```bash", *hunts, "```"]
     if history.skipped:
-        out += ["", f"<details><summary>left out ({len(history.skipped)})</summary>", "",
-                *(f"- {_md(line)}" for line in history.skipped), "", "</details>"]
+        out += [
+            "",
+            f"<details><summary>left out ({len(history.skipped)})</summary>",
+            "",
+            *(f"- {_md(line)}" for line in history.skipped),
+            "",
+            "</details>",
+        ]
     return "\n".join(out + [""])

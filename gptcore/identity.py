@@ -11,7 +11,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-
 CPU_MODEL_OVERRIDE = "GPTCORE_CPU_MODEL"
 """The environment variable that overrides :func:`cpu_model` (a test-only identity)."""
 
@@ -73,10 +72,17 @@ def device_name(device: Any) -> str:
 def git_commit(cwd: str | Path | None = None) -> str | None:
     """HEAD's sha, with '+dirty' when the working tree has changes; None outside git."""
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
-                               capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return sha + ("+dirty" if dirty else "")
@@ -101,8 +107,13 @@ def local_device() -> str:
 def driver_version() -> str | None:
     """The NVIDIA driver version from nvidia-smi (None without one)."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20, check=True).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     return out.strip().splitlines()[0] if out.strip() else None

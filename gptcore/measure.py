@@ -25,12 +25,12 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .clocks import Clocks, Sample, open_clocks
-from .clocks import summary as clock_summary
-from .config import GPTConfig, Recipe
-from .memory.tracker import track_training
-from .rules import BUSY_SHARE
-from .work import compile_stats, count_step
+from gptcore.clocks import Clocks, Sample, open_clocks
+from gptcore.clocks import summary as clock_summary
+from gptcore.config import GPTConfig, Recipe
+from gptcore.memory.tracker import track_training
+from gptcore.rules import BUSY_SHARE
+from gptcore.work import compile_stats, count_step
 
 TRACKED_STEPS = 2
 """CPU: the steps whose peak is measured, the first of every eager case (two, so that optimizer state exists during
@@ -253,8 +253,17 @@ class CaseRunner:
     """A fresh Trainer for one case: ``prepare()`` builds and warms it up, ``round()`` times K steps,
     ``finish()`` returns the Measurement."""
 
-    def __init__(self, cfg: GPTConfig, recipe: Recipe, device: torch.device | str, *, warmup: int,
-                 steps_per_round: int, gpu_clocks: Clocks | None = None, loss_step: int | None = None) -> None:
+    def __init__(
+        self,
+        cfg: GPTConfig,
+        recipe: Recipe,
+        device: torch.device | str,
+        *,
+        warmup: int,
+        steps_per_round: int,
+        gpu_clocks: Clocks | None = None,
+        loss_step: int | None = None,
+    ) -> None:
         if warmup < 0 or steps_per_round < 1:
             raise ValueError(f"warmup must be >= 0 and steps_per_round >= 1, got {warmup}, {steps_per_round}")
         self.cfg, self.recipe, self.device = cfg, recipe, torch.device(device)
@@ -268,13 +277,17 @@ class CaseRunner:
         self._samples: list[Sample] = []
         self.last_loss: torch.Tensor | None = None
         self._shares: list[float] = []
-        self.m = Measurement(device=str(self.device), tokens_per_step=recipe.tokens_per_step(cfg),
-                             steps_per_round=steps_per_round, threads=torch.get_num_threads())
+        self.m = Measurement(
+            device=str(self.device),
+            tokens_per_step=recipe.tokens_per_step(cfg),
+            steps_per_round=steps_per_round,
+            threads=torch.get_num_threads(),
+        )
 
     def prepare(self) -> None:
         """Build the Trainer and run the warm-up steps; then reset the CUDA peak-memory stats. On CPU an eager
         recipe's first ``TRACKED_STEPS`` steps run under the tracker for the peak (warm-up of at least that many)."""
-        from .train import Trainer
+        from gptcore.train import Trainer
 
         with compile_stats() as self.compiled:  # compilation happens while building and warming up
             t0 = time.perf_counter()
@@ -339,8 +352,9 @@ class CaseRunner:
         m, trainer = self.m, self.trainer
         if m.error is None:
             if m.round_seconds:
-                m.tokens_per_s, m.tokens_per_s_iqr = throughput(self._trusted_rounds(),
-                                                                m.tokens_per_step * self.steps_per_round)
+                m.tokens_per_s, m.tokens_per_s_iqr = throughput(
+                    self._trusted_rounds(), m.tokens_per_step * self.steps_per_round
+                )
             if self._shares:
                 m.cpu_share = statistics.median(self._shares)
                 self._judge_quiet()
@@ -363,7 +377,6 @@ class CaseRunner:
             m.peak_allocated_bytes, m.peak_by_category = report.peak_bytes, dict(report.by_category)
         return m
 
-
     def _judge_quiet(self) -> None:
         """CPU: the calibrated step cost, and whether the machine was quiet enough to record tokens/s."""
         m, cal = self.m, self.m.calibration_seconds
@@ -375,8 +388,9 @@ class CaseRunner:
         share = min(self._shares)
         if share < BUSY_SHARE and self.trainer.rank.world_size > 1:  # a rank's own share also drops while it
             # waits on the other ranks' collectives: an idle machine cannot be told from a busy one
-            m.speed_note = (f"speed not recorded: share {share:.2f} (ranks waiting on each other's collectives, "
-                            "or a busy machine)")
+            m.speed_note = (
+                f"speed not recorded: share {share:.2f} (ranks waiting on each other's collectives, or a busy machine)"
+            )
         elif share < BUSY_SHARE:
             m.speed_note = f"speed not recorded: machine busy (share {share:.2f})"
         elif stray > CALIBRATION_SPREAD:
@@ -394,8 +408,10 @@ class CaseRunner:
         m.clocks = clock_summary(samples, m.flagged_rounds, self.gpu_clocks.default_sm_mhz)
         if 2 * len(m.flagged_rounds) > len(samples):
             reasons = sorted({w for w in why.values() if w})
-            m.unfit = (f"machine unfit: {len(m.flagged_rounds)} of {len(samples)} rounds ran below the GPU's clocks "
-                       f"({'; '.join(reasons)})")
+            m.unfit = (
+                f"machine unfit: {len(m.flagged_rounds)} of {len(samples)} rounds ran below the GPU's clocks "
+                f"({'; '.join(reasons)})"
+            )
         kept = [t for i, t in enumerate(m.round_seconds) if i not in m.flagged_rounds]
         return kept or m.round_seconds
 
@@ -406,7 +422,7 @@ class CaseRunner:
         try:
             with compile_stats() as again:
                 ledger = count_step(trainer)
-        except Exception as err:  # noqa: BLE001 - only an OOM is handled
+        except Exception as err:  # only an OOM is handled
             if (oom := out_of_memory_in(err)) is None:
                 raise
             self.out_of_memory(oom)
@@ -419,14 +435,18 @@ class CaseRunner:
         counted = sum(ledger.flops.values()) // m.tokens_per_step
         m.flops_source = "analytic" if counted == analytic else "counted"
         if self.device.type == "cuda" and m.tokens_per_s is not None:
-            m.mfu = mfu(analytic if counted == analytic else counted, m.tokens_per_s,
-                        torch.cuda.get_device_name(self.device), self.recipe.precision)
+            m.mfu = mfu(
+                analytic if counted == analytic else counted,
+                m.tokens_per_s,
+                torch.cuda.get_device_name(self.device),
+                self.recipe.precision,
+            )
 
 
 def cpu_peak(cfg: GPTConfig, recipe: Recipe, steps: int = TRACKED_STEPS):
     """Peak live tensor bytes of ``steps`` training steps on CPU, tracked on a fresh Trainer (exact), and what was
     live at it by category (a memory.categories.PeakReport)."""
-    from .train import Trainer
+    from gptcore.train import Trainer
 
     return track_training(Trainer(cfg, recipe, "cpu"), steps=steps)
 
@@ -458,8 +478,17 @@ def out_of_memory_in(err: BaseException) -> torch.OutOfMemoryError | None:
     return None
 
 
-def run_case(cfg: GPTConfig, recipe: Recipe, device: torch.device | str, *, warmup: int, rounds: int,
-             steps_per_round: int, timed_loop: TimedLoop | None = None, loss_step: int | None = None) -> Measurement:
+def run_case(
+    cfg: GPTConfig,
+    recipe: Recipe,
+    device: torch.device | str,
+    *,
+    warmup: int,
+    rounds: int,
+    steps_per_round: int,
+    timed_loop: TimedLoop | None = None,
+    loss_step: int | None = None,
+) -> Measurement:
     """Measure one case: warm-up, then ``rounds`` timed rounds of ``steps_per_round`` steps through
     ``timed_loop(round_fn, rounds, between)`` (default: a plain loop; a benchmark passes benchmark.pedantic with
     ``between`` as its untimed setup). An OOM
@@ -471,7 +500,7 @@ def run_case(cfg: GPTConfig, recipe: Recipe, device: torch.device | str, *, warm
     try:
         runner.prepare()
         (timed_loop or _plain_loop)(runner.round, rounds, runner.calibrate)
-    except Exception as err:  # noqa: BLE001 - only an OOM, also one raised while compiling, is handled
+    except Exception as err:  # only an OOM, also one raised while compiling, is handled
         if (oom := out_of_memory_in(err)) is None:
             raise
         runner.out_of_memory(oom)

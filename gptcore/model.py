@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
-from .config import GPTConfig, Recipe
+from gptcore.config import GPTConfig, Recipe
 
 _SDPA_BACKEND = {"flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}
 
@@ -29,7 +29,9 @@ def attention_unsupported(attention: str, device: torch.device | str) -> str | N
         return f"flash attention needs a CUDA GPU (compute capability >= 8.0); this run is on {device.type}"
     major, minor = torch.cuda.get_device_capability(device)
     if major < 8:
-        return f"flash attention needs compute capability >= 8.0; {torch.cuda.get_device_name(device)} is {major}.{minor}"
+        return (
+            f"flash attention needs compute capability >= 8.0; {torch.cuda.get_device_name(device)} is {major}.{minor}"
+        )
     return None
 
 
@@ -100,13 +102,15 @@ class GPT(nn.Module):
         self.checkpoint_blocks = recipe.checkpoint
         self.tied = recipe.tie_weights
         self.vocab_rows = recipe.vocab_rows(cfg)
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(self.vocab_rows, cfg.n_embd),
-            wpe=nn.Embedding(cfg.block_size, cfg.n_embd),
-            drop=nn.Dropout(cfg.dropout),
-            h=nn.ModuleList([Block(cfg, recipe.attention) for _ in range(cfg.n_layer)]),
-            ln_f=nn.LayerNorm(cfg.n_embd, bias=cfg.bias),
-        ))
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(self.vocab_rows, cfg.n_embd),
+                wpe=nn.Embedding(cfg.block_size, cfg.n_embd),
+                drop=nn.Dropout(cfg.dropout),
+                h=nn.ModuleList([Block(cfg, recipe.attention) for _ in range(cfg.n_layer)]),
+                ln_f=nn.LayerNorm(cfg.n_embd, bias=cfg.bias),
+            )
+        )
         self.lm_head = nn.Linear(cfg.n_embd, self.vocab_rows, bias=False)
         if self.tied:
             self.transformer.wte.weight = self.lm_head.weight  # one storage for both
@@ -122,8 +126,9 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, T = idx.size()
         if T > self.cfg.block_size:
             raise ValueError(f"block_size: sequence of {T} tokens exceeds the model's {self.cfg.block_size}")

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .config import GPTConfig, Recipe, Schedule
-from .presets import MODELS, RECIPES
+from gptcore.config import GPTConfig, Recipe, Schedule
+from gptcore.presets import MODELS, RECIPES
 
 ASSUMED_MFU = 0.30
 """Share of the GPU's dense peak a training step reaches (nanoGPT-sized models, eager or compiled)."""
@@ -57,7 +57,7 @@ def flops_per_token(cfg: GPTConfig, recipe: Recipe) -> float:
 
 def step_seconds(cfg: GPTConfig, recipe: Recipe, device: str, world: int = 1) -> float:
     """Assumed seconds of one optimizer step."""
-    from .measure import PEAK_TFLOPS  # a planning figure from the datasheet table (imports torch when called)
+    from gptcore.measure import PEAK_TFLOPS  # a planning figure from the datasheet table (imports torch when called)
 
     klass = "fp32" if recipe.precision == "fp32" else "tf32" if recipe.precision == "tf32" else "16-bit"
     if device == "cuda":
@@ -67,9 +67,18 @@ def step_seconds(cfg: GPTConfig, recipe: Recipe, device: str, world: int = 1) ->
     return recipe.tokens_per_step(cfg) * flops_per_token(cfg, recipe) / rate
 
 
-def case_seconds(model: str, recipe_name: str, device: str, *, warmup: int = 0, rounds: int = 0,
-                 steps_per_round: int = 0, loss_step: int | None = None, schedule: Schedule | None = None,
-                 world: int = 1) -> float:
+def case_seconds(
+    model: str,
+    recipe_name: str,
+    device: str,
+    *,
+    warmup: int = 0,
+    rounds: int = 0,
+    steps_per_round: int = 0,
+    loss_step: int | None = None,
+    schedule: Schedule | None = None,
+    world: int = 1,
+) -> float:
     """Assumed wall time of a benchmark case (warm-up, timed rounds, the ledger's step, on CPU the tracked pass)
     or of a convergence case (``schedule``: its steps and evaluations)."""
     cfg, recipe = MODELS[model], RECIPES[recipe_name]
@@ -115,12 +124,22 @@ def item_case(item: Any) -> dict | None:
     schedule = getattr(module, "SCHEDULE", None) if timing is None else None
     if timing is None and schedule is None and study is not None and "convergence" in item.name:
         schedule = study.schedule
-    return {"model": params["model"], "recipe": params["recipe"], "device": device, "timing": timing,
-            "schedule": schedule, "world": params.get("world", 1)}
+    return {
+        "model": params["model"],
+        "recipe": params["recipe"],
+        "device": device,
+        "timing": timing,
+        "schedule": schedule,
+        "world": params.get("world", 1),
+    }
 
 
-def estimate(item: Any, history: dict[str, float], overrides: tuple[int | None, int | None, int | None] = (None,) * 3,
-             baseline_seconds: float | None = None) -> Estimate:
+def estimate(
+    item: Any,
+    history: dict[str, float],
+    overrides: tuple[int | None, int | None, int | None] = (None,) * 3,
+    baseline_seconds: float | None = None,
+) -> Estimate:
     """The planned wall time of ``item``: its last time in a results log (``history``: node id -> seconds), else
     its baseline entry's, else the assumed time from its FLOPs (with --bench-warmup/rounds/steps applied)."""
     if item.nodeid in history:
@@ -136,9 +155,13 @@ def estimate(item: Any, history: dict[str, float], overrides: tuple[int | None, 
     counts = {}
     if timing is not None:
         w, r, s = overrides
-        counts = {"warmup": timing.warmup if w is None else w, "rounds": timing.rounds if r is None else r,
-                  "loss_step": getattr(timing, "loss_step", None),
-                  "steps_per_round": timing.steps_per_round if s is None else s}
-    seconds = case_seconds(case["model"], case["recipe"], case["device"], schedule=case["schedule"],
-                           world=case["world"], **counts)
+        counts = {
+            "warmup": timing.warmup if w is None else w,
+            "rounds": timing.rounds if r is None else r,
+            "loss_step": getattr(timing, "loss_step", None),
+            "steps_per_round": timing.steps_per_round if s is None else s,
+        }
+    seconds = case_seconds(
+        case["model"], case["recipe"], case["device"], schedule=case["schedule"], world=case["world"], **counts
+    )
     return Estimate(seconds, "assumed")

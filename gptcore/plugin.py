@@ -29,8 +29,17 @@ from gptcore.history import section as history_section
 from gptcore.results import Record, ResultsLog
 from gptcore.summary import CONVERGENCE, PAYS, convergence_table, expectations_table, gate_markdown, gate_table
 
-__all__ = ["GATE", "PerformanceRegression", "add_options", "configure", "finish", "preload", "regression_lines",
-           "update_machine_info", "write_summary"]
+__all__ = [
+    "GATE",
+    "PerformanceRegression",
+    "add_options",
+    "configure",
+    "finish",
+    "preload",
+    "regression_lines",
+    "update_machine_info",
+    "write_summary",
+]
 
 GATE = pytest.StashKey[Gate]()
 MARKDOWN_ENV = "GPTCORE_GATE_MARKDOWN"
@@ -44,50 +53,92 @@ DEADLINE_ENV = "GPTCORE_DEADLINE"
 def add_options(parser: pytest.Parser, root: Path) -> None:
     """The gate's command-line options; ``root`` is the repository (its baselines/ is the default)."""
     group = parser.getgroup("gptcore", "gptcore benchmark gate")
-    group.addoption("--require-gpu", action="store_true",
-                    help="fail at once when CUDA is not available (the self-hosted GPU job)")
-    group.addoption("--baselines-dir", default=str(root / "baselines"), metavar="DIR",
-                    help="where <device-slug>.json baselines live (default: baselines/ of the repo)")
-    group.addoption("--update-baselines", action="store_true",
-                    help="record the cases that ran into the baseline files (atomically; other entries kept)")
-    group.addoption("--update-loss-references", action="store_true",
-                    help="add this CPU model's loss of each case that ran to its recorded entry, and change nothing "
-                         "else (for a CI machine with another CPU model: the same-CPU loss tolerances then apply)")
-    group.addoption("--gate-markdown", metavar="FILE", default=os.environ.get(MARKDOWN_ENV),
-                    help="write the gate's verdict as GitHub-flavoured markdown to FILE (failures first, the table, "
-                         f"the expected effects), e.g. for a PR comment; default: ${MARKDOWN_ENV}. With "
-                         "$GITHUB_STEP_SUMMARY set (GitHub Actions) it is also appended there")
-    group.addoption("--baseline-strict", action="store_true",
-                    help="a case with no baseline entry fails (default: it passes, says 'no baseline' and warns)")
+    group.addoption(
+        "--require-gpu", action="store_true", help="fail at once when CUDA is not available (the self-hosted GPU job)"
+    )
+    group.addoption(
+        "--baselines-dir",
+        default=str(root / "baselines"),
+        metavar="DIR",
+        help="where <device-slug>.json baselines live (default: baselines/ of the repo)",
+    )
+    group.addoption(
+        "--update-baselines",
+        action="store_true",
+        help="record the cases that ran into the baseline files (atomically; other entries kept)",
+    )
+    group.addoption(
+        "--update-loss-references",
+        action="store_true",
+        help="add this CPU model's loss of each case that ran to its recorded entry, and change nothing "
+        "else (for a CI machine with another CPU model: the same-CPU loss tolerances then apply)",
+    )
+    group.addoption(
+        "--gate-markdown",
+        metavar="FILE",
+        default=os.environ.get(MARKDOWN_ENV),
+        help="write the gate's verdict as GitHub-flavoured markdown to FILE (failures first, the table, "
+        f"the expected effects), e.g. for a PR comment; default: ${MARKDOWN_ENV}. With "
+        "$GITHUB_STEP_SUMMARY set (GitHub Actions) it is also appended there",
+    )
+    group.addoption(
+        "--baseline-strict",
+        action="store_true",
+        help="a case with no baseline entry fails (default: it passes, says 'no baseline' and warns)",
+    )
     group.addoption("--mem-tol", type=float, metavar="FRAC", help="override the peak-memory tolerance (0.02 = +2%%)")
-    group.addoption("--speed-tol", type=float, metavar="FRAC",
-                    help="override the tokens/s tolerance (0.05 = -5%%); on CPU, where tokens/s is reported but not "
-                         "gated by default, this turns the gate on")
+    group.addoption(
+        "--speed-tol",
+        type=float,
+        metavar="FRAC",
+        help="override the tokens/s tolerance (0.05 = -5%%); on CPU, where tokens/s is reported but not "
+        "gated by default, this turns the gate on",
+    )
     group.addoption("--loss-tol", type=float, metavar="NATS", help="override every loss tolerance (absolute nats)")
     group.addoption("--bench-warmup", type=int, metavar="N", help="override every case's warm-up steps")
     group.addoption("--bench-rounds", type=int, metavar="N", help="override every case's timed rounds")
     group.addoption("--bench-steps", type=int, metavar="N", help="override every case's steps per round")
-    group.addoption("--gate-history", action="store_true",
-                    help="add the change points in this device's saved runs (pytest-benchmark's storage; "
-                         "python -m gptcore history) to the markdown verdict")
-    group.addoption("--cpu-speed", action="store_true",
-                    help="on CPU, time each study's full rounds (a tokens/s median worth reading); by default a CPU "
-                         "case times only the few rounds its exact checks need (memory, loss, work ledger)")
-    group.addoption("--results-log", metavar="FILE",
-                    help="append one JSON line per case to FILE the moment the case ends (flushed and fsynced); "
-                         "default: beside pytest-benchmark's saved runs, .benchmarks/<device>/results-<time>.jsonl "
-                         "(with --resume: the log resumed)")
-    group.addoption("--resume", metavar="LOG",
-                    help="run only the cases that the results log LOG has not finished (passed or failed); the end "
-                         "table shows the union, the finished cases as LOG has them")
-    group.addoption("--deadline", type=float, metavar="SECONDS", default=_env_float(DEADLINE_ENV),
-                    help="start no case that would likely end more than SECONDS after pytest started (judged from "
-                         "the case's last time in the results log or its baseline, else from its FLOPs at an "
-                         f"assumed throughput: gptcore/plan.py); skip those with the reason 'deadline'. "
-                         f"Default: ${DEADLINE_ENV}")
-    group.addoption("--recorded-only", action="store_true",
-                    help="run only the cases that have an entry in their device's baseline file, and deselect the "
-                         "rest (say, after recording part of a study: check what was recorded and nothing else)")
+    group.addoption(
+        "--gate-history",
+        action="store_true",
+        help="add the change points in this device's saved runs (pytest-benchmark's storage; "
+        "python -m gptcore history) to the markdown verdict",
+    )
+    group.addoption(
+        "--cpu-speed",
+        action="store_true",
+        help="on CPU, time each study's full rounds (a tokens/s median worth reading); by default a CPU "
+        "case times only the few rounds its exact checks need (memory, loss, work ledger)",
+    )
+    group.addoption(
+        "--results-log",
+        metavar="FILE",
+        help="append one JSON line per case to FILE the moment the case ends (flushed and fsynced); "
+        "default: beside pytest-benchmark's saved runs, .benchmarks/<device>/results-<time>.jsonl "
+        "(with --resume: the log resumed)",
+    )
+    group.addoption(
+        "--resume",
+        metavar="LOG",
+        help="run only the cases that the results log LOG has not finished (passed or failed); the end "
+        "table shows the union, the finished cases as LOG has them",
+    )
+    group.addoption(
+        "--deadline",
+        type=float,
+        metavar="SECONDS",
+        default=_env_float(DEADLINE_ENV),
+        help="start no case that would likely end more than SECONDS after pytest started (judged from "
+        "the case's last time in the results log or its baseline, else from its FLOPs at an "
+        f"assumed throughput: gptcore/plan.py); skip those with the reason 'deadline'. "
+        f"Default: ${DEADLINE_ENV}",
+    )
+    group.addoption(
+        "--recorded-only",
+        action="store_true",
+        help="run only the cases that have an entry in their device's baseline file, and deselect the "
+        "rest (say, after recording part of a study: check what was recorded and nothing else)",
+    )
 
 
 def _env_float(name: str) -> float | None:
@@ -110,8 +161,10 @@ def configure(config: pytest.Config) -> Gate:
     if config.getoption("require_gpu") and not identity.cuda_available():
         import torch
 
-        raise pytest.UsageError(f"--require-gpu: CUDA is not available (torch {torch.__version__}, built for CUDA "
-                                f"{torch.version.cuda}); this job must run on a GPU runner")
+        raise pytest.UsageError(
+            f"--require-gpu: CUDA is not available (torch {torch.__version__}, built for CUDA "
+            f"{torch.version.cuda}); this job must run on a GPU runner"
+        )
     notes: list[str] = []
     history = None
     if config.pluginmanager.hasplugin("benchmark") and not _under_xdist():
@@ -163,13 +216,19 @@ def gate_from_config(config: pytest.Config, notes: list[str]) -> Gate:
     if given and not directory.is_dir() and not config.getoption("update_baselines"):  # a misspelt folder would
         # turn the gate off without a word: every case "no baseline", and the run green
         what = "not a folder" if directory.exists() else "no such folder"
-        raise pytest.UsageError(f"--baselines-dir {directory}: {what} (record into a new one with "
-                                "--update-baselines)")
-    return Gate(directory=directory, update=config.getoption("update_baselines"),
-                markdown=Path(markdown) if markdown else None,
-                update_loss=config.getoption("update_loss_references"),
-                strict=config.getoption("baseline_strict"), overrides=overrides, timing_override=counts,
-                root=config.rootpath, notes=notes, cpu_speed=config.getoption("cpu_speed"))
+        raise pytest.UsageError(f"--baselines-dir {directory}: {what} (record into a new one with --update-baselines)")
+    return Gate(
+        directory=directory,
+        update=config.getoption("update_baselines"),
+        markdown=Path(markdown) if markdown else None,
+        update_loss=config.getoption("update_loss_references"),
+        strict=config.getoption("baseline_strict"),
+        overrides=overrides,
+        timing_override=counts,
+        root=config.rootpath,
+        notes=notes,
+        cpu_speed=config.getoption("cpu_speed"),
+    )
 
 
 def _default_log(config: pytest.Config) -> Path:
@@ -198,8 +257,10 @@ class CaseHooks:
         left = self.deadline - (time.monotonic() - self.started)
         if planned.seconds > left:
             self.gate.not_started.append(item.name)
-            pytest.skip(f"deadline: {max(left, 0):.0f} s left of {self.deadline:.0f} s, the case would take about "
-                        f"{planned.seconds:.0f} s ({planned.source})")
+            pytest.skip(
+                f"deadline: {max(left, 0):.0f} s left of {self.deadline:.0f} s, the case would take about "
+                f"{planned.seconds:.0f} s ({planned.source})"
+            )
 
     def planned(self, item: pytest.Item) -> plan.Estimate:
         _, entry = _baseline_entry(self.gate, item)
@@ -222,10 +283,19 @@ class CaseHooks:
         elif skipped is not None and isinstance(skipped.longrepr, tuple):
             reason = str(skipped.longrepr[2]).removeprefix("Skipped: ")
         case = self.gate.cases.get(nodeid, {})
-        record = Record(nodeid=nodeid, name=nodeid.rsplit("::", 1)[-1], outcome=outcome,
-                        seconds=round(sum(r.duration for r in reports), 3), reason=reason, slug=case.get("slug"),
-                        verdict=(case.get("row") or {}).get("verdict"), failures=case.get("failures", []),
-                        row=case.get("row"), entry=case.get("entry"), recorded=case.get("recorded", False))
+        record = Record(
+            nodeid=nodeid,
+            name=nodeid.rsplit("::", 1)[-1],
+            outcome=outcome,
+            seconds=round(sum(r.duration for r in reports), 3),
+            reason=reason,
+            slug=case.get("slug"),
+            verdict=(case.get("row") or {}).get("verdict"),
+            failures=case.get("failures", []),
+            row=case.get("row"),
+            entry=case.get("entry"),
+            recorded=case.get("recorded", False),
+        )
         try:
             self.gate.log.write(record)
         except OSError as err:
@@ -261,15 +331,18 @@ def _disable_compare_without_history(config: pytest.Config) -> list[str]:
     from pytest_benchmark.storage.file import FileStorage
     from pytest_benchmark.utils import get_machine_id
 
-    files = FileStorage(storage[len("file://"):], logger=Logger(Logger.QUIET, config=config),
-                        default_machine_id=get_machine_id())
+    files = FileStorage(
+        storage[len("file://") :], logger=Logger(Logger.QUIET, config=config), default_machine_id=get_machine_id()
+    )
     if list(files.load() if compare is True else files.load(compare)):
         return []
     config.option.benchmark_compare = []
     config.option.benchmark_compare_fail = None
-    return [f"--benchmark-compare: no saved benchmark run{'' if compare is True else f' matching {compare!r}'} in "
-            f"{files.path} (first run on this runner? save one with --benchmark-autosave); comparison and "
-            f"--benchmark-compare-fail are off for this run, the baselines gate still applies"]
+    return [
+        f"--benchmark-compare: no saved benchmark run{'' if compare is True else f' matching {compare!r}'} in "
+        f"{files.path} (first run on this runner? save one with --benchmark-autosave); comparison and "
+        f"--benchmark-compare-fail are off for this run, the baselines gate still applies"
+    ]
 
 
 def preload(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -424,8 +497,12 @@ def update_machine_info(machine_info: dict) -> None:
     machine_info["python_implementation"] = platform.python_implementation()
     if torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability(0)
-        machine_info["gpu"] = {"name": torch.cuda.get_device_name(0), "compute_capability": f"{major}.{minor}",
-                               "count": torch.cuda.device_count(), "driver": identity.driver_version(),
-                               "cudnn": torch.backends.cudnn.version()}
+        machine_info["gpu"] = {
+            "name": torch.cuda.get_device_name(0),
+            "compute_capability": f"{major}.{minor}",
+            "count": torch.cuda.device_count(),
+            "driver": identity.driver_version(),
+            "cudnn": torch.backends.cudnn.version(),
+        }
     else:
         machine_info["gpu"] = None

@@ -40,36 +40,47 @@ def _notes(presets: dict[str, Preset[T]]) -> dict[str, str]:
 # ---------------------------------------------------------------------------------------------------------------
 # Named models
 
-_CHAR = GPTConfig(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=CHAR_VOCAB, batch_size=64,
-                  dropout=0.2)  # nanoGPT's config/train_shakespeare_char.py (bias off, as its train.py default)
+_CHAR = GPTConfig(
+    n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=CHAR_VOCAB, batch_size=64, dropout=0.2
+)  # nanoGPT's config/train_shakespeare_char.py (bias off, as its train.py default)
 _CPU = GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=64, vocab_size=CHAR_VOCAB, batch_size=12)
 _GPT2 = dict(block_size=1024, vocab_size=GPT2_VOCAB, batch_size=16, dataset="random", bias=True)
-_DEEP = GPTConfig(n_layer=32, n_head=16, n_embd=2048, block_size=512, vocab_size=GPT2_VOCAB, batch_size=4,
-                  dataset="random", bias=True)
+_DEEP = GPTConfig(
+    n_layer=32, n_head=16, n_embd=2048, block_size=512, vocab_size=GPT2_VOCAB, batch_size=4, dataset="random", bias=True
+)
 
 MODEL_PRESETS: dict[str, Preset[GPTConfig]] = {
-    "char": Preset(_CHAR, "nanoGPT shakespeare_char: 6 layers, 6 heads, 384 wide, T=256, batch 64, dropout 0.2, "
-                          "no biases"),
+    "char": Preset(
+        _CHAR, "nanoGPT shakespeare_char: 6 layers, 6 heads, 384 wide, T=256, batch 64, dropout 0.2, no biases"
+    ),
     "char-ctx2": Preset(dataclasses.replace(_CHAR, block_size=512), "char with context 512"),
     "char-layers2": Preset(dataclasses.replace(_CHAR, n_layer=12), "char with 12 layers"),
     "char-embd2": Preset(dataclasses.replace(_CHAR, n_embd=768), "char with width 768"),
-    "cpu-small": Preset(_CPU, "nanoGPT's CPU command: 4 layers, 4 heads, 128 wide, T=64, batch 12, no dropout, "
-                              "no biases"),
+    "cpu-small": Preset(
+        _CPU, "nanoGPT's CPU command: 4 layers, 4 heads, 128 wide, T=64, batch 12, no dropout, no biases"
+    ),
     "cpu-heads2": Preset(dataclasses.replace(_CPU, n_head=8), "cpu-small with 8 heads"),
     "cpu-layers2": Preset(dataclasses.replace(_CPU, n_layer=8), "cpu-small with 8 layers"),
     "cpu-embd2": Preset(dataclasses.replace(_CPU, n_embd=256), "cpu-small with width 256"),
-    "gpt2": Preset(GPTConfig(n_layer=12, n_head=12, n_embd=768, **_GPT2),
-                   "GPT-2 124M (biases on), T=1024, batch 16, random tokens"),
-    "gpt2-medium": Preset(GPTConfig(n_layer=24, n_head=16, n_embd=1024, **_GPT2),
-                          "GPT-2 350M, T=1024, batch 16, random tokens"),
-    "gpt2-large": Preset(GPTConfig(n_layer=36, n_head=20, n_embd=1280, **_GPT2),
-                         "GPT-2 774M, T=1024, batch 16, random tokens"),
-    "gpt2-xl": Preset(GPTConfig(n_layer=48, n_head=25, n_embd=1600, **_GPT2),
-                      "GPT-2 1.5B, T=1024, batch 16, random tokens"),
-    "deep-1.6b": Preset(_DEEP, "32 layers x 2048 wide (biases on), T=512, batch 4, random tokens: the memory-recipe "
-                               "study's model"),
-    "deep-1.6b-char": Preset(dataclasses.replace(_DEEP, vocab_size=CHAR_VOCAB, dataset="shakespeare"),
-                             "deep-1.6b on the Shakespeare characters: the memory recipes' cost in validation loss"),
+    "gpt2": Preset(
+        GPTConfig(n_layer=12, n_head=12, n_embd=768, **_GPT2), "GPT-2 124M (biases on), T=1024, batch 16, random tokens"
+    ),
+    "gpt2-medium": Preset(
+        GPTConfig(n_layer=24, n_head=16, n_embd=1024, **_GPT2), "GPT-2 350M, T=1024, batch 16, random tokens"
+    ),
+    "gpt2-large": Preset(
+        GPTConfig(n_layer=36, n_head=20, n_embd=1280, **_GPT2), "GPT-2 774M, T=1024, batch 16, random tokens"
+    ),
+    "gpt2-xl": Preset(
+        GPTConfig(n_layer=48, n_head=25, n_embd=1600, **_GPT2), "GPT-2 1.5B, T=1024, batch 16, random tokens"
+    ),
+    "deep-1.6b": Preset(
+        _DEEP, "32 layers x 2048 wide (biases on), T=512, batch 4, random tokens: the memory-recipe study's model"
+    ),
+    "deep-1.6b-char": Preset(
+        dataclasses.replace(_DEEP, vocab_size=CHAR_VOCAB, dataset="shakespeare"),
+        "deep-1.6b on the Shakespeare characters: the memory recipes' cost in validation loss",
+    ),
 }
 MODELS: dict[str, GPTConfig] = _values(MODEL_PRESETS)
 MODEL_NOTES: dict[str, str] = _notes(MODEL_PRESETS)
@@ -84,8 +95,19 @@ _IN_BACKWARD = dict(optim_in_backward=True, grad_clip=None)
 # wherever available), GPT-2's lr 6e-4 -> 6e-5 and beta2 0.95; manual attention, untied, unpadded and a host
 # sync every step at the bottom.
 _LADDER_STEPS: list[tuple[str, dict]] = [
-    ("fp32", dict(precision="fp32", attention="manual", tie_weights=False, sync_every_step=True,
-                  adamw_impl="fused", lr=6e-4, min_lr=6e-5, beta2=0.95)),
+    (
+        "fp32",
+        dict(
+            precision="fp32",
+            attention="manual",
+            tie_weights=False,
+            sync_every_step=True,
+            adamw_impl="fused",
+            lr=6e-4,
+            min_lr=6e-5,
+            beta2=0.95,
+        ),
+    ),
     ("tf32", dict(precision="tf32")),
     ("no-sync", dict(sync_every_step=False)),
     ("amp", dict(precision="bf16")),
@@ -101,8 +123,9 @@ def _ladder() -> dict[str, Preset[Recipe]]:
     presets, fields = {}, {}
     for rung, (what, change) in enumerate(_LADDER_STEPS):
         fields.update(change)
-        presets[f"ladder-{rung}"] = Preset(Recipe(**fields), f"ladder rung {rung}: "
-                                           + ("fp32, naive loop" if rung == 0 else f"+ {what}"))
+        presets[f"ladder-{rung}"] = Preset(
+            Recipe(**fields), f"ladder rung {rung}: " + ("fp32, naive loop" if rung == 0 else f"+ {what}")
+        )
     return presets
 
 
@@ -113,11 +136,14 @@ _LADDER = _ladder()
 _CPU_COMMAND = dict(checkpoint=True, decay_steps=2000)
 
 RECIPE_PRESETS: dict[str, Preset[Recipe]] = {
-    "fp32": Preset(_NANOGPT_CHAR, "nanoGPT char default: fp32, AdamW (foreach) lr 1e-3, warmup 100 + cosine to "
-                                  "1e-4 at 5,000, clip 1.0"),
+    "fp32": Preset(
+        _NANOGPT_CHAR,
+        "nanoGPT char default: fp32, AdamW (foreach) lr 1e-3, warmup 100 + cosine to 1e-4 at 5,000, clip 1.0",
+    ),
     "tf32": Preset(Recipe(precision="tf32"), "fp32 weights, TF32 tensor-core matmuls (CUDA only)"),
-    "sgd-cosine": Preset(Recipe(optimizer="sgd", lr=1e-2, min_lr=1e-3),
-                         "SGD momentum 0.9, warmup + cosine lr 1e-2 -> 1e-3"),
+    "sgd-cosine": Preset(
+        Recipe(optimizer="sgd", lr=1e-2, min_lr=1e-3), "SGD momentum 0.9, warmup + cosine lr 1e-2 -> 1e-3"
+    ),
     "fp16": Preset(Recipe(precision="fp16"), "fp16 autocast + GradScaler, fp32 master weights"),
     "bf16": Preset(Recipe(precision="bf16"), "bf16 autocast, fp32 master weights"),
     "bf16-pure": Preset(Recipe(precision="bf16-pure"), "weights, gradients and optimizer state in bf16"),
@@ -127,41 +153,58 @@ RECIPE_PRESETS: dict[str, Preset[Recipe]] = {
     "grad-accum-2": Preset(Recipe(grad_accum_steps=2), "2 micro-batches of batch / 2, same effective batch"),
     "checkpoint": Preset(Recipe(checkpoint=True), "non-reentrant activation checkpointing of every block"),
     "compile": Preset(Recipe(compile=True), "torch.compile of the whole model"),
-    "compile-blocks": Preset(Recipe(compile=True, compile_scope="blocks"),
-                             "torch.compile of each block (regional: one graph shared by the blocks)"),
-    "optim-in-bwd": Preset(Recipe(**_IN_BACKWARD), "optimizer step inside backward (each parameter's "
-                                                   "post-accumulate-grad hook), no clipping"),
-    "optim-in-bwd-checkpoint": Preset(Recipe(checkpoint=True, **_IN_BACKWARD),
-                                      "optimizer in backward + checkpointing"),
-    "bf16-pure-optim-in-bwd-checkpoint": Preset(Recipe(precision="bf16-pure", checkpoint=True, **_IN_BACKWARD),
-                                                "bf16 weights + optimizer in backward + checkpointing (the leanest)"),
+    "compile-blocks": Preset(
+        Recipe(compile=True, compile_scope="blocks"),
+        "torch.compile of each block (regional: one graph shared by the blocks)",
+    ),
+    "optim-in-bwd": Preset(
+        Recipe(**_IN_BACKWARD),
+        "optimizer step inside backward (each parameter's post-accumulate-grad hook), no clipping",
+    ),
+    "optim-in-bwd-checkpoint": Preset(Recipe(checkpoint=True, **_IN_BACKWARD), "optimizer in backward + checkpointing"),
+    "bf16-pure-optim-in-bwd-checkpoint": Preset(
+        Recipe(precision="bf16-pure", checkpoint=True, **_IN_BACKWARD),
+        "bf16 weights + optimizer in backward + checkpointing (the leanest)",
+    ),
     "budget-0.05": Preset(Recipe(compile=True, memory_budget=0.05), "compile with activation memory budget 0.05"),
     "budget-0.60": Preset(Recipe(compile=True, memory_budget=0.60), "compile with activation memory budget 0.60"),
-    "optim-in-bwd-budget-0.05": Preset(Recipe(compile=True, memory_budget=0.05, **_IN_BACKWARD),
-                                       "optimizer in backward + compile with budget 0.05"),
-    "bf16-pure-budget-0.60": Preset(Recipe(precision="bf16-pure", compile=True, memory_budget=0.60),
-                                    "bf16 weights + compile with budget 0.60"),
-    "ckpt-fp32": Preset(Recipe(**_CPU_COMMAND),
-                        "nanoGPT's CPU command: fp32 + checkpointing, lr decay to 2,000 steps"),
+    "optim-in-bwd-budget-0.05": Preset(
+        Recipe(compile=True, memory_budget=0.05, **_IN_BACKWARD), "optimizer in backward + compile with budget 0.05"
+    ),
+    "bf16-pure-budget-0.60": Preset(
+        Recipe(precision="bf16-pure", compile=True, memory_budget=0.60), "bf16 weights + compile with budget 0.60"
+    ),
+    "ckpt-fp32": Preset(Recipe(**_CPU_COMMAND), "nanoGPT's CPU command: fp32 + checkpointing, lr decay to 2,000 steps"),
     "ckpt-half-batch": Preset(Recipe(batch_divisor=2, **_CPU_COMMAND), "ckpt-fp32 with batch / 2"),
-    "ckpt-grad-accum-2": Preset(Recipe(grad_accum_steps=2, **_CPU_COMMAND),
-                                "ckpt-fp32 with 2 micro-batches of batch / 2"),
-    "ckpt-sgd-cosine": Preset(Recipe(optimizer="sgd", lr=1e-2, min_lr=1e-3, **_CPU_COMMAND),
-                              "ckpt-fp32 with SGD momentum 0.9, lr 1e-2 -> 1e-3"),
+    "ckpt-grad-accum-2": Preset(
+        Recipe(grad_accum_steps=2, **_CPU_COMMAND), "ckpt-fp32 with 2 micro-batches of batch / 2"
+    ),
+    "ckpt-sgd-cosine": Preset(
+        Recipe(optimizer="sgd", lr=1e-2, min_lr=1e-3, **_CPU_COMMAND),
+        "ckpt-fp32 with SGD momentum 0.9, lr 1e-2 -> 1e-3",
+    ),
     "ckpt-bf16": Preset(Recipe(precision="bf16", **_CPU_COMMAND), "ckpt-fp32 with bf16 autocast"),
     **_LADDER,
-    "ddp": Preset(Recipe(parallel=Parallel(ddp=DDPOptions())), "fp32 data parallel (torchrun): DDP, gradients "
-                  "all-reduced in 25 MiB buckets; the batch split over ranks"),
-    "ddp-bucket-view": Preset(Recipe(parallel=Parallel(ddp=DDPOptions(gradient_as_bucket_view=True))),
-                              "ddp with gradient_as_bucket_view: the gradients are views into the buckets (no extra "
-                              "copy)"),
-    "fsdp2": Preset(Recipe(parallel=Parallel(fsdp2=FSDP2Options())), "fp32 FSDP2 (torchrun): fully_shard per block "
-                    "then the root; parameters, grads, AdamW state 1/N"),
-    "fsdp2-no-reshard": Preset(Recipe(parallel=Parallel(fsdp2=FSDP2Options(reshard_after_forward=False))),
-                               "fsdp2 keeping the gathered parameters after forward (no second all-gather in "
-                               "backward)"),
-    "fsdp2-bf16": Preset(Recipe(parallel=Parallel(fsdp2=FSDP2Options(param_dtype="bf16"))),
-                         "fsdp2 with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), fp32 sharded master"),
+    "ddp": Preset(
+        Recipe(parallel=Parallel(ddp=DDPOptions())),
+        "fp32 data parallel (torchrun): DDP, gradients all-reduced in 25 MiB buckets; the batch split over ranks",
+    ),
+    "ddp-bucket-view": Preset(
+        Recipe(parallel=Parallel(ddp=DDPOptions(gradient_as_bucket_view=True))),
+        "ddp with gradient_as_bucket_view: the gradients are views into the buckets (no extra copy)",
+    ),
+    "fsdp2": Preset(
+        Recipe(parallel=Parallel(fsdp2=FSDP2Options())),
+        "fp32 FSDP2 (torchrun): fully_shard per block then the root; parameters, grads, AdamW state 1/N",
+    ),
+    "fsdp2-no-reshard": Preset(
+        Recipe(parallel=Parallel(fsdp2=FSDP2Options(reshard_after_forward=False))),
+        "fsdp2 keeping the gathered parameters after forward (no second all-gather in backward)",
+    ),
+    "fsdp2-bf16": Preset(
+        Recipe(parallel=Parallel(fsdp2=FSDP2Options(param_dtype="bf16"))),
+        "fsdp2 with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), fp32 sharded master",
+    ),
 }
 RECIPES: dict[str, Recipe] = _values(RECIPE_PRESETS)
 RECIPE_NOTES: dict[str, str] = _notes(RECIPE_PRESETS)
@@ -176,39 +219,72 @@ RENAMED_RECIPES: dict[str, str] = {
 }
 
 MEMORY_RECIPES: tuple[str, ...] = (
-    "fp32", "bf16-pure", "checkpoint", "compile", "optim-in-bwd", "optim-in-bwd-checkpoint",
-    "bf16-pure-optim-in-bwd-checkpoint", "budget-0.05", "budget-0.60", "optim-in-bwd-budget-0.05",
+    "fp32",
+    "bf16-pure",
+    "checkpoint",
+    "compile",
+    "optim-in-bwd",
+    "optim-in-bwd-checkpoint",
+    "bf16-pure-optim-in-bwd-checkpoint",
+    "budget-0.05",
+    "budget-0.60",
+    "optim-in-bwd-budget-0.05",
     "bf16-pure-budget-0.60",
 )
 LADDER: tuple[str, ...] = tuple(_LADDER)
 
 
-
-STUDIES: dict[str, Study] = {s.name: s for s in (
-    Study("char-shape", "nanoGPT's shakespeare_char model, one dimension doubled at a time, x precision, "
-          "optimizer and batch recipes", ("char", "char-ctx2", "char-layers2", "char-embd2"),
-          ("fp32", "sgd-cosine", "fp16", "bf16", "small-batch", "grad-accum"), "cuda",
-          Schedule(steps=5000, eval_every=250, eval_batches=20, target_loss=1.6)),
-    Study("cpu-shape", "nanoGPT's CPU model, one dimension doubled at a time, x nanoGPT's CPU command's recipes",
-          ("cpu-small", "cpu-heads2", "cpu-layers2", "cpu-embd2"),
-          ("ckpt-fp32", "ckpt-half-batch", "ckpt-grad-accum-2", "ckpt-sgd-cosine", "ckpt-bf16"), "cpu",
-          Schedule(steps=2000, eval_every=100, eval_batches=20, target_loss=2.1)),
-    Study("memory-recipe", "a 1.6B model under eleven memory-saving recipes", ("deep-1.6b",), MEMORY_RECIPES,
-          "cuda"),
-    Study("ladder", "GPT-2 124M up the optimization ladder, one switch per rung", ("gpt2",), LADDER, "cuda"),
-    Study("cpu-recipe", "nanoGPT's CPU model under every memory recipe, regional compilation and the ladder's "
-          "naive bottom rung (a host sync every step): the work ledger's CPU watch", ("cpu-small",),
-          MEMORY_RECIPES + ("compile-blocks", "ladder-0"), "cpu"),
-)}
+STUDIES: dict[str, Study] = {
+    s.name: s
+    for s in (
+        Study(
+            "char-shape",
+            "nanoGPT's shakespeare_char model, one dimension doubled at a time, x precision, "
+            "optimizer and batch recipes",
+            ("char", "char-ctx2", "char-layers2", "char-embd2"),
+            ("fp32", "sgd-cosine", "fp16", "bf16", "small-batch", "grad-accum"),
+            "cuda",
+            Schedule(steps=5000, eval_every=250, eval_batches=20, target_loss=1.6),
+        ),
+        Study(
+            "cpu-shape",
+            "nanoGPT's CPU model, one dimension doubled at a time, x nanoGPT's CPU command's recipes",
+            ("cpu-small", "cpu-heads2", "cpu-layers2", "cpu-embd2"),
+            ("ckpt-fp32", "ckpt-half-batch", "ckpt-grad-accum-2", "ckpt-sgd-cosine", "ckpt-bf16"),
+            "cpu",
+            Schedule(steps=2000, eval_every=100, eval_batches=20, target_loss=2.1),
+        ),
+        Study(
+            "memory-recipe", "a 1.6B model under eleven memory-saving recipes", ("deep-1.6b",), MEMORY_RECIPES, "cuda"
+        ),
+        Study("ladder", "GPT-2 124M up the optimization ladder, one switch per rung", ("gpt2",), LADDER, "cuda"),
+        Study(
+            "cpu-recipe",
+            "nanoGPT's CPU model under every memory recipe, regional compilation and the ladder's "
+            "naive bottom rung (a host sync every step): the work ledger's CPU watch",
+            ("cpu-small",),
+            MEMORY_RECIPES + ("compile-blocks", "ladder-0"),
+            "cpu",
+        ),
+    )
+}
 
 
 #: Studies of the convergence tier only (no benchmark case of their own): the memory-recipe study's model and
 #: recipes on real text, since the study's own model reads random tokens, which have nothing to learn.
-QUALITY_STUDIES: dict[str, Study] = {s.name: s for s in (
-    Study("memory-recipe-quality", "the memory-recipe study's model and recipes on real text: what each recipe "
-          "costs in validation loss", ("deep-1.6b-char",), MEMORY_RECIPES, "cuda",
-          Schedule(steps=300, eval_every=50, eval_batches=10, target_loss=2.5)),
-)}
+QUALITY_STUDIES: dict[str, Study] = {
+    s.name: s
+    for s in (
+        Study(
+            "memory-recipe-quality",
+            "the memory-recipe study's model and recipes on real text: what each recipe costs in validation loss",
+            ("deep-1.6b-char",),
+            MEMORY_RECIPES,
+            "cuda",
+            Schedule(steps=300, eval_every=50, eval_batches=10, target_loss=2.5),
+        ),
+    )
+}
 
 #: The CPU-shape study's schedule shortened to what CI can afford (one case, about 20 s on one thread): the study's
 #: 100 warm-up steps, then a whole cosine decay of its own to step 200, so that it has an end of training to judge.
@@ -233,8 +309,11 @@ def get_recipe(name: str) -> Recipe:
     name and listing the valid ones otherwise."""
     if name in RENAMED_RECIPES:
         new = RENAMED_RECIPES[name]
-        warnings.warn(f"recipe {name!r} is now called {new!r}; the old name will be removed in the next release",
-                      FutureWarning, stacklevel=2)
+        warnings.warn(
+            f"recipe {name!r} is now called {new!r}; the old name will be removed in the next release",
+            FutureWarning,
+            stacklevel=2,
+        )
         name = new
     if name not in RECIPES:
         raise _unknown("recipe", name, list(RECIPES))

@@ -2,8 +2,8 @@
 
 For each benchmark group (one study) and metric (peak memory, tokens/s, loss): the shape x recipe table of the
 char-shape study, the % change against the same shape's default recipe (the study's first: fp32, ckpt-fp32), and
-the deviation from additivity. With m[s, r] the metric for shape s and recipe r, b the base shape (char, cpu-small) and d the
-default recipe, the additive prediction is m[s, d] + (m[b, r] - m[b, d]) (the shape's change plus the recipe's
+the deviation from additivity. With m[s, r] the metric for shape s and recipe r, b the base shape (char, cpu-small)
+and d the default recipe, the additive prediction is m[s, d] + (m[b, r] - m[b, d]) (the shape's change plus the recipe's
 change, each measured alone); the deviation is what the combination adds beyond that, as a percentage of the
 base default:
 
@@ -26,9 +26,8 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from .rules import BUSY_SHARE, non_finite
-from .units import in_unit
-
+from gptcore.rules import BUSY_SHARE, non_finite
+from gptcore.units import in_unit
 
 #: metric key -> (title, how to read it from a benchmark's extra_info)
 METRICS: dict[str, tuple[str, str]] = {
@@ -38,8 +37,12 @@ METRICS: dict[str, tuple[str, str]] = {
     "loss": ("loss at the last timed step, nats", "loss"),
 }
 #: metric key -> its axis label (with the unit) in plots
-AXIS_LABELS: dict[str, str] = {"memory": "peak allocated memory (MiB)", "reserved": "peak reserved memory (MiB)",
-                               "speed": "tokens/s (median over rounds)", "loss": "loss (nats)"}
+AXIS_LABELS: dict[str, str] = {
+    "memory": "peak allocated memory (MiB)",
+    "reserved": "peak reserved memory (MiB)",
+    "speed": "tokens/s (median over rounds)",
+    "loss": "loss (nats)",
+}
 
 
 @dataclass(frozen=True)
@@ -93,8 +96,10 @@ def load_run(path: str | Path) -> list[Record]:
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not valid JSON: {err.msg} at line {err.lineno}") from None
     if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), list):
-        raise ValueError(f"{path}: not a pytest-benchmark JSON (no 'benchmarks' list); write one with "
-                         f"pytest bench --benchmark-json=FILE")
+        raise ValueError(
+            f"{path}: not a pytest-benchmark JSON (no 'benchmarks' list); write one with "
+            f"pytest bench --benchmark-json=FILE"
+        )
     records = []
     for bench in data["benchmarks"]:
         info = bench.get("extra_info") if isinstance(bench, dict) else None
@@ -104,8 +109,9 @@ def load_run(path: str | Path) -> list[Record]:
         for key in ("memory", "reserved"):  # bytes -> the MiB of METRICS' titles
             if values[key] is not None:
                 values[key] = in_unit(values[key], "MiB")
-        records.append(Record(bench.get("group") or "", bench.get("name", ""), info["model"], info["recipe"], values,
-                              info))
+        records.append(
+            Record(bench.get("group") or "", bench.get("name", ""), info["model"], info["recipe"], values, info)
+        )
     if not records:
         raise ValueError(f"{path}: no gptcore benchmark cases (benchmarks with extra_info model/recipe)")
     return records
@@ -159,15 +165,13 @@ def additivity(table: Pivot, base: str, default: str) -> Pivot:
         out[s] = {}
         for r, v in row.items():
             terms = (v, sd, b.get(r), bd)
-            out[s][r] = (100.0 * ((v - sd) - (b[r] - bd)) / bd
-                         if all(t is not None for t in terms) and bd else None)
+            out[s][r] = 100.0 * ((v - sd) - (b[r] - bd)) / bd if all(t is not None for t in terms) and bd else None
     return out
 
 
 def _fmt(table: Pivot, shapes: list[str], recipes: list[str], fmt: str, unit: str) -> str:
     rows = [[s] + [("—" if table[s][r] is None else format(table[s][r], fmt)) for r in recipes] for s in shapes]
-    return tabulate(rows, headers=[f"shape \\ recipe ({unit})"] + recipes, disable_numparse=True,
-                    stralign="right")
+    return tabulate(rows, headers=[f"shape \\ recipe ({unit})"] + recipes, disable_numparse=True, stralign="right")
 
 
 _VALUE_FMT = {"memory": ",.2f", "reserved": ",.2f", "speed": ",.0f", "loss": ".4f"}
@@ -187,17 +191,23 @@ def render(records: Sequence[Record]) -> str:
             out += [f"\n{title}", _fmt(table, shapes, recipes, _VALUE_FMT[metric], _UNIT[metric])]
             default = recipes[0]  # a study lists its default recipe first
             if len(recipes) > 1:
-                out += [f"\n{title}: % change vs {default} of the same shape",
-                        _fmt(pct_change(table, default), shapes, recipes, "+.1f", "%")]
+                out += [
+                    f"\n{title}: % change vs {default} of the same shape",
+                    _fmt(pct_change(table, default), shapes, recipes, "+.1f", "%"),
+                ]
                 if len(shapes) > 1:
                     base = base_shape(shapes)
-                    out += [f"\n{title}: deviation from additivity, % of {base}/{default}",
-                            _fmt(additivity(table, base, default), shapes, recipes, "+.1f", "%")]
+                    out += [
+                        f"\n{title}: deviation from additivity, % of {base}/{default}",
+                        _fmt(additivity(table, base, default), shapes, recipes, "+.1f", "%"),
+                    ]
         out += [f"\nnot finite: {r.name}: {'; '.join(r.not_finite)}" for r in recs if r.not_finite]
         busy = [r.name for r in recs if r.busy]
         if busy:
-            out.append(f"\nbusy: tokens/s of {', '.join(busy)} recorded with cpu_share < {BUSY_SHARE} (the machine "
-                       "was shared); compare them with care")
+            out.append(
+                f"\nbusy: tokens/s of {', '.join(busy)} recorded with cpu_share < {BUSY_SHARE} (the machine "
+                "was shared); compare them with care"
+            )
         out.append("")
     return "\n".join(out)
 
@@ -225,8 +235,14 @@ def plot(records: Sequence[Record], outdir: str | Path) -> list[Path]:
             for i, s in enumerate(shapes):
                 xs = [j + i * width for j in range(len(recipes))]
                 err = [iqr.get((s, r)) or 0.0 for r in recipes] if iqr else None
-                ax.bar(xs, [table[s][r] if table[s][r] is not None else math.nan for r in recipes], width, label=s,
-                       yerr=[[e / 2 for e in err]] * 2 if err else None, capsize=2)
+                ax.bar(
+                    xs,
+                    [table[s][r] if table[s][r] is not None else math.nan for r in recipes],
+                    width,
+                    label=s,
+                    yerr=[[e / 2 for e in err]] * 2 if err else None,
+                    capsize=2,
+                )
             ax.set_xticks([j + 0.4 - width / 2 for j in range(len(recipes))], recipes, rotation=30, ha="right")
             ax.set_xlabel("recipe")
             ax.set_ylabel(AXIS_LABELS[metric])
@@ -250,8 +266,9 @@ def plot(records: Sequence[Record], outdir: str | Path) -> list[Path]:
                 ax.set_yticks(range(len(shapes)), shapes)
                 ax.set_xlabel("recipe")
                 ax.set_ylabel("shape")
-                ax.set_title(f"{group}: {title}\ndeviation from additivity, % of {base_shape(shapes)}/{default}",
-                             fontsize=10)
+                ax.set_title(
+                    f"{group}: {title}\ndeviation from additivity, % of {base_shape(shapes)}/{default}", fontsize=10
+                )
                 fig.colorbar(image, ax=ax, label=f"deviation, % of {base_shape(shapes)}/{default}")
                 fig.tight_layout()
                 written.append(outdir / f"{stem}-{metric}-additivity.png")

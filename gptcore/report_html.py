@@ -22,17 +22,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from . import baselines, expectations, identity
-from .baselines import BaselineFile, Entry, Tolerances
-from .presets import RECIPE_NOTES, get_model, get_recipe
-from .convergence import Convergence
-from .memory import CATEGORIES, estimate, resolve
-from .report import Record, load_run, number, recorded_busy
-from .history import Finding, utc_time
-from .history import analyse as analyse_history
-from .rules import BUSY_SHARE, Status, delta_text
-from .units import common_unit, in_unit
-from .verdicts import Check, memory_check, speed_check, speed_incomparable
+from gptcore import baselines, expectations, identity
+from gptcore.baselines import BaselineFile, Entry, Tolerances
+from gptcore.convergence import Convergence
+from gptcore.history import Finding, utc_time
+from gptcore.history import analyse as analyse_history
+from gptcore.memory import CATEGORIES, estimate, resolve
+from gptcore.presets import RECIPE_NOTES, get_model, get_recipe
+from gptcore.report import Record, load_run, number, recorded_busy
+from gptcore.rules import BUSY_SHARE, Status, delta_text
+from gptcore.units import common_unit, in_unit
+from gptcore.verdicts import Check, memory_check, speed_check, speed_incomparable
 
 LADDER_RUNG = re.compile(r"^ladder-(\d+)$")
 COLORS = {"now": "#1f77b4", "fail": "#d62728", "better": "#2ca02c", "base": "#9e9e9e", "band": "#2ca02c"}
@@ -80,8 +80,12 @@ def load_history(storage: str | Path) -> list[SavedRun]:
         cases = {}
         for bench in data.get("benchmarks") or []:
             info = bench.get("extra_info") or {}
-            cases[bench.get("name", "")] = (number(info.get("tokens_per_s")), number(info.get("tokens_per_s_iqr")),
-                                            number(info.get("peak_allocated_bytes")), recorded_busy(info))
+            cases[bench.get("name", "")] = (
+                number(info.get("tokens_per_s")),
+                number(info.get("tokens_per_s_iqr")),
+                number(info.get("peak_allocated_bytes")),
+                recorded_busy(info),
+            )
         sha = str(commit.get("id") or "") + ("+dirty" if commit.get("dirty") else "")
         runs.append(SavedRun(path.name[:4], sha, str(commit.get("time") or data.get("datetime") or ""), cases))
     earliest = datetime.min.replace(tzinfo=timezone.utc)
@@ -119,11 +123,15 @@ def case_checks(r: Record, e: Entry | None, tol: Tolerances) -> tuple[Check, Che
     """The case's tokens/s and peak memory checks, made by the gate's own rules (``verdicts.speed_check`` and
     ``memory_check``), so that the page cannot disagree with the gate; 'no baseline' without an entry."""
     if e is None:
-        return (Check("tokens/s", r.values["speed"], None, None, Status.NO_BASELINE),
-                Check("peak memory", number(r.info.get("peak_allocated_bytes")), None, None, Status.NO_BASELINE))
+        return (
+            Check("tokens/s", r.values["speed"], None, None, Status.NO_BASELINE),
+            Check("peak memory", number(r.info.get("peak_allocated_bytes")), None, None, Status.NO_BASELINE),
+        )
     incomparable = speed_incomparable(r.info.get("cpu_model"), e) if "cpu_model" in r.info else None
-    return (speed_check(r.values["speed"], e.tokens_per_s, tol, incomparable=incomparable),
-            memory_check(number(r.info.get("peak_allocated_bytes")), e.peak_allocated_bytes, tol))
+    return (
+        speed_check(r.values["speed"], e.tokens_per_s, tol, incomparable=incomparable),
+        memory_check(number(r.info.get("peak_allocated_bytes")), e.peak_allocated_bytes, tol),
+    )
 
 
 def now_vs_baseline_figure(group: str, recs: Sequence[Record], base: BaselineFile | None, tol: Tolerances) -> str:
@@ -135,8 +143,9 @@ def now_vs_baseline_figure(group: str, recs: Sequence[Record], base: BaselineFil
     n = len(recs)
     fig, (ax_s, ax_m) = plt.subplots(1, 2, figsize=(13, 1.4 + 0.42 * n), sharey=True)
     entries = [base.entries.get(r.name) if base else None for r in recs]
-    unit = common_unit([r.info.get("peak_allocated_bytes") for r in recs]
-                       + [e.peak_allocated_bytes for e in entries if e])
+    unit = common_unit(
+        [r.info.get("peak_allocated_bytes") for r in recs] + [e.peak_allocated_bytes for e in entries if e]
+    )
     for i, (r, e) in enumerate(zip(recs, entries)):
         y = n - 1 - i
         now_s, base_s = r.values["speed"], e.tokens_per_s if e else None
@@ -144,22 +153,43 @@ def now_vs_baseline_figure(group: str, recs: Sequence[Record], base: BaselineFil
         status = speed.status
         if base_s is not None:
             if tol.speed is not None:
-                ax_s.fill_betweenx([y - 0.42, y + 0.42], base_s * (1 - tol.speed), base_s * (1 + tol.speed),
-                                   color=COLORS["band"], alpha=0.18, lw=0)
+                ax_s.fill_betweenx(
+                    [y - 0.42, y + 0.42],
+                    base_s * (1 - tol.speed),
+                    base_s * (1 + tol.speed),
+                    color=COLORS["band"],
+                    alpha=0.18,
+                    lw=0,
+                )
             ax_s.barh(y + 0.19, base_s, 0.36, color=COLORS["base"], xerr=(e.tokens_per_s_iqr or 0) / 2, capsize=2)
         if now_s is not None and math.isfinite(now_s):  # a NaN or inf speed is named in the table, not drawn
-            ax_s.barh(y - 0.19, now_s, 0.36, color=COLORS["fail" if status == Status.FAIL else "now"],
-                      xerr=(r.speed_iqr or 0) / 2, capsize=2, hatch="//" if r.busy else None, edgecolor="black")
+            ax_s.barh(
+                y - 0.19,
+                now_s,
+                0.36,
+                color=COLORS["fail" if status == Status.FAIL else "now"],
+                xerr=(r.speed_iqr or 0) / 2,
+                capsize=2,
+                hatch="//" if r.busy else None,
+                edgecolor="black",
+            )
             if r.busy:
-                ax_s.text(now_s, y - 0.19, f"  busy (cpu_share {r.info.get('cpu_share'):.2f})", va="center",
-                          fontsize=7, color=COLORS["fail"])
+                ax_s.text(
+                    now_s,
+                    y - 0.19,
+                    f"  busy (cpu_share {r.info.get('cpu_share'):.2f})",
+                    va="center",
+                    fontsize=7,
+                    color=COLORS["fail"],
+                )
         now_m = number(r.info.get("peak_allocated_bytes"))
         base_m = e.peak_allocated_bytes if e else None
         status = memory.status
         if base_m is not None:
             b = in_unit(base_m, unit)
-            ax_m.fill_betweenx([y - 0.42, y + 0.42], b * (1 - tol.memory), b * (1 + tol.memory), color=COLORS["band"],
-                               alpha=0.18, lw=0)
+            ax_m.fill_betweenx(
+                [y - 0.42, y + 0.42], b * (1 - tol.memory), b * (1 + tol.memory), color=COLORS["band"], alpha=0.18, lw=0
+            )
             ax_m.barh(y + 0.19, b, 0.36, color=COLORS["base"])
         if now_m is not None:
             ax_m.barh(y - 0.19, in_unit(now_m, unit), 0.36, color=COLORS.get(status.lower(), COLORS["now"]))
@@ -167,8 +197,11 @@ def now_vs_baseline_figure(group: str, recs: Sequence[Record], base: BaselineFil
             ax_m.text(0, y, "  no figure (compiled: not tracked on CPU)", va="center", fontsize=7)
     ax_s.set_yticks(range(n), [r.name for r in reversed(recs)], fontsize=8)
     gated = "not gated: reported only" if tol.speed is None else f"gated: fails below −{tol.speed:.0%}"
-    ax_s.set_title(f"{group}: tokens/s, now vs baseline\n({gated})", fontsize=10,
-                   color=COLORS["fail"] if tol.speed is None else "black")
+    ax_s.set_title(
+        f"{group}: tokens/s, now vs baseline\n({gated})",
+        fontsize=10,
+        color=COLORS["fail"] if tol.speed is None else "black",
+    )
     ax_s.set_xlabel("tokens/s (median over rounds; error bars: IQR over rounds)")
     ax_m.set_title(f"{group}: peak memory, now vs baseline\n(gated: fails above +{tol.memory:.0%})", fontsize=10)
     ax_m.set_xlabel(f"peak allocated memory ({unit})")
@@ -176,9 +209,13 @@ def now_vs_baseline_figure(group: str, recs: Sequence[Record], base: BaselineFil
     ax_m.set_ylabel("case")
     ax_s.xaxis.set_major_formatter(_thousands)
     ax_s.xaxis.set_major_locator(MaxNLocator(5))
-    handles = [Patch(color=COLORS["now"], label="now"), Patch(color=COLORS["base"], label="baseline"),
-               Patch(color=COLORS["band"], alpha=0.3, label="tolerance band"),
-               Patch(color=COLORS["fail"], label="FAIL"), Patch(facecolor="white", hatch="//", label="busy CPU")]
+    handles = [
+        Patch(color=COLORS["now"], label="now"),
+        Patch(color=COLORS["base"], label="baseline"),
+        Patch(color=COLORS["band"], alpha=0.3, label="tolerance band"),
+        Patch(color=COLORS["fail"], label="FAIL"),
+        Patch(facecolor="white", hatch="//", label="busy CPU"),
+    ]
     ax_m.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return _png(fig)
 
@@ -235,35 +272,46 @@ def waterfall_figure(model: str, rungs: Sequence[tuple[int, Record]], base: Base
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(rungs) + 2), 4.8))
     previous = None
-    for x, (rung, r) in enumerate(rungs):
+    for x, (_rung, r) in enumerate(rungs):
         value = r.values["speed"]
         if previous is None:
             ax.bar(x, value, 0.6, color=COLORS["base"])
         else:
-            ax.bar(x, abs(value - previous), 0.6, bottom=min(value, previous),
-                   color=COLORS["better"] if value >= previous else COLORS["fail"])
+            ax.bar(
+                x,
+                abs(value - previous),
+                0.6,
+                bottom=min(value, previous),
+                color=COLORS["better"] if value >= previous else COLORS["fail"],
+            )
             ax.plot([x - 1.3, x - 0.3], [previous, previous], color="black", lw=0.6, ls=":")
             ax.text(x, max(value, previous), f"{value / previous - 1:+.0%}", ha="center", va="bottom", fontsize=8)
         ax.errorbar(x, value, yerr=(r.speed_iqr or 0) / 2, color="black", capsize=3, lw=1)
         entry = base.entries.get(r.name) if base else None
         if entry and entry.tokens_per_s is not None:
-            ax.plot(x, entry.tokens_per_s, "k_", ms=16, mew=2, label="baseline" if "baseline" not in
-                    ax.get_legend_handles_labels()[1] else None)
+            ax.plot(
+                x,
+                entry.tokens_per_s,
+                "k_",
+                ms=16,
+                mew=2,
+                label="baseline" if "baseline" not in ax.get_legend_handles_labels()[1] else None,
+            )
         previous = value
     labels = [RECIPE_NOTES.get(r.recipe, r.recipe).replace("ladder rung ", "").replace(": ", "\n") for _, r in rungs]
     ax.set_xticks(range(len(rungs)), labels, fontsize=8)
     ax.set_xlabel("ladder rung (the switch it adds)")
     ax.set_ylabel("tokens/s (median over rounds)")
     ax.yaxis.set_major_formatter(_thousands)
-    ax.set_title(f"ladder, {model}: tokens/s rung by rung (green: faster, red: slower; error bars: IQR)",
-                 fontsize=10)
+    ax.set_title(f"ladder, {model}: tokens/s rung by rung (green: faster, red: slower; error bars: IQR)", fontsize=10)
     if ax.get_legend_handles_labels()[1]:
         ax.legend(fontsize=8)
     return _png(fig)
 
 
-def history_figure(group: str, recs: Sequence[Record], runs: Sequence[SavedRun],
-                   changes: Sequence[Finding] = ()) -> str | None:
+def history_figure(
+    group: str, recs: Sequence[Record], runs: Sequence[SavedRun], changes: Sequence[Finding] = ()
+) -> str | None:
     """tokens/s (IQR error bars) and peak memory per case over the saved runs, oldest commit first; each change
     point or creep of ``changes`` (gptcore.history) marked as a shaded commit range on its metric's plot."""
     names = [r.name for r in recs if any(r.name in run.cases for run in runs)]
@@ -276,13 +324,18 @@ def history_figure(group: str, recs: Sequence[Record], runs: Sequence[SavedRun],
     for name in names:
         points = [run.cases.get(name, (None, None, None, False)) for run in runs]
         speed = [p[0] if p[0] is not None else math.nan for p in points]
-        line = ax_s.errorbar(xs, speed, yerr=[(p[1] or 0) / 2 for p in points], marker="o", ms=4, capsize=2,
-                             label=name)
+        line = ax_s.errorbar(xs, speed, yerr=[(p[1] or 0) / 2 for p in points], marker="o", ms=4, capsize=2, label=name)
         busy = [(x, p[0]) for x, p in zip(xs, points) if p[3] and p[0] is not None]
         if busy:
             ax_s.plot(*zip(*busy), "x", color=COLORS["fail"], ms=9, mew=2)
-        ax_m.plot(xs, [in_unit(p[2], unit) if p[2] is not None else math.nan for p in points], marker="o", ms=4,
-                  color=line[0].get_color(), label=name)
+        ax_m.plot(
+            xs,
+            [in_unit(p[2], unit) if p[2] is not None else math.nan for p in points],
+            marker="o",
+            ms=4,
+            color=line[0].get_color(),
+            label=name,
+        )
     for ax in (ax_s, ax_m):
         ax.set_xticks(list(xs), [run.label for run in runs], fontsize=7)
         ax.set_xlabel("saved run (number, commit, date)")
@@ -359,8 +412,10 @@ def convergence_figure(group: str, recs: Sequence[Record], base: BaselineFile | 
 
 
 def _figure(png: str, plot: str, caption: str) -> str:
-    return (f'<figure><img data-plot="{html.escape(plot)}" alt="{html.escape(caption)}" '
-            f'src="data:image/png;base64,{png}"><figcaption>{html.escape(caption)}</figcaption></figure>')
+    return (
+        f'<figure><img data-plot="{html.escape(plot)}" alt="{html.escape(caption)}" '
+        f'src="data:image/png;base64,{png}"><figcaption>{html.escape(caption)}</figcaption></figure>'
+    )
 
 
 def _case_rows(recs: Sequence[Record], base: BaselineFile | None, tol: Tolerances) -> str:
@@ -371,21 +426,42 @@ def _case_rows(recs: Sequence[Record], base: BaselineFile | None, tol: Tolerance
         s_status, m_status = speed.status, memory.status
         s_delta, m_delta = delta_text(speed.delta, s_status), delta_text(memory.delta, m_status)
         m_now = memory.measured
-        busy = (f'<span class="busy">busy (cpu_share {r.info["cpu_share"]:.2f})</span>' if r.busy else "")
-        cells = [html.escape(r.name), f"{r.values['speed']:,.0f}" if r.values["speed"] is not None else "—",
-                 f"{r.speed_iqr:,.0f}" if r.speed_iqr is not None else "—",
-                 f"{e.tokens_per_s:,.0f}" if e and e.tokens_per_s is not None else "—", s_delta,
-                 s_status + (" (CPU: reported only)" if s_status == Status.NOT_GATED else ""),
-                 f"{in_unit(m_now, 'MiB'):,.2f}" if m_now is not None else "—",
-                 f"{in_unit(e.peak_allocated_bytes, 'MiB'):,.2f}" if e and e.peak_allocated_bytes else "—",
-                 m_delta, m_status, busy,
-                 html.escape("; ".join([*r.not_finite, str(r.info.get("verdict") or "—")]))]
+        busy = f'<span class="busy">busy (cpu_share {r.info["cpu_share"]:.2f})</span>' if r.busy else ""
+        cells = [
+            html.escape(r.name),
+            f"{r.values['speed']:,.0f}" if r.values["speed"] is not None else "—",
+            f"{r.speed_iqr:,.0f}" if r.speed_iqr is not None else "—",
+            f"{e.tokens_per_s:,.0f}" if e and e.tokens_per_s is not None else "—",
+            s_delta,
+            s_status + (" (CPU: reported only)" if s_status == Status.NOT_GATED else ""),
+            f"{in_unit(m_now, 'MiB'):,.2f}" if m_now is not None else "—",
+            f"{in_unit(e.peak_allocated_bytes, 'MiB'):,.2f}" if e and e.peak_allocated_bytes else "—",
+            m_delta,
+            m_status,
+            busy,
+            html.escape("; ".join([*r.not_finite, str(r.info.get("verdict") or "—")])),
+        ]
         classes = ["", "", "", "", "", s_status.replace(" ", "-"), "", "", "", m_status, "", ""]
         slug = re.sub(r"[^A-Za-z0-9_-]+", "-", r.name)
-        rows.append(f'<tr id="case-{slug}" data-case="{html.escape(r.name)}">'
-                    + "".join(f'<td class="{c}">{v}</td>' for c, v in zip(classes, cells)) + "</tr>")
-    head = ["case", "tok/s", "IQR", "base tok/s", "Δ", "tok/s gate", "peak MiB", "base MiB", "Δ", "memory gate",
-            "CPU", "verdict at run time"]
+        rows.append(
+            f'<tr id="case-{slug}" data-case="{html.escape(r.name)}">'
+            + "".join(f'<td class="{c}">{v}</td>' for c, v in zip(classes, cells))
+            + "</tr>"
+        )
+    head = [
+        "case",
+        "tok/s",
+        "IQR",
+        "base tok/s",
+        "Δ",
+        "tok/s gate",
+        "peak MiB",
+        "base MiB",
+        "Δ",
+        "memory gate",
+        "CPU",
+        "verdict at run time",
+    ]
     return "<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + "".join(rows) + "</table>"
 
 
@@ -400,9 +476,10 @@ def _expectation_rows(records: Sequence[Record]) -> str:
     head = ["model", "expected effect", "why", "measured", "bound", "status"]
     rows = "".join(
         f'<tr data-expectation="{html.escape(o.model)} {html.escape(o.claim)}">'
-        + "".join(f"<td>{html.escape(v)}</td>" for v in (o.model, o.claim, o.expectation.why, o.measured,
-                                                           o.expected))
-        + f'<td class="{o.status.replace(" ", "-")}">{html.escape(o.status)}</td></tr>' for o in session.outcomes)
+        + "".join(f"<td>{html.escape(v)}</td>" for v in (o.model, o.claim, o.expectation.why, o.measured, o.expected))
+        + f'<td class="{o.status.replace(" ", "-")}">{html.escape(o.status)}</td></tr>'
+        for o in session.outcomes
+    )
     return "<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + rows + "</table>"
 
 
@@ -418,27 +495,38 @@ def build_html(run: str | Path, *, baselines_dir: str | Path = "baselines", hist
     runs = load_history(history) if history is not None else []
     changes = analyse_history(history).findings if runs else []
     commit = data.get("commit_info") or {}
-    body = [f"<h1>gptcore benchmark report: {html.escape(Path(run).name)}</h1>",
-            f"<p>device <b>{html.escape(slug)}</b>, commit {html.escape(str(commit.get('id', '?'))[:12])}"
-            f"{' (dirty)' if commit.get('dirty') else ''}, run at {html.escape(str(data.get('datetime', '?')))}; "
-            f"baselines: {html.escape(str(base_path))}" + ("" if base else " (<b>no such file</b>: no baseline)")
-            + f"; tolerances: memory +{tol.memory:.0%}, tokens/s "
-            + ("<b>not gated</b> (reported only, as on CPU)" if tol.speed is None else f"−{tol.speed:.0%}") + "</p>",
-            f"<p>A CPU tokens/s figure is flagged <span class=busy>busy</span> when the process had less than "
-            f"{BUSY_SHARE:.0%} of the CPU while timed (a shared machine): compare it with care.</p>",
-            '<nav id="case-index"><h2>cases</h2></nav>']
+    body = [
+        f"<h1>gptcore benchmark report: {html.escape(Path(run).name)}</h1>",
+        f"<p>device <b>{html.escape(slug)}</b>, commit {html.escape(str(commit.get('id', '?'))[:12])}"
+        f"{' (dirty)' if commit.get('dirty') else ''}, run at {html.escape(str(data.get('datetime', '?')))}; "
+        f"baselines: {html.escape(str(base_path))}"
+        + ("" if base else " (<b>no such file</b>: no baseline)")
+        + f"; tolerances: memory +{tol.memory:.0%}, tokens/s "
+        + ("<b>not gated</b> (reported only, as on CPU)" if tol.speed is None else f"−{tol.speed:.0%}")
+        + "</p>",
+        f"<p>A CPU tokens/s figure is flagged <span class=busy>busy</span> when the process had less than "
+        f"{BUSY_SHARE:.0%} of the CPU while timed (a shared machine): compare it with care.</p>",
+        '<nav id="case-index"><h2>cases</h2></nav>',
+    ]
     if history is not None:
-        body.append(f"<p>history: {len(runs)} saved run(s) in {html.escape(str(history))}; "
-                    f"{len(changes)} change point(s) or creep(s) (<code>python -m gptcore history</code>)</p>")
-    body += ['<section id="expectations"><h2>does each optimization still pay</h2>', _expectation_rows(records),
-             "</section>"]
+        body.append(
+            f"<p>history: {len(runs)} saved run(s) in {html.escape(str(history))}; "
+            f"{len(changes)} change point(s) or creep(s) (<code>python -m gptcore history</code>)</p>"
+        )
+    body += [
+        '<section id="expectations"><h2>does each optimization still pay</h2>',
+        _expectation_rows(records),
+        "</section>",
+    ]
     for group in dict.fromkeys(r.group for r in records):
         recs = [r for r in records if r.group == group]
         body += [f"<section><h2>{html.escape(group or 'benchmarks')}</h2>", _case_rows(recs, base, tol)]
         png = convergence_figure(group, recs, base)
         if png:  # whole training runs: what they learned is the figure (no memory is measured there)
-            body += [_figure(png, "convergence", f"{group}: validation loss over training, now vs baseline"),
-                     "</section>"]
+            body += [
+                _figure(png, "convergence", f"{group}: validation loss over training, now vs baseline"),
+                "</section>",
+            ]
             continue
         caption = f"{group}: each case now (blue; red: FAIL) vs its baseline (grey), with the tolerance band"
         body.append(_figure(now_vs_baseline_figure(group, recs, base, tol), "compare", caption))
@@ -450,17 +538,27 @@ def build_html(run: str | Path, *, baselines_dir: str | Path = "baselines", hist
         png = history_figure(group, recs, runs, changes) if runs else None
         if png:
             ours = [c for c in changes if c.case in {r.name for r in recs}]
-            marked = [f"{c.case} {c.metric} {c.status} {c.before[:7]}..{c.after[:7]}" for c in ours
-                      if c.metric in ("tokens/s", "peak memory")]
-            other = [f"{c.case} {c.metric} {c.status} {c.before[:7]}..{c.after[:7]}" for c in ours
-                     if c.metric not in ("tokens/s", "peak memory")]
-            caption = f"{group}: tokens/s and peak memory over the saved runs" + (
-                f"; change points shaded: {'; '.join(marked)}" if marked else "") + (
-                f"; not plotted: {'; '.join(other)}" if other else "")
+            marked = [
+                f"{c.case} {c.metric} {c.status} {c.before[:7]}..{c.after[:7]}"
+                for c in ours
+                if c.metric in ("tokens/s", "peak memory")
+            ]
+            other = [
+                f"{c.case} {c.metric} {c.status} {c.before[:7]}..{c.after[:7]}"
+                for c in ours
+                if c.metric not in ("tokens/s", "peak memory")
+            ]
+            caption = (
+                f"{group}: tokens/s and peak memory over the saved runs"
+                + (f"; change points shaded: {'; '.join(marked)}" if marked else "")
+                + (f"; not plotted: {'; '.join(other)}" if other else "")
+            )
             body.append(_figure(png, "history", caption))
         body.append("</section>")
-    return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>gptcore report</title>"
-            f"<style>{STYLE}</style></head><body>{''.join(body)}<script>{SCRIPT}</script></body></html>")
+    return (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>gptcore report</title>"
+        f"<style>{STYLE}</style></head><body>{''.join(body)}<script>{SCRIPT}</script></body></html>"
+    )
 
 
 def write_html(run: str | Path, out: str | Path, **options: Any) -> Path:

@@ -42,8 +42,15 @@ def delta(measured: float | None, reference: float | None, relative: bool) -> fl
     return measured / reference - 1.0 if relative else measured - reference
 
 
-def judge(measured: float | None, reference: float | None, tolerance: float | None, *, worse: Worse,
-          relative: bool, report_change: bool = False) -> tuple[Status, float | None]:
+def judge(
+    measured: float | None,
+    reference: float | None,
+    tolerance: float | None,
+    *,
+    worse: Worse,
+    relative: bool,
+    report_change: bool = False,
+) -> tuple[Status, float | None]:
     """(status, delta) of ``measured`` against ``reference``: FAIL beyond ``tolerance`` in the ``worse`` direction
     ("either": both ways), BETTER beyond it the other way (one-sided metrics only), else OK, or CHANGED when
     ``report_change`` and the figure moved at all. A ``tolerance`` of None means not gated. The delta is relative

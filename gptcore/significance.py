@@ -59,7 +59,7 @@ def mann_whitney(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
         return u, min(1.0, 2 * min(low, high))
     values = sorted(list(a) + list(b))
     big = m + n
-    ties = sum(t ** 3 - t for t in (values.count(v) for v in set(values)))
+    ties = sum(t**3 - t for t in (values.count(v) for v in set(values)))
     var = m * n / 12 * ((big + 1) - ties / (big * (big - 1)))
     if var <= 0:
         return u, 1.0
@@ -79,8 +79,9 @@ def _critical_count(m: int, n: int, alpha: float, exact: bool) -> int:
     return max(0, math.floor(m * n / 2 - z * math.sqrt(m * n * (m + n + 1) / 12)))
 
 
-def hodges_lehmann_ratio(a: Sequence[float], b: Sequence[float], confidence: float = 0.95
-                         ) -> tuple[float, float | None, float | None]:
+def hodges_lehmann_ratio(
+    a: Sequence[float], b: Sequence[float], confidence: float = 0.95
+) -> tuple[float, float | None, float | None]:
     """(estimate, low, high) of the ratio b/a of positive samples: the median of all pairwise log differences and
     its distribution-free interval from the Mann-Whitney critical value; low/high are None when the samples are
     too small for that confidence (3 against 3 cannot reach 95%)."""
@@ -111,8 +112,7 @@ class Speed:
     verdict: str
 
 
-def speed_verdict(a: Sequence[float], b: Sequence[float], threshold: float = 0.05, confidence: float = 0.95
-                  ) -> Speed:
+def speed_verdict(a: Sequence[float], b: Sequence[float], threshold: float = 0.05, confidence: float = 0.95) -> Speed:
     """Slower/faster only when the ratio of medians is beyond ``threshold`` AND the interval excludes 1."""
     median_a, median_b = statistics.median(a), statistics.median(b)
     ratio = median_b / median_a

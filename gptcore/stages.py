@@ -53,31 +53,74 @@ CONVERGENCE_IN_A_CALL = "not (ctx2 or layers2 or embd2) or fp16 or bf16 or small
 """The convergence cases that fit one call by the plan: 5,000 steps of a doubled char model in fp32 (TF32 off) are
 planned at 10-11 minutes each on an H100."""
 
-STAGES: dict[str, Stage] = {s.name: s for s in (
-    Stage("smoke", "one case of each kind, in order, stopping at the first failure: does anything break on CUDA?",
-          SMOKE, ["--require-gpu", "-x", "--bench-warmup", "2", "--bench-rounds", "2", "--bench-steps", "2"],
-          deadline=180, writes="smoke.jsonl, smoke.log, smoke.json"),
-    Stage("ladder", "GPT-2 124M up the ladder, recorded", ["bench/test_ladder.py"], RECORD,
-          writes="ladder.jsonl, ladder.log, ladder.json, baselines/<gpu>.json"),
-    Stage("memory", "deep-1.6b under the 11 memory recipes, recorded", ["bench/test_memory_recipes.py"], RECORD,
-          writes="memory.jsonl, memory.log, memory.json, baselines/<gpu>.json"),
-    Stage("char", "the char-shape study, recorded (run it again to resume where the deadline stopped it)",
-          ["bench/test_char_shape.py"], RECORD, writes="char.jsonl, char.log, char.json, baselines/<gpu>.json"),
-    Stage("convergence", "the GPU convergence tier that fits a call, recorded (several calls: each resumes the "
-          "last); the doubled char models in fp32, SGD and accumulation take longer than a call (gpu.yml runs them)",
-          ["bench/test_convergence_char_shape.py", "bench/test_convergence_memory_recipes.py",
-           "-k", CONVERGENCE_IN_A_CALL], RECORD,
-          writes="convergence.jsonl, convergence.log, convergence.json, baselines/<gpu>.json"),
-    Stage("verify", "the GPU tier's recorded cases again, against their baselines: a false failure shows here, "
-          "and the two runs give the GPU noise (scripts/gpu_noise.py, noise.json)",
-          ["bench", "-m", "gpu"], ["--require-gpu", "--recorded-only"],
-          writes="verify.jsonl, verify.log, verify.json, noise.json"),
-    Stage("budget", "why a compile memory budget runs out of memory: the partitioner's plan for deep-1.6b on CUDA "
-          "and the allocator's history of budget-0.05 and budget-0.60", script_seconds=420,
-          writes="budget.log, partition-deep-1.6b.json, snapshots"),
-    Stage("profile", "the top ladder rung under torch.profiler, the bf16 matmul peak, the report of the last run",
-          script_seconds=150, writes="profile tables, matmul-bf16.json, report.txt"),
-)}
+STAGES: dict[str, Stage] = {
+    s.name: s
+    for s in (
+        Stage(
+            "smoke",
+            "one case of each kind, in order, stopping at the first failure: does anything break on CUDA?",
+            SMOKE,
+            ["--require-gpu", "-x", "--bench-warmup", "2", "--bench-rounds", "2", "--bench-steps", "2"],
+            deadline=180,
+            writes="smoke.jsonl, smoke.log, smoke.json",
+        ),
+        Stage(
+            "ladder",
+            "GPT-2 124M up the ladder, recorded",
+            ["bench/test_ladder.py"],
+            RECORD,
+            writes="ladder.jsonl, ladder.log, ladder.json, baselines/<gpu>.json",
+        ),
+        Stage(
+            "memory",
+            "deep-1.6b under the 11 memory recipes, recorded",
+            ["bench/test_memory_recipes.py"],
+            RECORD,
+            writes="memory.jsonl, memory.log, memory.json, baselines/<gpu>.json",
+        ),
+        Stage(
+            "char",
+            "the char-shape study, recorded (run it again to resume where the deadline stopped it)",
+            ["bench/test_char_shape.py"],
+            RECORD,
+            writes="char.jsonl, char.log, char.json, baselines/<gpu>.json",
+        ),
+        Stage(
+            "convergence",
+            "the GPU convergence tier that fits a call, recorded (several calls: each resumes the "
+            "last); the doubled char models in fp32, SGD and accumulation take longer than a call (gpu.yml runs them)",
+            [
+                "bench/test_convergence_char_shape.py",
+                "bench/test_convergence_memory_recipes.py",
+                "-k",
+                CONVERGENCE_IN_A_CALL,
+            ],
+            RECORD,
+            writes="convergence.jsonl, convergence.log, convergence.json, baselines/<gpu>.json",
+        ),
+        Stage(
+            "verify",
+            "the GPU tier's recorded cases again, against their baselines: a false failure shows here, "
+            "and the two runs give the GPU noise (scripts/gpu_noise.py, noise.json)",
+            ["bench", "-m", "gpu"],
+            ["--require-gpu", "--recorded-only"],
+            writes="verify.jsonl, verify.log, verify.json, noise.json",
+        ),
+        Stage(
+            "budget",
+            "why a compile memory budget runs out of memory: the partitioner's plan for deep-1.6b on CUDA "
+            "and the allocator's history of budget-0.05 and budget-0.60",
+            script_seconds=420,
+            writes="budget.log, partition-deep-1.6b.json, snapshots",
+        ),
+        Stage(
+            "profile",
+            "the top ladder rung under torch.profiler, the bf16 matmul peak, the report of the last run",
+            script_seconds=150,
+            writes="profile tables, matmul-bf16.json, report.txt",
+        ),
+    )
+}
 ORDER = ("smoke", "ladder", "memory", "char", "convergence", "verify", "budget", "profile")
 
 

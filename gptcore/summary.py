@@ -64,8 +64,13 @@ def gate_table(rows: Sequence[Row], tablefmt: str = "simple") -> str:
     """One line per case: tokens/s and peak memory measured / baseline / delta (in parentheses when not gated),
     the estimate over the measured peak, MFU and the source of its FLOPs, the loss and its drift, what moved in the
     work ledger, and the verdict. Both memory columns share one unit."""
-    peaks = [(r.measured.peak_allocated_bytes if r.measured else None,
-              r.baseline.peak_allocated_bytes if r.baseline else None) for r in rows]
+    peaks = [
+        (
+            r.measured.peak_allocated_bytes if r.measured else None,
+            r.baseline.peak_allocated_bytes if r.baseline else None,
+        )
+        for r in rows
+    ]
     unit = common_unit(b for pair in peaks for b in pair)
     table = []
     for row, (peak, base_peak) in zip(rows, peaks):
@@ -84,18 +89,38 @@ def gate_table(rows: Sequence[Row], tablefmt: str = "simple") -> str:
             loss_delta = f"(step {m.loss_step}≠{b.loss_step})"
         else:
             loss_delta = f"{m.loss - reference:+.1e}"
-        table.append([
-            row.case,
-            _num(m.tokens_per_s if m else None, ",.0f"), _num(b.tokens_per_s if b else None, ",.0f"),
-            _pct(m.tokens_per_s if m else None, b.tokens_per_s if b else None, row.status.get("tokens/s")),
-            format_bytes(peak, unit), format_bytes(base_peak, unit),
-            _pct(peak, base_peak, row.status.get("peak memory")),
-            est_meas, row.mfu,
-            ("val " if m and m.convergence else "") + _num(loss, ".4f"), loss_delta, row.work,
-            row.verdict if not row.error else f"{row.verdict} ({row.error})",
-        ])
-    headers = ["case", "tok/s", "base tok/s", "Δ", "peak", "base peak", "Δ", "est/meas", "MFU", "loss", "Δ loss",
-               "work", "verdict"]
+        table.append(
+            [
+                row.case,
+                _num(m.tokens_per_s if m else None, ",.0f"),
+                _num(b.tokens_per_s if b else None, ",.0f"),
+                _pct(m.tokens_per_s if m else None, b.tokens_per_s if b else None, row.status.get("tokens/s")),
+                format_bytes(peak, unit),
+                format_bytes(base_peak, unit),
+                _pct(peak, base_peak, row.status.get("peak memory")),
+                est_meas,
+                row.mfu,
+                ("val " if m and m.convergence else "") + _num(loss, ".4f"),
+                loss_delta,
+                row.work,
+                row.verdict if not row.error else f"{row.verdict} ({row.error})",
+            ]
+        )
+    headers = [
+        "case",
+        "tok/s",
+        "base tok/s",
+        "Δ",
+        "peak",
+        "base peak",
+        "Δ",
+        "est/meas",
+        "MFU",
+        "loss",
+        "Δ loss",
+        "work",
+        "verdict",
+    ]
     if tablefmt == "github":
         table = [[_md_escape(cell) for cell in line] for line in table]
     return tabulate(table, headers=headers, disable_numparse=True, stralign="right", tablefmt=tablefmt)
@@ -113,16 +138,32 @@ def convergence_table(rows: Sequence[Row], tablefmt: str = "simple") -> str:
         mid = len(now.steps) // 2
         reached = now.time_to_loss()
         was = before.time_to_loss(now.target_loss) if before else None
-        table.append([
-            row.case, f"{now.val_loss[0]:.3f}", f"{now.val_loss[mid]:.3f} @{now.steps[mid]}",
-            f"{now.final_val_loss:.4f} @{now.steps[-1]}", _num(before.final_val_loss if before else None, ".4f"),
-            _num(now.target_loss, "g"),
-            "never" if reached is None else f"{reached[0]:,} ({reached[1]:,} tok, {reached[2]:.0f} s)",
-            "—" if before is None else "never" if was is None else f"{was[0]:,}",
-            _num(now.tokens_per_s, ",.0f"), row.verdict,
-        ])
-    headers = ["case", "val @0", "val mid", "val end", "base end", "target", "time-to-loss (steps)", "base steps",
-               "tok/s", "verdict"]
+        table.append(
+            [
+                row.case,
+                f"{now.val_loss[0]:.3f}",
+                f"{now.val_loss[mid]:.3f} @{now.steps[mid]}",
+                f"{now.final_val_loss:.4f} @{now.steps[-1]}",
+                _num(before.final_val_loss if before else None, ".4f"),
+                _num(now.target_loss, "g"),
+                "never" if reached is None else f"{reached[0]:,} ({reached[1]:,} tok, {reached[2]:.0f} s)",
+                "—" if before is None else "never" if was is None else f"{was[0]:,}",
+                _num(now.tokens_per_s, ",.0f"),
+                row.verdict,
+            ]
+        )
+    headers = [
+        "case",
+        "val @0",
+        "val mid",
+        "val end",
+        "base end",
+        "target",
+        "time-to-loss (steps)",
+        "base steps",
+        "tok/s",
+        "verdict",
+    ]
     if tablefmt == "github":
         table = [[_md_escape(cell) for cell in line] for line in table]
     return tabulate(table, headers=headers, disable_numparse=True, stralign="right", tablefmt=tablefmt)
@@ -134,5 +175,9 @@ def expectations_table(outcomes: Sequence[EffectResult], tablefmt: str = "simple
     rows = [[o.model, o.claim, o.measured, o.expected, o.status] for o in outcomes]
     if tablefmt == "github":
         rows = [[_md_escape(cell) for cell in row] for row in rows]
-    return tabulate(rows, headers=["model", "expected effect", "measured", "bound", "status"],
-                    disable_numparse=True, tablefmt=tablefmt)
+    return tabulate(
+        rows,
+        headers=["model", "expected effect", "measured", "bound", "status"],
+        disable_numparse=True,
+        tablefmt=tablefmt,
+    )

@@ -16,10 +16,10 @@ import torch
 import torch._functorch.config as functorch_config
 import torch.nn as nn
 
-from . import distributed
-from .config import GPTConfig, Recipe
-from .data import Corpus, TokenBatches, check_vocab, load_corpus, make_loader
-from .model import GPT, attention_unsupported
+from gptcore import distributed
+from gptcore.config import GPTConfig, Recipe
+from gptcore.data import Corpus, TokenBatches, check_vocab, load_corpus, make_loader
+from gptcore.model import GPT, attention_unsupported
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 EVAL_SEED = 20_000
@@ -42,8 +42,7 @@ def resolve_device(name: str | None = None) -> torch.device:
     return device
 
 
-def unsupported_reason(recipe: Recipe, device: torch.device | str,
-                       cfg: GPTConfig | None = None) -> str | None:
+def unsupported_reason(recipe: Recipe, device: torch.device | str, cfg: GPTConfig | None = None) -> str | None:
     """Why ``recipe`` cannot run on ``device`` (for model ``cfg``, when given), or None when it can. Nothing is
     ever run as something else, and nothing is run that would train on wrong gradients."""
     device = torch.device(device)
@@ -52,13 +51,17 @@ def unsupported_reason(recipe: Recipe, device: torch.device | str,
         return reason
     if cfg is not None and cfg.dropout > 0 and recipe.memory_budget is not None and recipe.memory_budget < 1.0:
         # tests/test_compile.py measures this on the installed torch and fails once torch gets it right
-        return (f"an activation memory budget ({recipe.memory_budget}) with dropout {cfg.dropout}: torch's "
-                f"partitioner recomputes dropout in backward with a fresh mask, so the gradients would be silently "
-                f"wrong (pytorch/pytorch#190758); use dropout 0, or checkpointing instead of the budget")
+        return (
+            f"an activation memory budget ({recipe.memory_budget}) with dropout {cfg.dropout}: torch's "
+            f"partitioner recomputes dropout in backward with a fresh mask, so the gradients would be silently "
+            f"wrong (pytorch/pytorch#190758); use dropout 0, or checkpointing instead of the budget"
+        )
     mode = recipe.parallel.mode
     if mode != "none" and not distributed.launched():
-        return (f"parallel {mode} runs under torchrun (RANK and WORLD_SIZE are unset), e.g. "
-                f"torchrun --nproc-per-node=2 -m gptcore train --model cpu-small --recipe {mode}")
+        return (
+            f"parallel {mode} runs under torchrun (RANK and WORLD_SIZE are unset), e.g. "
+            f"torchrun --nproc-per-node=2 -m gptcore train --model cpu-small --recipe {mode}"
+        )
     if device.type == "cpu":
         if recipe.precision == "tf32":
             return "tf32 is a CUDA tensor-core mode; on CPU it would silently run as fp32"
@@ -109,8 +112,15 @@ def build_optimizer(groups: list[dict], recipe: Recipe) -> torch.optim.Optimizer
 class Trainer:
     """One training run: ``step()`` does one optimizer step over ``grad_accum_steps`` micro-batches."""
 
-    def __init__(self, cfg: GPTConfig, recipe: Recipe, device: torch.device | str = "cpu", *,
-                 corpus: Corpus | None = None, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        cfg: GPTConfig,
+        recipe: Recipe,
+        device: torch.device | str = "cpu",
+        *,
+        corpus: Corpus | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         """``dtype`` is the master-weight dtype (float64 for exact CPU equivalence tests); bf16-pure overrides it."""
         self.cfg, self.recipe, self.device = cfg, recipe, torch.device(device)
         check_runnable(recipe, self.device, cfg)
@@ -166,8 +176,11 @@ class Trainer:
         for opt in self.optimizers:
             for group in opt.param_groups:
                 group["lr"] = lr
-        micro = list(zip(batch[0].chunk(self.accum), batch[1].chunk(self.accum))) if batch is not None else (
-            self._next_batch() for _ in range(self.accum))
+        micro = (
+            list(zip(batch[0].chunk(self.accum), batch[1].chunk(self.accum)))
+            if batch is not None
+            else (self._next_batch() for _ in range(self.accum))
+        )
         total = torch.zeros((), device=self.device, dtype=self.loss_dtype)
         with self.numerics():
             for i, (x, y) in enumerate(micro):
@@ -203,6 +216,7 @@ class Trainer:
         def hook(_: torch.Tensor) -> None:
             opt.step()
             opt.zero_grad(set_to_none=True)  # the gradient is freed as soon as it is used
+
         return hook
 
     def gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
@@ -234,8 +248,9 @@ class Trainer:
 
     def batches(self, split: str = "train") -> TokenBatches:
         """The single-process micro-batches (all ranks' rows); ``_next_batch`` takes this rank's shard."""
-        return TokenBatches(self.corpus, split, self.micro_batch * self.rank.world_size, self.cfg.block_size,
-                            self.recipe.seed)
+        return TokenBatches(
+            self.corpus, split, self.micro_batch * self.rank.world_size, self.cfg.block_size, self.recipe.seed
+        )
 
     def _next_batch(self) -> Batch:
         if self._batches is None:
@@ -265,8 +280,7 @@ class Trainer:
         self.model.train()
         return (total / n_batches).item()
 
-    def run(self, steps: int, log_every: int = 0,
-            on_log: Callable[[int, float], None] | None = None) -> list[float]:
+    def run(self, steps: int, log_every: int = 0, on_log: Callable[[int, float], None] | None = None) -> list[float]:
         """``steps`` optimizer steps. The loss is read on the host (one sync each) at step 1, every ``log_every``
         steps and at the last step, and passed to ``on_log(step, loss)``. Returns the losses read, in order."""
         if steps < 1 or log_every < 0:

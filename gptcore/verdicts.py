@@ -26,20 +26,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .baselines import Entry, Tolerances
-from .rules import BUSY_SHARE, Status, delta, judge, non_finite
-from .units import format_bytes
+from gptcore.baselines import Entry, Tolerances
+from gptcore.rules import BUSY_SHARE, Status, delta, judge, non_finite
+from gptcore.units import format_bytes
 
 if TYPE_CHECKING:
-    from .work import WorkLedger
+    from gptcore.work import WorkLedger
 
 # -- checks --------------------------------------------------------------------------------------------------------
 
 OK, FAIL, BETTER, NOT_GATED, NO_BASELINE = Status.OK, Status.FAIL, Status.BETTER, Status.NOT_GATED, Status.NO_BASELINE
 CHANGED = Status.CHANGED
 #: the work ledger's gated counts (gptcore.work.WorkLedger.gated); their Check.delta is absolute
-WORK_METRICS = ("flops", "op calls", "syncs", "allocations", "allocated bytes", "graphs", "graph breaks",
-                "recompiles", "kernels")
+WORK_METRICS = (
+    "flops",
+    "op calls",
+    "syncs",
+    "allocations",
+    "allocated bytes",
+    "graphs",
+    "graph breaks",
+    "recompiles",
+    "kernels",
+)
 _PER_PHASE = {"flops": "flops", "op calls": "op_calls"}
 LEANER = "leaner than the baseline"
 """--baseline-strict: an exact figure that went down fails with this, since its baseline is stale."""
@@ -145,8 +154,9 @@ def moved_categories(now: dict[str, int] | None, before: dict[str, int] | None) 
     return text + (", everything else =" if len(moved) < len(deltas) else "")
 
 
-def memory_check(now: int | None, before: int | None, tol: Tolerances, *, report_change: bool = False,
-                 where: str | None = None) -> Check:
+def memory_check(
+    now: int | None, before: int | None, tol: Tolerances, *, report_change: bool = False, where: str | None = None
+) -> Check:
     """Peak allocated bytes: FAIL above +tol.memory, better below -tol.memory. ``report_change``: a move within
     tolerance is 'changed' (compare reports any change); ``where``: the categories that moved, for the note."""
     status, d = judge(now, before, tol.memory, worse="higher", relative=True, report_change=report_change)
@@ -175,8 +185,9 @@ def speed_incomparable(cpu_model: str | None, baseline: Entry) -> str | None:
     return None
 
 
-def speed_check(now: float | None, before: float | None, tol: Tolerances, off: str | None = None,
-                incomparable: str | None = None) -> Check:
+def speed_check(
+    now: float | None, before: float | None, tol: Tolerances, off: str | None = None, incomparable: str | None = None
+) -> Check:
     """tokens/s: FAIL below -tol.speed, better above +tol.speed; not gated where tol.speed is None (CPU) or
     where ``off`` says why not (a machine unfit to time, other clocks); no delta at all where ``incomparable``
     says why (:func:`speed_incomparable`); a speed that is NaN or inf fails, naming itself."""
@@ -194,8 +205,15 @@ def speed_check(now: float | None, before: float | None, tol: Tolerances, off: s
     return Check("tokens/s", now, before, d, status, f"{now:,.0f} vs {before:,.0f} tok/s, tolerance -{tol.speed:.0%}")
 
 
-def loss_check(now: float | None, before: float | None, tolerance: float, *, step: int | None = None,
-               before_step: int | None = None, where: str = "") -> Check:
+def loss_check(
+    now: float | None,
+    before: float | None,
+    tolerance: float,
+    *,
+    step: int | None = None,
+    before_step: int | None = None,
+    where: str = "",
+) -> Check:
     """The loss: two-sided, absolute (nats), only when both were read at the same optimizer step."""
     status, d = judge(now, before, tolerance, worse="either", relative=False)
     if bad := non_finite(now):
@@ -205,8 +223,7 @@ def loss_check(now: float | None, before: float | None, tolerance: float, *, ste
     if step != before_step:
         return Check("loss", now, before, d, NOT_GATED, f"read at step {step}, baseline at step {before_step}")
     at = f" at step {step}" if step is not None else ""
-    return Check("loss", now, before, d, status,
-                 f"{now:.7f} vs {before:.7f}{at}, tolerance ±{tolerance:g} nats{where}")
+    return Check("loss", now, before, d, status, f"{now:.7f} vs {before:.7f}{at}, tolerance ±{tolerance:g} nats{where}")
 
 
 def clocks_moved(now: dict | None, before: dict | None) -> str | None:
@@ -218,8 +235,15 @@ def clocks_moved(now: dict | None, before: dict | None) -> str | None:
     return f"run at other clocks (SM {now['sm_mhz']:,.0f} vs {before['sm_mhz']:,.0f} MHz)"
 
 
-def verdict_of(case: str, measured: Entry, baseline: Entry | None, tol: Tolerances,
-               unfit: str | None = None, *, strict: bool = False) -> Verdict:
+def verdict_of(
+    case: str,
+    measured: Entry,
+    baseline: Entry | None,
+    tol: Tolerances,
+    unfit: str | None = None,
+    *,
+    strict: bool = False,
+) -> Verdict:
     """Verdicts of ``measured`` against ``baseline`` (None: no baseline recorded) under ``tol``; ``unfit``: why
     the machine could not time this case (its speed is then not gated); ``strict`` (--baseline-strict): an exact
     figure that went down (the work ledger's counts, CPU tracked memory) fails as leaner than the baseline, on any
@@ -227,8 +251,9 @@ def verdict_of(case: str, measured: Entry, baseline: Entry | None, tol: Toleranc
     if measured.convergence is not None:
         return Verdict(case, _convergence_checks(measured, baseline, tol))
     if baseline is None:
-        return Verdict(case, [Check(metric, None, None, None, NO_BASELINE)
-                              for metric in ("peak memory", "tokens/s", "loss")])
+        return Verdict(
+            case, [Check(metric, None, None, None, NO_BASELINE) for metric in ("peak memory", "tokens/s", "loss")]
+        )
     memory = memory_check(measured.peak_allocated_bytes, baseline.peak_allocated_bytes, tol)
     if memory.status in (FAIL, BETTER):  # say where the change is
         where = moved_categories(measured.peak_by_category, baseline.peak_by_category)
@@ -242,18 +267,35 @@ def verdict_of(case: str, measured: Entry, baseline: Entry | None, tol: Toleranc
         memory.status = FAIL
         memory.note = f"{LEANER}: {memory.note.split(', tolerance')[0]}; {where}; refresh with --update-baselines"
     off = unfit or clocks_moved(measured.clocks, baseline.clocks)
-    checks = [memory, speed_check(measured.tokens_per_s, baseline.tokens_per_s, tol, off,
-                                  speed_incomparable(measured.cpu_model, baseline))]
+    checks = [
+        memory,
+        speed_check(
+            measured.tokens_per_s, baseline.tokens_per_s, tol, off, speed_incomparable(measured.cpu_model, baseline)
+        ),
+    ]
     checks += _work_checks(measured.work, baseline.work, tol.work, strict)
 
     # the loss: held to this CPU model's reference where there is one, else to the recorded loss, wider when that
     # was recorded on another CPU model
     reference, ref_cpu = baseline.loss_reference(measured.cpu_model)
     other_cpu = bool(measured.cpu_model and ref_cpu and measured.cpu_model != ref_cpu)
-    where = (f", no reference for this CPU model: held to {ref_cpu}'s" if other_cpu
-             else f", reference of {ref_cpu}" if ref_cpu else "")
-    checks.append(loss_check(measured.loss, reference, tol.loss_tolerance(measured.precision, other_cpu),
-                             step=measured.loss_step, before_step=baseline.loss_step, where=where))
+    where = (
+        f", no reference for this CPU model: held to {ref_cpu}'s"
+        if other_cpu
+        else f", reference of {ref_cpu}"
+        if ref_cpu
+        else ""
+    )
+    checks.append(
+        loss_check(
+            measured.loss,
+            reference,
+            tol.loss_tolerance(measured.precision, other_cpu),
+            step=measured.loss_step,
+            before_step=baseline.loss_step,
+            where=where,
+        )
+    )
     return Verdict(case, checks)
 
 
@@ -273,8 +315,11 @@ def _work_checks(now: WorkLedger | None, before: WorkLedger | None, tol: float, 
         note = f"{a:,} vs {b:,}"
         if metric in _PER_PHASE:
             field = _PER_PHASE[metric]
-            phases = [f"{p} {getattr(now, field)[p] - getattr(before, field)[p]:+,}" for p in getattr(now, field)
-                      if getattr(now, field)[p] != getattr(before, field).get(p)]
+            phases = [
+                f"{p} {getattr(now, field)[p] - getattr(before, field)[p]:+,}"
+                for p in getattr(now, field)
+                if getattr(now, field)[p] != getattr(before, field).get(p)
+            ]
             note += f" ({', '.join(phases)})"
         moved = moved_ops(now.by_op(metric), before.by_op(metric)) if metric in BY_OP else None
         if strict and status == BETTER:
@@ -295,9 +340,15 @@ def _coverage_check(now: dict[str, int], before: dict[str, int]) -> Check | None
         return None
     said = [f"torch's FlopCounterMode now counts {short_name(op)} ({now[op]:+,} FLOPs)" for op in gained]
     said += [f"torch's FlopCounterMode no longer counts {short_name(op)} ({-before[op]:+,} FLOPs)" for op in lost]
-    return Check(COVERAGE, None, None, None, CHANGED,
-                 f"the FLOP counter changed, not the work: {'; '.join(said)}; gptcore.flops has no formula for "
-                 "it, so the ledger's FLOPs did not move (add one to count it)")
+    return Check(
+        COVERAGE,
+        None,
+        None,
+        None,
+        CHANGED,
+        f"the FLOP counter changed, not the work: {'; '.join(said)}; gptcore.flops has no formula for "
+        "it, so the ledger's FLOPs did not move (add one to count it)",
+    )
 
 
 def _convergence_checks(measured: Entry, baseline: Entry | None, tol: Tolerances) -> list[Check]:
@@ -308,35 +359,74 @@ def _convergence_checks(measured: Entry, baseline: Entry | None, tol: Tolerances
     if baseline is None or baseline.convergence is None:
         return [Check(metric, None, None, None, NO_BASELINE) for metric in ("tokens/s", "val loss", "time-to-loss")]
     before = baseline.convergence
-    checks = [Check("tokens/s", measured.tokens_per_s, baseline.tokens_per_s,
-                    delta(measured.tokens_per_s, baseline.tokens_per_s, relative=True), NOT_GATED,
-                    "reported only for a convergence run (its benchmark tier gates the speed)")]
+    checks = [
+        Check(
+            "tokens/s",
+            measured.tokens_per_s,
+            baseline.tokens_per_s,
+            delta(measured.tokens_per_s, baseline.tokens_per_s, relative=True),
+            NOT_GATED,
+            "reported only for a convergence run (its benchmark tier gates the speed)",
+        )
+    ]
     if now.steps != before.steps:
-        return checks + [Check(metric, None, None, None, NOT_GATED,
-                               f"evaluated at other steps ({now.steps[-1]} steps, every {now.eval_every}) than the "
-                               f"baseline ({before.steps[-1]}, every {before.eval_every}): re-record it")
-                         for metric in ("val loss", "time-to-loss")]
+        return checks + [
+            Check(
+                metric,
+                None,
+                None,
+                None,
+                NOT_GATED,
+                f"evaluated at other steps ({now.steps[-1]} steps, every {now.eval_every}) than the "
+                f"baseline ({before.steps[-1]}, every {before.eval_every}): re-record it",
+            )
+            for metric in ("val loss", "time-to-loss")
+        ]
     status, d = judge(now.final_val_loss, before.final_val_loss, tol.val_loss, worse="higher", relative=False)
-    checks.append(Check("val loss", now.final_val_loss, before.final_val_loss, d, status,
-                        f"{now.final_val_loss:.4f} vs {before.final_val_loss:.4f} at step {now.steps[-1]}, "
-                        f"tolerance +{tol.val_loss:g} nats (seed-to-seed spread)"))
+    checks.append(
+        Check(
+            "val loss",
+            now.final_val_loss,
+            before.final_val_loss,
+            d,
+            status,
+            f"{now.final_val_loss:.4f} vs {before.final_val_loss:.4f} at step {now.steps[-1]}, "
+            f"tolerance +{tol.val_loss:g} nats (seed-to-seed spread)",
+        )
+    )
     target = before.target_loss
     if target is None:
         return checks + [Check("time-to-loss", None, None, None, NOT_GATED, "the baseline has no target loss")]
     reached, was = now.time_to_loss(target), before.time_to_loss(target)
     other_cpu = bool(measured.cpu_model and baseline.cpu_model and measured.cpu_model != baseline.cpu_model)
     slack = now.eval_every if other_cpu else 0
-    why = (f"one evaluation interval ({slack} steps) of slack: recorded on {baseline.cpu_model}" if other_cpu
-           else "exact")
+    why = (
+        f"one evaluation interval ({slack} steps) of slack: recorded on {baseline.cpu_model}" if other_cpu else "exact"
+    )
     if reached is None and was is None:
         checks.append(Check("time-to-loss", None, None, None, OK, f"neither run reached {target:g}"))
     elif reached is None or was is None:
-        checks.append(Check("time-to-loss", reached and reached[0], was and was[0], None,
-                            FAIL if reached is None else BETTER,
-                            f"{'never reached' if reached is None else f'reached at step {reached[0]}'} "
-                            f"{target:g} (baseline: {'never' if was is None else f'step {was[0]}'})"))
+        checks.append(
+            Check(
+                "time-to-loss",
+                reached and reached[0],
+                was and was[0],
+                None,
+                FAIL if reached is None else BETTER,
+                f"{'never reached' if reached is None else f'reached at step {reached[0]}'} "
+                f"{target:g} (baseline: {'never' if was is None else f'step {was[0]}'})",
+            )
+        )
     else:
         status, d = judge(reached[0], was[0], slack, worse="higher", relative=False)
-        checks.append(Check("time-to-loss", reached[0], was[0], d, status,
-                            f"val loss {target:g} at step {reached[0]} vs {was[0]}, {why}"))
+        checks.append(
+            Check(
+                "time-to-loss",
+                reached[0],
+                was[0],
+                d,
+                status,
+                f"val loss {target:g} at step {reached[0]} vs {was[0]}, {why}",
+            )
+        )
     return checks

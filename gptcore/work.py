@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from . import flops as formulas
-from .memory.tracker import LiveBytes, phases
+
+from gptcore import flops as formulas
+from gptcore.memory.tracker import LiveBytes, phases
 
 PHASES: tuple[str, ...] = ("forward", "backward", "optimizer")
 TOP_OPS = 8
@@ -94,11 +95,22 @@ class WorkLedger:
 
     def gated(self) -> dict[str, int]:
         """The figures the gate compares exactly: totals, and the compile counts of compiled recipes."""
-        figures = {"flops": sum(self.flops.values()), "op calls": sum(self.op_calls.values()), "syncs": self.syncs,
-                   "allocations": self.allocations, "allocated bytes": self.allocated_bytes}
+        figures = {
+            "flops": sum(self.flops.values()),
+            "op calls": sum(self.op_calls.values()),
+            "syncs": self.syncs,
+            "allocations": self.allocations,
+            "allocated bytes": self.allocated_bytes,
+        }
         if self.compile is not None:
-            figures.update({"graphs": self.compile.graphs, "graph breaks": self.compile.graph_breaks,
-                            "recompiles": self.compile.recompiles, "kernels": self.compile.kernels})
+            figures.update(
+                {
+                    "graphs": self.compile.graphs,
+                    "graph breaks": self.compile.graph_breaks,
+                    "recompiles": self.compile.recompiles,
+                    "kernels": self.compile.kernels,
+                }
+            )
         return figures
 
     def to_json(self) -> dict:
@@ -117,14 +129,19 @@ class WorkLedger:
     @classmethod
     def from_json(cls, data: dict) -> WorkLedger:
         compile_stats = data.get("compile")
-        return cls(flops=dict(data["flops"]), op_calls=dict(data["op_calls"]), syncs=data["syncs"],
-                   allocations=data["allocations"], allocated_bytes=data["allocated_bytes"],
-                   top_ops=[tuple(pair) for pair in data.get("top_ops", [])],
-                   compile=CompileStats(**compile_stats) if compile_stats else None,
-                   ops={phase: dict(counts) for phase, counts in data["ops"].items()} if "ops" in data else None,
-                   allocations_by_op=dict(data["allocations_by_op"]) if "allocations_by_op" in data else None,
-                   flops_by_op=dict(data["flops_by_op"]) if "flops_by_op" in data else None,
-                   uncounted_flops_by_op=dict(data.get("uncounted_flops_by_op", {})))
+        return cls(
+            flops=dict(data["flops"]),
+            op_calls=dict(data["op_calls"]),
+            syncs=data["syncs"],
+            allocations=data["allocations"],
+            allocated_bytes=data["allocated_bytes"],
+            top_ops=[tuple(pair) for pair in data.get("top_ops", [])],
+            compile=CompileStats(**compile_stats) if compile_stats else None,
+            ops={phase: dict(counts) for phase, counts in data["ops"].items()} if "ops" in data else None,
+            allocations_by_op=dict(data["allocations_by_op"]) if "allocations_by_op" in data else None,
+            flops_by_op=dict(data["flops_by_op"]) if "flops_by_op" in data else None,
+            uncounted_flops_by_op=dict(data.get("uncounted_flops_by_op", {})),
+        )
 
 
 def _nonzero(counts: dict[str, int]) -> dict[str, int]:
@@ -175,15 +192,23 @@ class _OpCounter(TorchDispatchMode):
         if func in (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default):
             source = args[1] if func is torch.ops.aten.copy_.default else args[0]
             target = args[0].device if func is torch.ops.aten.copy_.default else kwargs.get("device")
-            return (isinstance(source, torch.Tensor) and source.device.type == "cuda"
-                    and target is not None and torch.device(target).type == "cpu")
+            return (
+                isinstance(source, torch.Tensor)
+                and source.device.type == "cuda"
+                and target is not None
+                and torch.device(target).type == "cpu"
+            )
         return False
 
 
 def _host_step_counters(optimizers: list[torch.optim.Optimizer]) -> set[int]:
     """ids of the optimizers' step-count tensors that live on the host (read there by design, not a sync)."""
-    return {id(state["step"]) for opt in optimizers for state in opt.state.values()
-            if isinstance(state.get("step"), torch.Tensor) and state["step"].device.type == "cpu"}
+    return {
+        id(state["step"])
+        for opt in optimizers
+        for state in opt.state.values()
+        if isinstance(state.get("step"), torch.Tensor) and state["step"].device.type == "cpu"
+    }
 
 
 def count_step(trainer, batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> WorkLedger:
@@ -203,12 +228,18 @@ def count_step(trainer, batch: tuple[torch.Tensor, torch.Tensor] | None = None) 
     outside = allocations - sum(by_op.values())  # in-place storage resizes bypass the dispatcher
     if outside:
         by_op[OUTSIDE] = outside
-    return WorkLedger(flops={p: counts.flops[p] for p in PHASES}, op_calls={p: counts.calls[p] for p in PHASES},
-                      syncs=counts.syncs, allocations=allocations,
-                      allocated_bytes=tracker.allocated_bytes - before_bytes,
-                      top_ops=counts.ops.most_common(TOP_OPS),
-                      ops={p: dict(counts.by_phase[p]) for p in PHASES}, allocations_by_op=by_op,
-                      flops_by_op=dict(counts.flops_by_op), uncounted_flops_by_op=dict(counts.uncounted))
+    return WorkLedger(
+        flops={p: counts.flops[p] for p in PHASES},
+        op_calls={p: counts.calls[p] for p in PHASES},
+        syncs=counts.syncs,
+        allocations=allocations,
+        allocated_bytes=tracker.allocated_bytes - before_bytes,
+        top_ops=counts.ops.most_common(TOP_OPS),
+        ops={p: dict(counts.by_phase[p]) for p in PHASES},
+        allocations_by_op=by_op,
+        flops_by_op=dict(counts.flops_by_op),
+        uncounted_flops_by_op=dict(counts.uncounted),
+    )
 
 
 @contextmanager
@@ -219,8 +250,12 @@ def compile_stats() -> Iterator[CompileStats]:
     from torch._inductor import metrics
 
     def snapshot() -> tuple[int, int, int, int]:
-        return (counters["stats"]["unique_graphs"], sum(counters["graph_break"].values()),
-                sum(counters["recompiles"].values()), metrics.generated_kernel_count)
+        return (
+            counters["stats"]["unique_graphs"],
+            sum(counters["graph_break"].values()),
+            sum(counters["recompiles"].values()),
+            metrics.generated_kernel_count,
+        )
 
     result = CompileStats(0, 0, 0, 0)
     start = snapshot()

@@ -16,14 +16,15 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from .presets import get_model, get_recipe
-from .distributed import max_over_ranks, this_rank
-from .measure import CaseRunner
-from .train import resolve_device
+from gptcore.distributed import max_over_ranks, this_rank
+from gptcore.measure import CaseRunner
+from gptcore.presets import get_model, get_recipe
+from gptcore.train import resolve_device
 
 
-def run(model: str, recipe_name: str, out: Path, *, device: str | None, warmup: int, rounds: int,
-        steps_per_round: int) -> dict:
+def run(
+    model: str, recipe_name: str, out: Path, *, device: str | None, warmup: int, rounds: int, steps_per_round: int
+) -> dict:
     """Measure one case on this rank and write ``out/<recipe>/rank-<r>.json``; returns what was written."""
     cfg, recipe = get_model(model), get_recipe(recipe_name)
     runner = CaseRunner(cfg, recipe, resolve_device(device), warmup=warmup, steps_per_round=steps_per_round)
@@ -53,8 +54,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if this_rank().world_size < 2:
         parser.error("run under torchrun with --nproc-per-node >= 2")
     for recipe in args.recipe:
-        run(args.model, recipe, args.out, device=args.device, warmup=args.warmup, rounds=args.rounds,
-            steps_per_round=args.steps)
+        run(
+            args.model,
+            recipe,
+            args.out,
+            device=args.device,
+            warmup=args.warmup,
+            rounds=args.rounds,
+            steps_per_round=args.steps,
+        )
     return 0
 
 

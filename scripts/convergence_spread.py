@@ -33,10 +33,12 @@ def run_one(job: tuple[str, str, str, Schedule, int]) -> dict:
 
     schedule_name, model, recipe, schedule, seed = job
     start = time.perf_counter()
-    result = converge(get_model(model), dataclasses.replace(get_recipe(recipe), seed=seed), schedule, "cpu",
-                      threads=1)
-    print(f"{schedule_name} {model}-{recipe} seed {seed}: final val {result.final_val_loss:.4f}, "
-          f"to {schedule.target_loss}: {result.time_to_loss()}, {time.perf_counter() - start:.0f} s", flush=True)
+    result = converge(get_model(model), dataclasses.replace(get_recipe(recipe), seed=seed), schedule, "cpu", threads=1)
+    print(
+        f"{schedule_name} {model}-{recipe} seed {seed}: final val {result.final_val_loss:.4f}, "
+        f"to {schedule.target_loss}: {result.time_to_loss()}, {time.perf_counter() - start:.0f} s",
+        flush=True,
+    )
     return {"schedule": schedule_name, "model": model, "recipe": recipe, "seed": seed, **result.to_json()}
 
 
@@ -52,19 +54,25 @@ def main() -> int:
     summary = {}
     for s, m, r, _ in CASES:
         finals = [run["val_loss"][-1] for run in runs if (run["schedule"], run["model"], run["recipe"]) == (s, m, r)]
-        summary[f"{s} {m}-{r}"] = {"final_val_loss": finals, "range": max(finals) - min(finals),
-                                   "stdev": statistics.stdev(finals)}
+        summary[f"{s} {m}-{r}"] = {
+            "final_val_loss": finals,
+            "range": max(finals) - min(finals),
+            "stdev": statistics.stdev(finals),
+        }
     import torch
 
     from gptcore.identity import cpu_model
 
-    what = (f"scripts/convergence_spread.py: {len(runs)} runs, one thread each, on {cpu_model()}, torch "
-            f"{torch.__version__}")
+    what = (
+        f"scripts/convergence_spread.py: {len(runs)} runs, one thread each, on {cpu_model()}, torch {torch.__version__}"
+    )
     with open(args.out, "w") as out:
         json.dump({"what": what, "seeds": SEEDS, "summary": summary, "runs": runs}, out, indent=1)
     for name, s in summary.items():
-        print(f"{name}: {', '.join(f'{v:.4f}' for v in s['final_val_loss'])}; range {s['range']:.4f}, "
-              f"stdev {s['stdev']:.4f}")
+        print(
+            f"{name}: {', '.join(f'{v:.4f}' for v in s['final_val_loss'])}; range {s['range']:.4f}, "
+            f"stdev {s['stdev']:.4f}"
+        )
     return 0
 
 

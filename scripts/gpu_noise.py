@@ -72,8 +72,11 @@ def not_compared(first: dict[str, dict | None], second: dict[str, dict | None]) 
     """The cases left out of the comparison, each with why."""
     out = []
     for name in dict.fromkeys([*first, *second]):
-        why = [f"not in the {run} run" if name not in log else f"no figures in the {run} run"
-               for run, log in (("first", first), ("second", second)) if log.get(name) is None]
+        why = [
+            f"not in the {run} run" if name not in log else f"no figures in the {run} run"
+            for run, log in (("first", first), ("second", second))
+            if log.get(name) is None
+        ]
         if why:
             out.append(f"{name} ({', '.join(why)})")
     return out
@@ -93,12 +96,19 @@ def compare(first: dict[str, dict | None], second: dict[str, dict | None]) -> li
         iqr = _pair(a, b, lambda e: (e.get("tokens_per_s") or {}).get("iqr"))
         peak = _pair(a, b, lambda e: e.get("peak_allocated_bytes"))
         loss = _pair(a, b, lambda e: (e.get("loss") or {}).get("value"))
-        cases.append(Case(
-            name=name, precision=a.get("precision", "fp32"), tokens_per_s=speed,
-            iqr_rel=(iqr[0] / speed[0], iqr[1] / speed[1]) if speed and iqr and all(speed) else None,
-            speed_change=speed[1] / speed[0] - 1 if speed and speed[0] else None,
-            peak_bytes=peak, memory_change=peak[1] / peak[0] - 1 if peak and peak[0] else None,
-            loss=loss, loss_change=loss[1] - loss[0] if loss else None))
+        cases.append(
+            Case(
+                name=name,
+                precision=a.get("precision", "fp32"),
+                tokens_per_s=speed,
+                iqr_rel=(iqr[0] / speed[0], iqr[1] / speed[1]) if speed and iqr and all(speed) else None,
+                speed_change=speed[1] / speed[0] - 1 if speed and speed[0] else None,
+                peak_bytes=peak,
+                memory_change=peak[1] / peak[0] - 1 if peak and peak[0] else None,
+                loss=loss,
+                loss_change=loss[1] - loss[0] if loss else None,
+            )
+        )
     return cases
 
 
@@ -116,8 +126,12 @@ def tolerance(changes: list[float], floor: float) -> dict:
         return {"cases": 0, "largest": None, "sigma": None, "tolerance": None}
     largest = max(abs(c) for c in changes)
     sigma = math.sqrt(sum(c * c for c in changes) / len(changes))
-    return {"cases": len(changes), "largest": largest, "sigma": sigma,
-            "tolerance": max(round_up(max(SIGMAS * sigma, WORST_TIMES * largest)), floor)}
+    return {
+        "cases": len(changes),
+        "largest": largest,
+        "sigma": sigma,
+        "tolerance": max(round_up(max(SIGMAS * sigma, WORST_TIMES * largest)), floor),
+    }
 
 
 def summary(cases: list[Case]) -> dict[str, dict]:
@@ -142,13 +156,24 @@ def _pct(x: float | None) -> str:
 def table(cases: list[Case]) -> str:
     from tabulate import tabulate
 
-    rows = [[c.name, c.precision,
-             "—" if c.tokens_per_s is None else f"{c.tokens_per_s[0]:,.0f} → {c.tokens_per_s[1]:,.0f}",
-             "—" if c.iqr_rel is None else f"{c.iqr_rel[0]:.2%} / {c.iqr_rel[1]:.2%}", _pct(c.speed_change),
-             "—" if c.peak_bytes is None else f"{c.peak_bytes[1] - c.peak_bytes[0]:+,d} B", _pct(c.memory_change),
-             "—" if c.loss_change is None else f"{c.loss_change:+.2e}"] for c in cases]
-    return tabulate(rows, headers=["case", "precision", "tok/s", "IQR/median", "Δ tok/s", "Δ peak", "Δ peak %",
-                                   "Δ loss"], disable_numparse=True)
+    rows = [
+        [
+            c.name,
+            c.precision,
+            "—" if c.tokens_per_s is None else f"{c.tokens_per_s[0]:,.0f} → {c.tokens_per_s[1]:,.0f}",
+            "—" if c.iqr_rel is None else f"{c.iqr_rel[0]:.2%} / {c.iqr_rel[1]:.2%}",
+            _pct(c.speed_change),
+            "—" if c.peak_bytes is None else f"{c.peak_bytes[1] - c.peak_bytes[0]:+,d} B",
+            _pct(c.memory_change),
+            "—" if c.loss_change is None else f"{c.loss_change:+.2e}",
+        ]
+        for c in cases
+    ]
+    return tabulate(
+        rows,
+        headers=["case", "precision", "tok/s", "IQR/median", "Δ tok/s", "Δ peak", "Δ peak %", "Δ loss"],
+        disable_numparse=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,19 +195,28 @@ def main(argv: list[str] | None = None) -> int:
     left_out = not_compared(first, second)
     print(table(cases))
     figures = summary(cases)
-    print(f"\n{len(cases)} case(s) measured in both runs" + (f"; not compared: {', '.join(left_out)}" if left_out
-                                                             else ""))
+    print(
+        f"\n{len(cases)} case(s) measured in both runs" + (f"; not compared: {', '.join(left_out)}" if left_out else "")
+    )
     print(f"tolerance = max({SIGMAS:g} sigma, {WORST_TIMES:g} x the largest change), rounded up, at least the floor")
     for figure, s in figures.items():
         if s["cases"]:
             unit = (lambda x: f"{x:.2%}") if figure in ("speed", "memory") else (lambda x: f"{x:.2e} nats")
-            print(f"  {figure:<9} {s['cases']:>3} case(s): largest {unit(s['largest'])}, sigma {unit(s['sigma'])}"
-                  f" -> {unit(s['tolerance'])}" + (f" (largest IQR/median in a run {s['largest_iqr']:.2%})"
-                                                  if s.get("largest_iqr") is not None else ""))
+            print(
+                f"  {figure:<9} {s['cases']:>3} case(s): largest {unit(s['largest'])}, sigma {unit(s['sigma'])}"
+                f" -> {unit(s['tolerance'])}"
+                + (f" (largest IQR/median in a run {s['largest_iqr']:.2%})" if s.get("largest_iqr") is not None else "")
+            )
     if args.json:
-        evidence = {"device": args.device, "first": [str(p) for p in args.first], "second": str(args.against),
-                    "rule": {"sigmas": SIGMAS, "worst_times": WORST_TIMES, "floors": FLOORS},
-                    "summary": figures, "not_compared": left_out, "cases": [asdict(c) for c in cases]}
+        evidence = {
+            "device": args.device,
+            "first": [str(p) for p in args.first],
+            "second": str(args.against),
+            "rule": {"sigmas": SIGMAS, "worst_times": WORST_TIMES, "floors": FLOORS},
+            "summary": figures,
+            "not_compared": left_out,
+            "cases": [asdict(c) for c in cases],
+        }
         args.json.write_text(json.dumps(evidence, indent=2) + "\n")
         print(f"evidence: {args.json}")
     return 0

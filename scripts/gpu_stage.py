@@ -61,8 +61,9 @@ def collect(stage: Stage) -> list:
 
     options = [o for o in stage.options if o not in PLAN_DROPS]
     with contextlib.redirect_stdout(io.StringIO()):  # pytest's own listing: the plan prints its table instead
-        code = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *stage.pytest, *options],
-                           plugins=[Items()])
+        code = pytest.main(
+            ["--collect-only", "-q", "-p", "no:cacheprovider", *stage.pytest, *options], plugins=[Items()]
+        )
     if code not in (0, 5):
         sys.exit(f"gpu_stage: collecting stage {stage.name} failed (pytest exit {code})")
     return Items.items
@@ -86,14 +87,18 @@ def plan_all() -> int:
     fit one call."""
     from tabulate import tabulate
 
-    print(f"Plan of a GPU session on an {plan.PLAN_GPU} at an assumed MFU of {plan.ASSUMED_MFU:.0%} (gptcore/plan.py "
-          f"states every assumption); a stage is cut into calls of at most its deadline, each resuming the last.\n")
+    print(
+        f"Plan of a GPU session on an {plan.PLAN_GPU} at an assumed MFU of {plan.ASSUMED_MFU:.0%} (gptcore/plan.py "
+        f"states every assumption); a stage is cut into calls of at most its deadline, each resuming the last.\n"
+    )
     unfit, summary, totals = [], [], {}
     for name in ORDER:
         stage = STAGES[name]
         if not stage.pytest:
-            print(f"== {name}: {stage.what}\n   a script stage, planned at {stage.script_seconds:.0f} s "
-                  f"(stated); writes {stage.writes}\n")
+            print(
+                f"== {name}: {stage.what}\n   a script stage, planned at {stage.script_seconds:.0f} s "
+                f"(stated); writes {stage.writes}\n"
+            )
             summary.append([name, "—", f"{stage.script_seconds:.0f}", 1, f"{stage.script_seconds:.0f}"])
             totals[name] = stage.script_seconds
             unfit += [name] if stage.script_seconds > stage.deadline else []
@@ -102,8 +107,9 @@ def plan_all() -> int:
         planned = [plan.estimate(item, {}, _overrides(stage.options)) for item in items]
         cut = calls([p.seconds for p in planned], stage.deadline)
         call_of = {i: k + 1 for k, call in enumerate(cut) for i in call}
-        rows = [[item.nodeid, f"{p.seconds:,.0f}", p.source, call_of[i]] for i, (item, p) in
-                enumerate(zip(items, planned))]
+        rows = [
+            [item.nodeid, f"{p.seconds:,.0f}", p.source, call_of[i]] for i, (item, p) in enumerate(zip(items, planned))
+        ]
         longest = max((sum(planned[i].seconds for i in call) for call in cut), default=0.0)
         print(f"== {name}: {stage.what}\n   deadline {stage.deadline:.0f} s a call; writes {stage.writes}")
         print(tabulate(rows, headers=["case", "planned s", "from", "call"], disable_numparse=True))
@@ -111,8 +117,7 @@ def plan_all() -> int:
         totals[name] = sum(p.seconds for p in planned)
         summary.append([name, len(items), f"{totals[name]:,.0f}", len(cut), f"{longest:,.0f}"])
         unfit += [f"{name}: {items[i].nodeid}" for i, p in enumerate(planned) if p.seconds > stage.deadline]
-    print(tabulate(summary, headers=["stage", "cases", "planned s", "calls", "longest call s"],
-                   disable_numparse=True))
+    print(tabulate(summary, headers=["stage", "cases", "planned s", "calls", "longest call s"], disable_numparse=True))
     if unfit:
         print("\nDOES NOT FIT one call: " + "; ".join(unfit))
         return 1
@@ -124,8 +129,10 @@ def plan_all() -> int:
 
 def first_session(totals: dict[str, float]) -> str:
     """The calls of a first GPU session with their planned seconds; its verify runs what the session recorded."""
-    lines = [f"\nA first session, {len(FIRST_SESSION)} calls; the stages of a call share its {CALL_SECONDS} s "
-             f"(${CALL_END_ENV}), and what a deadline leaves resumes in a later call:"]
+    lines = [
+        f"\nA first session, {len(FIRST_SESSION)} calls; the stages of a call share its {CALL_SECONDS} s "
+        f"(${CALL_END_ENV}), and what a deadline leaves resumes in a later call:"
+    ]
     recorded: list[str] = []
     for k, call in enumerate(FIRST_SESSION, 1):
         names = call.split(",")
@@ -149,8 +156,11 @@ def seconds_left(stage: Stage) -> float | None:
     """The stage's deadline now, or None (printed, with the reason) when too little of the call is left."""
     deadline = stage_deadline(stage, time.time(), call_end())
     if deadline < MIN_STAGE_SECONDS:
-        print(f"stage {stage.name} not started: {max(deadline, 0):.0f} s left of this call (${CALL_END_ENV}), less "
-              f"than {MIN_STAGE_SECONDS:.0f} s; run it in the next call", flush=True)
+        print(
+            f"stage {stage.name} not started: {max(deadline, 0):.0f} s left of this call (${CALL_END_ENV}), less "
+            f"than {MIN_STAGE_SECONDS:.0f} s; run it in the next call",
+            flush=True,
+        )
         return None
     return deadline
 
@@ -162,8 +172,11 @@ def fits(name: str) -> int:
     if deadline is None:
         return 1
     if stage.script_seconds > deadline:
-        print(f"stage {name} not started: planned at {stage.script_seconds:.0f} s, {deadline:.0f} s left of this "
-              f"call; run it in the next call", flush=True)
+        print(
+            f"stage {name} not started: planned at {stage.script_seconds:.0f} s, {deadline:.0f} s left of this "
+            f"call; run it in the next call",
+            flush=True,
+        )
         return 1
     return 0
 
@@ -185,9 +198,24 @@ def run(name: str, out: Path, resume: Path | None) -> int:
     resume = resume or (ROOT / "out" / "gpu" / f"{name}.jsonl")
     if resume.exists() and resume.resolve() != log.resolve():
         shutil.copy2(resume, log)
-    args = [sys.executable, "-m", "pytest", *stage.pytest, *stage.options, "-p", "no:cacheprovider", "-rs",
-            "--deadline", f"{deadline:.0f}", "--results-log", str(log), "--baselines-dir", str(baselines),
-            "--benchmark-json", str(out / f"{name}.json")] + (["--resume", str(log)] if log.exists() else [])
+    args = [
+        sys.executable,
+        "-m",
+        "pytest",
+        *stage.pytest,
+        *stage.options,
+        "-p",
+        "no:cacheprovider",
+        "-rs",
+        "--deadline",
+        f"{deadline:.0f}",
+        "--results-log",
+        str(log),
+        "--baselines-dir",
+        str(baselines),
+        "--benchmark-json",
+        str(out / f"{name}.json"),
+    ] + (["--resume", str(log)] if log.exists() else [])
     print("$ " + shlex.join(args), flush=True)
     with open(out / f"{name}.log", "a", encoding="utf-8") as tee:
         child = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -198,8 +226,10 @@ def run(name: str, out: Path, resume: Path | None) -> int:
         code = child.wait()
     failed = [r for r in results.latest(results.read(log)).values() if r.outcome == "failed"] if log.exists() else []
     for r in failed:
-        print(f"FAILED {r.name}: {r.reason or '; '.join(r.failures)}; rerun just that: "
-              f"python -m pytest {shlex.quote(r.nodeid)} {' '.join(o for o in stage.options if o != '-x')}")
+        print(
+            f"FAILED {r.name}: {r.reason or '; '.join(r.failures)}; rerun just that: "
+            f"python -m pytest {shlex.quote(r.nodeid)} {' '.join(o for o in stage.options if o != '-x')}"
+        )
     print(f"stage {name}: pytest exit {code}; results log {log}; baselines {baselines}")
     return code
 

@@ -46,12 +46,20 @@ SCENARIOS = [
     Scenario("10% drop at commit 16 of 24, CV 2.7%", lambda s: series(24, 0.027, step_at=16, step=-0.10, seed=s), 16),
     Scenario("3% drop at commit 3 of 6, CV 0.6%", lambda s: series(6, 0.006, step_at=3, step=-0.03, seed=s), 3),
     Scenario("3% drop at commit 4 of 8, CV 0.6%", lambda s: series(8, 0.006, step_at=4, step=-0.03, seed=s), 4),
-    Scenario("-1%/commit creep over 6 commits from 10 of 24, CV 0.6%",
-             lambda s: series(24, 0.006, creep=(10, -0.01, 6), seed=s), 10),
+    Scenario(
+        "-1%/commit creep over 6 commits from 10 of 24, CV 0.6%",
+        lambda s: series(24, 0.006, creep=(10, -0.01, 6), seed=s),
+        10,
+    ),
     Scenario("step-free, 50 points, CV 0.6%, tokens/s", lambda s: series(50, 0.006, seed=s), None),
     Scenario("step-free, 50 points, CV 2.7%, tokens/s", lambda s: series(50, 0.027, seed=s), None),
-    Scenario("step-free, 50 points, CV 2.7%, peak memory", lambda s: series(50, 0.027, seed=s), None,
-             metric="peak memory", tolerance=0.02),
+    Scenario(
+        "step-free, 50 points, CV 2.7%, peak memory",
+        lambda s: series(50, 0.027, seed=s),
+        None,
+        metric="peak memory",
+        tolerance=0.02,
+    ),
 ]
 
 
@@ -104,11 +112,13 @@ def measure(scenario: Scenario, seeds: range) -> list[str]:
             asv_held += scenario.change_at in cuts
     n = len(seeds)
     step = scenario.change_at is not None
-    return [scenario.name,
-            f"{found} / {n}" + (f" ({creeps} with a creep)" if creeps else ""),
-            f"{certain_held} / {certain}" if step and certain else "—",
-            f"{uncertain}, hunt holds it in {uncertain_hunted}" if step and uncertain else ("0" if step else "—"),
-            (f"{asv_found} / {n}" + (f", at the commit in {asv_held}" if step else "")) if have_asv else "no asv"]
+    return [
+        scenario.name,
+        f"{found} / {n}" + (f" ({creeps} with a creep)" if creeps else ""),
+        f"{certain_held} / {certain}" if step and certain else "—",
+        f"{uncertain}, hunt holds it in {uncertain_hunted}" if step and uncertain else ("0" if step else "—"),
+        (f"{asv_found} / {n}" + (f", at the commit in {asv_held}" if step else "")) if have_asv else "no asv",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,8 +131,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     rows = [measure(s, seeds) for s in SCENARIOS]
-    print(tabulate(rows, headers=["series", "history: series with a change found", "a certain step's range holds the commit",
-                                  "place uncertain", "asv detect_steps: series with a step"], tablefmt="github"))
+    print(
+        tabulate(
+            rows,
+            headers=[
+                "series",
+                "history: series with a change found",
+                "a certain step's range holds the commit",
+                "place uncertain",
+                "asv detect_steps: series with a step",
+            ],
+            tablefmt="github",
+        )
+    )
     return 0
 
 

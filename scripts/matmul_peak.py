@@ -38,8 +38,14 @@ def matmul_tflops(device: torch.device, dtype: str, size: int, rounds: int = 20)
         torch.set_float32_matmul_precision(previous)
     median = statistics.median(times)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return {"device": name, "torch": torch.__version__, "dtype": dtype, "size": size,
-            "median_s": median, "tflops": 2 * size**3 / median / 1e12}
+    return {
+        "device": name,
+        "torch": torch.__version__,
+        "dtype": dtype,
+        "size": size,
+        "median_s": median,
+        "tflops": 2 * size**3 / median / 1e12,
+    }
 
 
 def main() -> int:

@@ -19,8 +19,8 @@ import sys
 
 import torch
 
-from gptcore.presets import get_model, get_recipe
 from gptcore.memory.snapshot import peak_of_trace
+from gptcore.presets import get_model, get_recipe
 from gptcore.units import format_bytes
 
 
@@ -57,19 +57,32 @@ def main() -> int:
     snapshot = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
     peak = peak_of_trace(snapshot["device_traces"][torch.cuda.current_device()])
-    lines = [f"{args.model} × {args.recipe} on {torch.cuda.get_device_name()} (torch {torch.__version__}): "
-             f"{steps_done} of {args.steps} steps" + (f", then out of memory: {error}" if error else ""),
-             f"max_memory_allocated {format_bytes(torch.cuda.max_memory_allocated())}; peak of the trace "
-             f"{format_bytes(peak.peak_bytes)} at event {peak.at_event:,} of {peak.events:,}"
-             + (f"; first OOM event: {peak.oom}" if peak.oom else ""),
-             "live at the peak, by the line that allocated it:"]
+    lines = [
+        f"{args.model} × {args.recipe} on {torch.cuda.get_device_name()} (torch {torch.__version__}): "
+        f"{steps_done} of {args.steps} steps" + (f", then out of memory: {error}" if error else ""),
+        f"max_memory_allocated {format_bytes(torch.cuda.max_memory_allocated())}; peak of the trace "
+        f"{format_bytes(peak.peak_bytes)} at event {peak.at_event:,} of {peak.events:,}"
+        + (f"; first OOM event: {peak.oom}" if peak.oom else ""),
+        "live at the peak, by the line that allocated it:",
+    ]
     lines += [f"  {format_bytes(s.bytes):>12}  {s.blocks:6,} blocks  {s.where}" for s in peak.sites]
     summary = "\n".join(lines)
     print(summary)
     with open(os.path.join(args.out, f"{name}.json"), "w") as f:
-        json.dump({"model": args.model, "recipe": args.recipe, "steps_done": steps_done, "error": error,
-                   "max_memory_allocated": torch.cuda.max_memory_allocated(), "torch": torch.__version__,
-                   "device": torch.cuda.get_device_name(), **dataclasses.asdict(peak)}, f, indent=1)
+        json.dump(
+            {
+                "model": args.model,
+                "recipe": args.recipe,
+                "steps_done": steps_done,
+                "error": error,
+                "max_memory_allocated": torch.cuda.max_memory_allocated(),
+                "torch": torch.__version__,
+                "device": torch.cuda.get_device_name(),
+                **dataclasses.asdict(peak),
+            },
+            f,
+            indent=1,
+        )
     with gzip.open(os.path.join(args.out, f"{name}.pickle.gz"), "wb") as f:
         pickle.dump(snapshot, f)
     return 0

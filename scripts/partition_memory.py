@@ -19,8 +19,8 @@ from dataclasses import asdict
 
 from tabulate import tabulate
 
-from gptcore.presets import get_model, get_recipe
 from gptcore.memory.partition import check_plannable
+from gptcore.presets import get_model, get_recipe
 from gptcore.units import common_unit, format_bytes
 
 SIZES = ("input_bytes", "saved_bytes", "forward_peak_bytes", "backward_peak_bytes")
@@ -59,13 +59,38 @@ def main() -> int:
                 return 2
             plans[recipe] = p
     unit = common_unit(p["input_bytes"] for p in plans.values())
-    rows = [[recipe] + [format_bytes(p[k], unit) for k in SIZES] + [f"{p['backward_peak_at']:.2f}",
-            format_bytes(p["gradients_at_backward_peak"], unit), p["recomputed_ops"], p["recomputed_matmuls"]]
-            for recipe, p in plans.items()]
-    print(f"{args.model}: the partitioner's plan (live bytes in graph order, before inductor; the forward's inputs, "
-          f"parameters and batch, apart)")
-    print(tabulate(rows, headers=["recipe", "inputs", "saved for bwd", "fwd peak", "bwd peak", "bwd peak at",
-                                  "grads at it", "ops recomputed", "matmuls recomputed"], disable_numparse=True))
+    rows = [
+        [recipe]
+        + [format_bytes(p[k], unit) for k in SIZES]
+        + [
+            f"{p['backward_peak_at']:.2f}",
+            format_bytes(p["gradients_at_backward_peak"], unit),
+            p["recomputed_ops"],
+            p["recomputed_matmuls"],
+        ]
+        for recipe, p in plans.items()
+    ]
+    print(
+        f"{args.model}: the partitioner's plan (live bytes in graph order, before inductor; the forward's inputs, "
+        f"parameters and batch, apart)"
+    )
+    print(
+        tabulate(
+            rows,
+            headers=[
+                "recipe",
+                "inputs",
+                "saved for bwd",
+                "fwd peak",
+                "bwd peak",
+                "bwd peak at",
+                "grads at it",
+                "ops recomputed",
+                "matmuls recomputed",
+            ],
+            disable_numparse=True,
+        )
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "plans": plans}, f, indent=1)

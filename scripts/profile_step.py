@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gzip
-import shutil
 import os
+import shutil
 import sys
 import time
 
@@ -56,9 +56,12 @@ def main() -> int:
     table = prof.key_averages().table(sort_by=sort, row_limit=40)
     os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, f"profile-{args.model}-{args.recipe}")
-    header = (f"{args.model} / {args.recipe} on {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}),"
-              f" torch {torch.__version__}: batch {trainer.micro_batch}x{trainer.accum}, {tok_s:,.0f} tok/s under the"
-              f" profiler (warm-up incl. compile {warmup_s:.1f} s)\n")
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    header = (
+        f"{args.model} / {args.recipe} on {device} ({name}),"
+        f" torch {torch.__version__}: batch {trainer.micro_batch}x{trainer.accum}, {tok_s:,.0f} tok/s under the"
+        f" profiler (warm-up incl. compile {warmup_s:.1f} s)\n"
+    )
     with open(stem + ".txt", "w") as f:
         f.write(header + table + "\n")
     prof.export_chrome_trace(stem + ".json")

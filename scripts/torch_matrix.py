@@ -60,29 +60,43 @@ def _bytes(n: int | None) -> str:
 
 def case_table(case: str, columns: list[tuple[str, dict, dict | None]]) -> str:
     """One case's table: a column per (requested version, machine_info, extra_info or None: not measured)."""
+
     def row(label: str, value: Callable[[dict, dict, dict], str]) -> list[str]:
         """``value(extra_info, its work ledger, machine_info)`` under each version."""
-        return [label] + ["n/a" if info is None else value(info, info.get("work") or {}, machine)
-                          for _, machine, info in columns]
+        return [label] + [
+            "n/a" if info is None else value(info, info.get("work") or {}, machine) for _, machine, info in columns
+        ]
 
-    rows = [row("torch", lambda info, work, machine: machine.get("torch") or "n/a"),
-            row("CPU model", lambda info, work, machine: info.get("cpu_model") or machine.get("cpu_model")
-                or local_cpu()),
-            row("FLOPs", lambda info, work, _: f"{sum((work.get('flops') or {}).values()):,}"),
-            row("op calls", lambda info, work, _: f"{sum((work.get('op_calls') or {}).values()):,}"),
-            row("allocations", lambda info, work, _: f"{work.get('allocations', 0):,}"),
-            row("allocated bytes", lambda info, work, _: _bytes(work.get("allocated_bytes")))]
+    rows = [
+        row("torch", lambda info, work, machine: machine.get("torch") or "n/a"),
+        row("CPU model", lambda info, work, machine: info.get("cpu_model") or machine.get("cpu_model") or local_cpu()),
+        row("FLOPs", lambda info, work, _: f"{sum((work.get('flops') or {}).values()):,}"),
+        row("op calls", lambda info, work, _: f"{sum((work.get('op_calls') or {}).values()):,}"),
+        row("allocations", lambda info, work, _: f"{work.get('allocations', 0):,}"),
+        row("allocated bytes", lambda info, work, _: _bytes(work.get("allocated_bytes"))),
+    ]
     if any(((info or {}).get("work") or {}).get("compile") for _, _, info in columns):
-        rows.append(row("compiled: graphs/breaks/recompiles/kernels", lambda info, work, _: "/".join(
-            str((work.get("compile") or {}).get(k, "-")) for k in ("graphs", "graph_breaks", "recompiles", "kernels"))))
-    rows += [row("peak memory", lambda info, work, _: _bytes(info.get("peak_allocated_bytes"))),
-             row("loss", lambda info, work, _: "n/a" if info.get("loss") is None else f"{info['loss']:.7f}")]
+        rows.append(
+            row(
+                "compiled: graphs/breaks/recompiles/kernels",
+                lambda info, work, _: "/".join(
+                    str((work.get("compile") or {}).get(k, "-"))
+                    for k in ("graphs", "graph_breaks", "recompiles", "kernels")
+                ),
+            )
+        )
+    rows += [
+        row("peak memory", lambda info, work, _: _bytes(info.get("peak_allocated_bytes"))),
+        row("loss", lambda info, work, _: "n/a" if info.get("loss") is None else f"{info['loss']:.7f}"),
+    ]
     by_op = [op_calls_by_op(info.get("work")) for _, _, info in columns if info is not None]
     spread = {op: [counts.get(op, 0) for counts in by_op] for counts in by_op for op in counts}
-    moved = sorted((op for op, ns in spread.items() if len(set(ns)) > 1),
-                   key=lambda op: (min(spread[op]) - max(spread[op]), op))  # the largest difference first
-    rows += [row(f"op calls: {op}", lambda info, work, _, op=op: f"{op_calls_by_op(work).get(op, 0):,}")
-             for op in moved]
+    moved = sorted(
+        (op for op, ns in spread.items() if len(set(ns)) > 1), key=lambda op: (min(spread[op]) - max(spread[op]), op)
+    )  # the largest difference first
+    rows += [
+        row(f"op calls: {op}", lambda info, work, _, op=op: f"{op_calls_by_op(work).get(op, 0):,}") for op in moved
+    ]
     if not moved:
         rows.append(["op calls by operator", *(["same"] * len(columns))])
     headers = [case] + [f"torch {version}" for version, _, _ in columns]
@@ -93,8 +107,10 @@ def tables(runs: dict[str, dict]) -> str:
     """One table per case, the requested versions side by side (``runs``: version -> pytest-benchmark JSON)."""
     per_version = {version: cases_of(run) for version, run in runs.items()}
     names = list(dict.fromkeys(case for cases in per_version.values() for case in cases))
-    return "\n\n".join(case_table(case, [(v, runs[v].get("machine_info") or {}, per_version[v].get(case))
-                                         for v in runs]) for case in names)
+    return "\n\n".join(
+        case_table(case, [(v, runs[v].get("machine_info") or {}, per_version[v].get(case)) for v in runs])
+        for case in names
+    )
 
 
 def local_cpu() -> str:
@@ -119,8 +135,13 @@ def check_version(text: str) -> str:
 def _pip(python: Path, *args: str, what: str) -> None:
     """pip in ``python``'s venv with no pip configuration file; MatrixError with pip's last error line."""
     env = {**os.environ, "PIP_CONFIG_FILE": os.devnull}
-    proc = subprocess.run([str(python), "-m", "pip", "install", "--progress-bar", "off", *args], env=env,
-                          stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(
+        [str(python), "-m", "pip", "install", "--progress-bar", "off", *args],
+        env=env,
+        stdout=sys.stderr,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     if proc.returncode != 0:
         errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR")] or proc.stderr.splitlines()
         last = errors[-1] if errors else f"exit {proc.returncode}"
@@ -161,29 +182,57 @@ def run_cases(python: Path, expr: str, version: str) -> dict:
     temporary baselines folder."""
     with tempfile.TemporaryDirectory(prefix="torch-matrix-") as tmp:
         out = Path(tmp) / "bench.json"
-        proc = subprocess.run([str(python), "-m", "pytest", "bench", "-m", "cpu", "-k", expr, "--benchmark-json",
-                               str(out), "-p", "no:cacheprovider", "--update-baselines", "--baselines-dir",
-                               str(Path(tmp) / "baselines"), "--results-log", str(Path(tmp) / "results.jsonl")],
-                              cwd=ROOT, stdout=sys.stderr)  # stdout: the tables alone
+        proc = subprocess.run(
+            [
+                str(python),
+                "-m",
+                "pytest",
+                "bench",
+                "-m",
+                "cpu",
+                "-k",
+                expr,
+                "--benchmark-json",
+                str(out),
+                "-p",
+                "no:cacheprovider",
+                "--update-baselines",
+                "--baselines-dir",
+                str(Path(tmp) / "baselines"),
+                "--results-log",
+                str(Path(tmp) / "results.jsonl"),
+            ],
+            cwd=ROOT,
+            stdout=sys.stderr,
+        )  # stdout: the tables alone
         if proc.returncode == 5:
             raise MatrixError(f"-k {expr!r}: no CPU case selected")
         if not out.exists():
             raise MatrixError(f"torch {version}: pytest exited {proc.returncode} and wrote no benchmark JSON")
         if proc.returncode != 0:
-            print(f"torch {version}: pytest exited {proc.returncode} (above); the table has what it measured",
-                  file=sys.stderr)
+            print(
+                f"torch {version}: pytest exited {proc.returncode} (above); the table has what it measured",
+                file=sys.stderr,
+            )
         return json.loads(out.read_text())
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--torch", nargs="+", required=True, metavar="VERSION", help="torch versions, e.g. 2.13.0")
-    parser.add_argument("--venvs", type=Path, default=DEFAULT_VENVS, metavar="DIR",
-                        help=f"one venv per version under DIR (default {DEFAULT_VENVS})")
-    parser.add_argument("-k", dest="expr", default=DEFAULT_K,
-                        help=f"the CPU cases, as pytest -k (default {DEFAULT_K!r})")
-    parser.add_argument("--json-dir", type=Path, metavar="DIR",
-                        help="also keep each version's benchmark JSON as DIR/torch-VERSION.json")
+    parser.add_argument(
+        "--venvs",
+        type=Path,
+        default=DEFAULT_VENVS,
+        metavar="DIR",
+        help=f"one venv per version under DIR (default {DEFAULT_VENVS})",
+    )
+    parser.add_argument(
+        "-k", dest="expr", default=DEFAULT_K, help=f"the CPU cases, as pytest -k (default {DEFAULT_K!r})"
+    )
+    parser.add_argument(
+        "--json-dir", type=Path, metavar="DIR", help="also keep each version's benchmark JSON as DIR/torch-VERSION.json"
+    )
     args = parser.parse_args(argv)
     try:
         versions = [check_version(v) for v in dict.fromkeys(args.torch)]

@@ -9,7 +9,6 @@ import os
 
 import torch
 
-
 #: Set by GitHub Actions, or by a workflow asking for the gate's markdown (gptcore.plugin.MARKDOWN_ENV).
 SUMMARY_VARIABLES = ("GITHUB_STEP_SUMMARY", "GPTCORE_GATE_MARKDOWN")
 

@@ -16,9 +16,9 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gptcore.config import CHAR_VOCAB, DDPOptions, FSDP2Options, GPTConfig, Parallel, Recipe  # noqa: E402
-from gptcore.memory.tracker import LiveBytes, track_training  # noqa: E402
-from gptcore.train import Trainer  # noqa: E402
+from gptcore.config import CHAR_VOCAB, DDPOptions, FSDP2Options, GPTConfig, Parallel, Recipe
+from gptcore.memory.tracker import LiveBytes, track_training
+from gptcore.train import Trainer
 
 #: tests.helpers.TINY: 2 layers x 2 heads x 32 wide, T=16, global batch 8 (4 per rank on 2 ranks).
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=CHAR_VOCAB, batch_size=8)
@@ -28,10 +28,12 @@ BASE = Recipe(grad_clip=0.05, warmup_steps=1, decay_steps=4)
 DDP = Parallel(ddp=DDPOptions())
 FSDP2 = Parallel(fsdp2=FSDP2Options())
 FSDP2_NO_RESHARD = Parallel(fsdp2=FSDP2Options(reshard_after_forward=False))
-MEMORY_CASES = {"ddp": dict(parallel=DDP),
-                "ddp-bucket-view": dict(parallel=Parallel(ddp=DDPOptions(gradient_as_bucket_view=True))),
-                "fsdp2": dict(parallel=FSDP2),
-                "fsdp2-no-reshard": dict(parallel=FSDP2_NO_RESHARD)}
+MEMORY_CASES = {
+    "ddp": dict(parallel=DDP),
+    "ddp-bucket-view": dict(parallel=Parallel(ddp=DDPOptions(gradient_as_bucket_view=True))),
+    "fsdp2": dict(parallel=FSDP2),
+    "fsdp2-no-reshard": dict(parallel=FSDP2_NO_RESHARD),
+}
 
 
 def full_params(t: Trainer) -> list[torch.Tensor]:
@@ -63,14 +65,23 @@ def states(recipe: Recipe) -> dict:
     report = track_training(t, steps=2, tracker=tracker)
     params = list(t.model.parameters())
     seen = {}  # the gradients of one more step, read just before the optimizer step (zero_grad frees them after)
-    t.optimizers[0].register_step_pre_hook(lambda *_: seen.update(
-        g=local_bytes([p.grad for p in params if p.grad is not None]),
-        missing=[i for i, p in enumerate(params) if p.grad is None]))
+    t.optimizers[0].register_step_pre_hook(
+        lambda *_: seen.update(
+            g=local_bytes([p.grad for p in params if p.grad is not None]),
+            missing=[i for i, p in enumerate(params) if p.grad is None],
+        )
+    )
     t.step()
     opt = local_bytes([v for s in t.optimizers[0].state.values() for v in s.values() if v.dim() > 0])
-    return {"parameters": local_bytes(params), "gradients": seen["g"], "no gradient": seen["missing"],
-            "optimizer state": opt,
-            "peak": report.peak_bytes, "by_category": report.by_category, "foreign_frees": tracker.foreign_frees}
+    return {
+        "parameters": local_bytes(params),
+        "gradients": seen["g"],
+        "no gradient": seen["missing"],
+        "optimizer state": opt,
+        "peak": report.peak_bytes,
+        "by_category": report.by_category,
+        "foreign_frees": tracker.foreign_frees,
+    }
 
 
 def proofs(out: Path) -> None:
@@ -94,8 +105,7 @@ def measure_memory(out: Path) -> None:
     """Each memory case's per-rank figures, and the tracked peak of a second, identical pass (``again``)."""
     memory = {name: states(dataclasses.replace(BASE, **MEMORY_CASES[name])) for name in MEMORY_CASES}
     memory["none"] = states(BASE) if dist.get_rank() == 0 else None
-    memory["again"] = {name: states(dataclasses.replace(BASE, **MEMORY_CASES[name]))["peak"]
-                       for name in MEMORY_CASES}
+    memory["again"] = {name: states(dataclasses.replace(BASE, **MEMORY_CASES[name]))["peak"] for name in MEMORY_CASES}
     torch.save(memory, out / f"memory-{dist.get_rank()}.pt")
 
 

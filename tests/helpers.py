@@ -35,7 +35,8 @@ def capture_grads(t: Trainer) -> list[list[torch.Tensor]]:
     seen: list[list[torch.Tensor | None]] = []
     params = list(t.model.parameters())
     t.optimizers[0].register_step_pre_hook(
-        lambda *_: seen.append([None if p.grad is None else p.grad.clone() for p in params]))
+        lambda *_: seen.append([None if p.grad is None else p.grad.clone() for p in params])
+    )
     return seen
 
 

@@ -63,8 +63,13 @@ def compute(attention: str = "sdpa") -> dict:
     set_parameters(trainer.model)
     losses = [trainer.step(tokens(step)).item() for step in range(STEPS)]
     param_norm = math.sqrt(sum(p.detach().pow(2).sum().item() for p in trainer.model.parameters()))
-    return {"logits": logits.detach().tolist(), "loss": loss.item(), "grad_norms": grad_norms,
-            "train_losses": losses, "param_norm_after": param_norm}
+    return {
+        "logits": logits.detach().tolist(),
+        "loss": loss.item(),
+        "grad_norms": grad_norms,
+        "train_losses": losses,
+        "param_norm_after": param_norm,
+    }
 
 
 def main() -> int:

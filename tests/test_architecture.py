@@ -82,7 +82,9 @@ def test_every_module_is_in_the_table():
 def test_module_imports_only_what_the_table_allows(path):
     parts, torch_ok = allowed_imports()[module_name(path)]
     forbidden = imported_parts(path) - parts
-    assert not forbidden, f"{module_name(path)} imports {sorted(forbidden)}; docs/architecture.md allows {sorted(parts)}"
+    assert not forbidden, (
+        f"{module_name(path)} imports {sorted(forbidden)}; docs/architecture.md allows {sorted(parts)}"
+    )
     if not torch_ok:
         assert not imports_torch_when_loaded(path), f"{module_name(path)} imports torch; the table says it must not"
 
@@ -99,11 +101,12 @@ def test_the_import_check_catches_a_forbidden_import(tmp_path):
 def test_the_import_check_sees_every_form_of_import(tmp_path):
     # planted in a copy: each way of naming a part is one import of it
     planted = tmp_path / "gate.py"
-    planted.write_text("from gptcore import identity, units as u\nfrom gptcore.rules import judge\n"
-                       "from . import verdicts\nimport gptcore.work\n"
-                       "def f():\n    from gptcore import config\n")
-    assert imported_parts(planted, "gate") == {"identity", "units", "rules", "verdicts", "work",
-                                               "config"}
+    planted.write_text(
+        "from gptcore import identity, units as u\nfrom gptcore.rules import judge\n"
+        "from . import verdicts\nimport gptcore.work\n"
+        "def f():\n    from gptcore import config\n"
+    )
+    assert imported_parts(planted, "gate") == {"identity", "units", "rules", "verdicts", "work", "config"}
 
 
 def test_torch_free_modules_load_without_torch():

@@ -31,8 +31,26 @@ def test_train_runs_and_the_loss_falls():
 
 
 def test_set_changes_recipe_fields_and_says_so(capsys):
-    assert main(["train", "--model", "cpu-small", "--steps", "2", "--device", "cpu", "--set", "checkpoint=true",
-                 "--set", "grad_accum_steps=4", "--set", "grad_clip=none"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--model",
+                "cpu-small",
+                "--steps",
+                "2",
+                "--device",
+                "cpu",
+                "--set",
+                "checkpoint=true",
+                "--set",
+                "grad_accum_steps=4",
+                "--set",
+                "grad_clip=none",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "--set checkpoint=true --set grad_accum_steps=4 --set grad_clip=none" in out
 
@@ -40,20 +58,30 @@ def test_set_changes_recipe_fields_and_says_so(capsys):
 def test_set_values_are_converted_by_the_field_type():
     from gptcore.cli import apply_assignments
 
-    recipe = apply_assignments(RECIPES["fp32"], ["checkpoint=yes", "grad_accum_steps=4", "lr=3e-4",
-                                                 "grad_clip=None", "precision=bf16"])
+    recipe = apply_assignments(
+        RECIPES["fp32"], ["checkpoint=yes", "grad_accum_steps=4", "lr=3e-4", "grad_clip=None", "precision=bf16"]
+    )
     assert (recipe.checkpoint, recipe.grad_accum_steps, recipe.lr, recipe.grad_clip, recipe.precision) == (
-        True, 4, 3e-4, None, "bf16")
+        True,
+        4,
+        3e-4,
+        None,
+        "bf16",
+    )
 
 
 def test_set_reaches_a_nested_field_by_its_dotted_name():
     from gptcore.cli import apply_assignments
 
-    assert apply_assignments(RECIPES["fsdp2"], ["parallel.fsdp2.reshard_after_forward=false"]) == RECIPES[
-        "fsdp2-no-reshard"]
+    assert (
+        apply_assignments(RECIPES["fsdp2"], ["parallel.fsdp2.reshard_after_forward=false"])
+        == RECIPES["fsdp2-no-reshard"]
+    )
     # a None-able nested config is switched on (with its defaults) and off by true/false
-    assert apply_assignments(RECIPES["fp32"], ["parallel.ddp=true", "parallel.ddp.gradient_as_bucket_view=yes"]
-                             ) == RECIPES["ddp-bucket-view"]
+    assert (
+        apply_assignments(RECIPES["fp32"], ["parallel.ddp=true", "parallel.ddp.gradient_as_bucket_view=yes"])
+        == RECIPES["ddp-bucket-view"]
+    )
     assert apply_assignments(RECIPES["ddp"], ["parallel.ddp=off"]) == RECIPES["fp32"]
 
 
@@ -62,37 +90,45 @@ def test_an_old_recipe_name_runs_with_one_deprecation_line():
     out = run_cli("train", "--model", "cpu-small", "--recipe", old, "--steps", "2", "--device", "cpu")
     assert out.returncode == 0, out.stderr
     warning = [line for line in out.stderr.splitlines() if "warning" in line]
-    assert warning == [f"gptcore: warning: recipe {old!r} is now called {new!r}; the old name will be removed in "
-                       f"the next release"]
+    assert warning == [
+        f"gptcore: warning: recipe {old!r} is now called {new!r}; the old name will be removed in the next release"
+    ]
 
 
-@pytest.mark.parametrize("args,expected", [
-    (["train", "--model", "nope"], "choose from char, char-ctx2"),
-    (["train", "--model", "cpu-smal"], "did you mean 'cpu-small'?"),
-    (["train", "--model", "cpu-small", "--recipe", "nope"], "choose from fp32"),
-    (["train", "--model", "cpu-small", "--recipe", "bf61"], "did you mean 'bf16'?"),
-    (["train", "--model", "cpu-small", "--recipe", "tf32", "--device", "cpu"], "tf32 is a CUDA"),
-    (["train", "--model", "cpu-small", "--recipe", "ladder-5", "--device", "cpu"], "flash attention needs"),
-    (["train", "--model", "char", "--recipe", "budget-0.05", "--device", "cpu"], "pytorch/pytorch#190758"),
-    (["train", "--model", "cpu-small", "--steps", "0"], "argument --steps: must be >= 1"),
-    (["train", "--model", "cpu-small", "--batch", "0"], "argument --batch: must be >= 1"),
-    (["train", "--model", "cpu-small", "--log-every", "0"], "argument --log-every: must be >= 1"),
-    (["train", "--model", "cpu-small", "--batch", "7", "--recipe", "grad-accum"], "grad_accum_steps"),
-    (["train", "--model", "cpu-small", "--set", "checkpoint"], "expected FIELD=VALUE"),
-    (["train", "--model", "cpu-small", "--set", "grad_acum_steps=4"], "did you mean 'grad_accum_steps'?"),
-    (["train", "--model", "cpu-small", "--set", "grad_accum_steps=four"], "expected int"),
-    (["train", "--model", "cpu-small", "--set", "optim_in_backward=true"], "grad_clip: global-norm clipping"),
-    (["train", "--model", "cpu-small", "--set", "precision=fp8"], "precision: unknown 'fp8'"),
-    (["train", "--model", "cpu-small", "--set", "parallel.reshard_after_forward=false"],
-     "did you mean 'parallel.fsdp2.reshard_after_forward'?"),
-    (["train", "--model", "cpu-small", "--set", "parallel=ddp"], "parallel is a group of fields; set parallel.ddp"),
-    (["train", "--model", "cpu-small", "--recipe", "ddp", "--set", "parallel.ddp.bucket_cap_mb=0"],
-     "parallel.ddp.bucket_cap_mb: must be > 0"),
-    (["estimate", "--model", "gpt2-xxl"], "unknown 'gpt2-xxl'"),
-    (["estimate", "--model", "gpt2", "--seq", "0"], "argument --seq: must be >= 1"),
-    (["train"], "required"),
-    (["fly"], "invalid choice"),
-])
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        (["train", "--model", "nope"], "choose from char, char-ctx2"),
+        (["train", "--model", "cpu-smal"], "did you mean 'cpu-small'?"),
+        (["train", "--model", "cpu-small", "--recipe", "nope"], "choose from fp32"),
+        (["train", "--model", "cpu-small", "--recipe", "bf61"], "did you mean 'bf16'?"),
+        (["train", "--model", "cpu-small", "--recipe", "tf32", "--device", "cpu"], "tf32 is a CUDA"),
+        (["train", "--model", "cpu-small", "--recipe", "ladder-5", "--device", "cpu"], "flash attention needs"),
+        (["train", "--model", "char", "--recipe", "budget-0.05", "--device", "cpu"], "pytorch/pytorch#190758"),
+        (["train", "--model", "cpu-small", "--steps", "0"], "argument --steps: must be >= 1"),
+        (["train", "--model", "cpu-small", "--batch", "0"], "argument --batch: must be >= 1"),
+        (["train", "--model", "cpu-small", "--log-every", "0"], "argument --log-every: must be >= 1"),
+        (["train", "--model", "cpu-small", "--batch", "7", "--recipe", "grad-accum"], "grad_accum_steps"),
+        (["train", "--model", "cpu-small", "--set", "checkpoint"], "expected FIELD=VALUE"),
+        (["train", "--model", "cpu-small", "--set", "grad_acum_steps=4"], "did you mean 'grad_accum_steps'?"),
+        (["train", "--model", "cpu-small", "--set", "grad_accum_steps=four"], "expected int"),
+        (["train", "--model", "cpu-small", "--set", "optim_in_backward=true"], "grad_clip: global-norm clipping"),
+        (["train", "--model", "cpu-small", "--set", "precision=fp8"], "precision: unknown 'fp8'"),
+        (
+            ["train", "--model", "cpu-small", "--set", "parallel.reshard_after_forward=false"],
+            "did you mean 'parallel.fsdp2.reshard_after_forward'?",
+        ),
+        (["train", "--model", "cpu-small", "--set", "parallel=ddp"], "parallel is a group of fields; set parallel.ddp"),
+        (
+            ["train", "--model", "cpu-small", "--recipe", "ddp", "--set", "parallel.ddp.bucket_cap_mb=0"],
+            "parallel.ddp.bucket_cap_mb: must be > 0",
+        ),
+        (["estimate", "--model", "gpt2-xxl"], "unknown 'gpt2-xxl'"),
+        (["estimate", "--model", "gpt2", "--seq", "0"], "argument --seq: must be >= 1"),
+        (["train"], "required"),
+        (["fly"], "invalid choice"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_code_2(args, expected, capsys):
     assert main(args) == 2
     err = capsys.readouterr().err
@@ -106,15 +142,17 @@ def test_bad_input_from_the_shell_has_no_traceback():
 
 
 def test_help_and_list_import_no_torch():
-    code = ("import sys, contextlib, io\n"
-            "from gptcore.cli import main\n"
-            "with contextlib.redirect_stdout(io.StringIO()):\n"
-            "    main(['list'])\n"
-            "    try:\n"
-            "        main(['--help'])\n"
-            "    except SystemExit:\n"
-            "        pass\n"
-            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
+    code = (
+        "import sys, contextlib, io\n"
+        "from gptcore.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['list'])\n"
+        "    try:\n"
+        "        main(['--help'])\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

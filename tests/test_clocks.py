@@ -15,8 +15,7 @@ from gptcore.baselines import Entry, Tolerances
 from gptcore.config import Recipe
 from gptcore.gate import Gate
 from gptcore.measure import CaseRunner, throughput
-
-from .helpers import TINY, fake_share
+from tests.helpers import TINY, fake_share
 
 pytestmark = pytest.mark.cpu
 
@@ -40,16 +39,21 @@ def fake_nvml(script: list[dict]) -> SimpleNamespace:
         return 2619
 
     return SimpleNamespace(
-        nvmlInit=lambda: None, nvmlDeviceGetHandleByIndex=lambda i: "gpu0",
-        nvmlDeviceGetDefaultApplicationsClock=lambda h, kind: DEFAULT_SM, nvmlDeviceGetClockInfo=clock,
-        nvmlDeviceGetTemperature=lambda h, sensor: 71, nvmlDeviceGetPowerUsage=lambda h: 612_000,
-        nvmlDeviceGetCurrentClocksEventReasons=lambda h: now["reasons"])
+        nvmlInit=lambda: None,
+        nvmlDeviceGetHandleByIndex=lambda i: "gpu0",
+        nvmlDeviceGetDefaultApplicationsClock=lambda h, kind: DEFAULT_SM,
+        nvmlDeviceGetClockInfo=clock,
+        nvmlDeviceGetTemperature=lambda h, sensor: 71,
+        nvmlDeviceGetPowerUsage=lambda h: 612_000,
+        nvmlDeviceGetCurrentClocksEventReasons=lambda h: now["reasons"],
+    )
 
 
 def run_rounds(script: list[dict]):
     """A tiny CPU case timed for len(script) rounds, each sampled by the fake NVML."""
-    runner = CaseRunner(TINY, Recipe(), "cpu", warmup=1, steps_per_round=1,
-                        gpu_clocks=clocks.Clocks(fake_nvml(script), "gpu0"))
+    runner = CaseRunner(
+        TINY, Recipe(), "cpu", warmup=1, steps_per_round=1, gpu_clocks=clocks.Clocks(fake_nvml(script), "gpu0")
+    )
     runner.prepare()
     for _ in script:
         runner.round()
@@ -65,8 +69,15 @@ def test_a_round_below_the_clocks_or_throttled_is_flagged_and_left_out_of_the_me
     kept = [s for i, s in enumerate(m.round_seconds) if i not in (1, 3)]
     assert (m.tokens_per_s, m.tokens_per_s_iqr) == throughput(kept, m.tokens_per_step)
     assert m.unfit is None
-    assert m.clocks == {"sm_mhz": 1980, "mem_mhz": 2619, "default_sm_mhz": DEFAULT_SM, "temperature_c_max": 71,
-                        "power_w_median": 612.0, "flagged_rounds": 2, "rounds": 6}
+    assert m.clocks == {
+        "sm_mhz": 1980,
+        "mem_mhz": 2619,
+        "default_sm_mhz": DEFAULT_SM,
+        "temperature_c_max": 71,
+        "power_w_median": 612.0,
+        "flagged_rounds": 2,
+        "rounds": 6,
+    }
 
 
 def test_more_than_half_flagged_is_machine_unfit_and_never_a_regression(tmp_path: Path, monkeypatch):
@@ -88,8 +99,15 @@ def test_more_than_half_flagged_is_machine_unfit_and_never_a_regression(tmp_path
 
 
 def test_a_run_at_other_clocks_is_not_compared_for_speed():
-    now = Entry(tokens_per_s=700.0, tokens_per_s_iqr=1.0, peak_allocated_bytes=10, peak_reserved_bytes=10, loss=1.0,
-                loss_step=5, clocks={"sm_mhz": 1410})
+    now = Entry(
+        tokens_per_s=700.0,
+        tokens_per_s_iqr=1.0,
+        peak_allocated_bytes=10,
+        peak_reserved_bytes=10,
+        loss=1.0,
+        loss_step=5,
+        clocks={"sm_mhz": 1410},
+    )
     before = dataclasses.replace(now, tokens_per_s=1000.0, clocks={"sm_mhz": 1980})
     tol = Tolerances.default_for("cuda")
     speed = next(c for c in verdicts.verdict_of("c", now, before, tol).checks if c.metric == "tokens/s")

@@ -15,11 +15,10 @@ import pytest
 import torch
 
 from gptcore.baselines import Tolerances
-from gptcore.verdicts import loss_check, memory_check
 from gptcore.cli import main
 from gptcore.compare import CompareError, Options, keyword_match, run_driver, select_cases, write_driver
-from gptcore.significance import (FASTER, SAME, SLOWER, hodges_lehmann_ratio, mann_whitney, speed_verdict,
-                                  u_distribution)
+from gptcore.significance import FASTER, SAME, SLOWER, hodges_lehmann_ratio, mann_whitney, speed_verdict, u_distribution
+from gptcore.verdicts import loss_check, memory_check
 
 pytestmark = pytest.mark.cpu
 
@@ -50,8 +49,10 @@ def brute_force_mann_whitney(a: list[float], b: list[float]) -> tuple[int, list[
     def u(xs: list[float], ys: list[float]) -> int:
         return sum(y > x for x in xs for y in ys)
 
-    splits = [u([pooled[i] for i in chosen], [v for i, v in enumerate(pooled) if i not in chosen])
-              for chosen in itertools.combinations(range(len(pooled)), m)]
+    splits = [
+        u([pooled[i] for i in chosen], [v for i, v in enumerate(pooled) if i not in chosen])
+        for chosen in itertools.combinations(range(len(pooled)), m)
+    ]
     observed = u(a, b)
     low = sum(s <= observed for s in splits) / len(splits)
     high = sum(s >= observed for s in splits) / len(splits)
@@ -125,8 +126,12 @@ def test_k_selects_cases_like_pytest():
     assert keyword_match("cpu-small and not (bf16 or sgd)", "cpu-small-ckpt-fp32")
     assert not keyword_match("cpu-small and not (bf16 or sgd)", "cpu-small-ckpt-bf16")
     assert [f"{m}-{r}" for m, r in select_cases("cpu-small-ckpt", "cpu")] == [
-        "cpu-small-ckpt-fp32", "cpu-small-ckpt-half-batch", "cpu-small-ckpt-grad-accum-2",
-        "cpu-small-ckpt-sgd-cosine", "cpu-small-ckpt-bf16"]
+        "cpu-small-ckpt-fp32",
+        "cpu-small-ckpt-half-batch",
+        "cpu-small-ckpt-grad-accum-2",
+        "cpu-small-ckpt-sgd-cosine",
+        "cpu-small-ckpt-bf16",
+    ]
     assert all(m.startswith("char") for m, _ in select_cases("char", "cuda"))
     for bad in ("char", "cpu-small and", "(cpu-small"):
         with pytest.raises(CompareError):
@@ -138,16 +143,29 @@ def test_rounds_alternate_which_revision_runs_first(monkeypatch, tmp_path):
 
     calls = []
 
-    def fake_worker(tree, model, recipe, options, script, memory, python):  # noqa: ANN001, ANN202
+    def fake_worker(tree, model, recipe, options, script, memory, python):
         assert python == {"a": "python-a", "b": "python-b"}[tree.name]  # each side keeps its interpreter
         calls.append((tree.name, memory))
-        return {"tokens_per_s": 1000.0 if tree.name == "a" else 800.0, "loss": 4.0, "loss_step": 2,
-                "peak_memory": 100 if memory else None, "cpu_share": 1.0}
+        return {
+            "tokens_per_s": 1000.0 if tree.name == "a" else 800.0,
+            "loss": 4.0,
+            "loss_step": 2,
+            "peak_memory": 100 if memory else None,
+            "cpu_share": 1.0,
+        }
 
     monkeypatch.setattr(compare, "run_driver", fake_worker)
-    [result] = compare.compare_trees(tmp_path / "a", tmp_path / "b", [("cpu-small", "ckpt-fp32")], rounds=4,
-                                     threshold=0.05, options=Options(), workdir=tmp_path, python_a="python-a",
-                                     python_b="python-b")
+    [result] = compare.compare_trees(
+        tmp_path / "a",
+        tmp_path / "b",
+        [("cpu-small", "ckpt-fp32")],
+        rounds=4,
+        threshold=0.05,
+        options=Options(),
+        workdir=tmp_path,
+        python_a="python-a",
+        python_b="python-b",
+    )
     assert [name for name, _ in calls] == ["a", "b", "b", "a", "a", "b", "b", "a"]
     assert [memory for _, memory in calls] == [True, True] + [False] * 6  # CPU: the exact peak once
     assert result.speed.verdict == SLOWER and result.speed.ratio == 0.8 and result.failed
@@ -158,8 +176,12 @@ def test_rounds_alternate_which_revision_runs_first(monkeypatch, tmp_path):
 
 
 def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t", *args],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
 
 
 def commit(repo: Path, message: str) -> str:
@@ -171,14 +193,17 @@ def commit(repo: Path, message: str) -> str:
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     """A git repository holding gptcore as committed in this checkout (not others' edits in progress)."""
-    if shutil.which("git") is None or subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"],
-                                                     capture_output=True).returncode:
+    if (
+        shutil.which("git") is None
+        or subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode
+    ):
         pytest.skip("needs git and a git checkout of gptcore-bench")
     path = tmp_path / "repo"
     path.mkdir()
     git(path, "init", "-q")
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "HEAD", "gptcore"], capture_output=True,
-                             check=True).stdout
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "HEAD", "gptcore"], capture_output=True, check=True
+    ).stdout
     subprocess.run(["tar", "-x"], input=archive, cwd=path, check=True)
     commit(path, "initial")
     return path
@@ -214,12 +239,21 @@ def test_ledger_changes_lists_every_count_that_moved():
     a = {"flops": {"forward": 10, "backward": 20}, "op_calls": {"backward": 250}, "syncs": 0}
     b = {"flops": {"forward": 10, "backward": 20}, "op_calls": {"backward": 262}, "syncs": 1}
     # a ledger without per-operator counts (recorded before they were kept) says so where they would be named
-    assert ledger_changes(a, b) == ["op_calls.backward 250 -> 262 (+12)", "syncs 0 -> 1 (+1)",
-                                    "op calls by operator: operators not recorded"]
+    assert ledger_changes(a, b) == [
+        "op_calls.backward 250 -> 262 (+12)",
+        "syncs 0 -> 1 (+1)",
+        "op calls by operator: operators not recorded",
+    ]
     assert ledger_changes(a, a) == [] and ledger_changes(a, None) is None
     ops_a = {"backward": {"aten.mm.default": 40, "aten.detach.default": 200, "aten.alias.default": 10}}
-    ops_b = {"backward": {"aten.mm.default": 41, "aten.detach.default": 204, "aten.alias.default": 14,
-                          "aten.clone.default": 3}}
+    ops_b = {
+        "backward": {
+            "aten.mm.default": 41,
+            "aten.detach.default": 204,
+            "aten.alias.default": 14,
+            "aten.clone.default": 3,
+        }
+    }
     named = ledger_changes(a | {"ops": ops_a}, b | {"ops": ops_b})
     assert named[-1] == "op calls by operator: aten.alias +4, aten.detach +4, aten.clone +3, +1 more"
 
@@ -249,8 +283,10 @@ def test_compare_one_revision_under_two_interpreters(repo, tmp_path, monkeypatch
     out_json = tmp_path / "run.json"
     assert main(["compare", "-k", CASE, "--rounds", "2", *QUICK, "--python-b", other, "--json", str(out_json)]) == 0
     out = capsys.readouterr().out
-    assert f"A = working tree, torch {torch.__version__} ({sys.executable}), B = working tree, torch " \
-           f"{torch.__version__} ({other})" in out
+    assert (
+        f"A = working tree, torch {torch.__version__} ({sys.executable}), B = working tree, torch "
+        f"{torch.__version__} ({other})" in out
+    )
     line = next(line for line in out.splitlines() if line.startswith(f"{CASE}: "))
     assert line.endswith("; work =")  # the same code and torch: every count of the ledger agrees
     data = json.loads(out_json.read_text())

@@ -13,8 +13,7 @@ from torch.testing import assert_close
 from gptcore.config import GPTConfig, Recipe
 from gptcore.model import GPT
 from gptcore.train import UnsupportedRecipe, unsupported_reason
-
-from .helpers import TINY, batches, capture_grads, trainer
+from tests.helpers import TINY, batches, capture_grads, trainer
 
 pytestmark = [pytest.mark.cpu, pytest.mark.slow]
 
@@ -42,8 +41,12 @@ def saved_for_backward_bytes(recipe: Recipe) -> int:
     """Bytes of the tensors one forward saves for backward (compiled graphs save through the same hooks)."""
     t, saved = trainer(recipe, n_layer=1), []
     x, y = batches(1)[0]
-    with t.numerics(), torch.autograd.graph.saved_tensors_hooks(
-            lambda v: saved.append(v.untyped_storage().nbytes()) or v, lambda v: v):
+    with (
+        t.numerics(),
+        torch.autograd.graph.saved_tensors_hooks(
+            lambda v: saved.append(v.untyped_storage().nbytes()) or v, lambda v: v
+        ),
+    ):
         loss = t.forward(x, y)[1]
     loss.backward()
     return sum(saved)
@@ -90,9 +93,12 @@ def test_a_memory_budget_with_dropout_is_refused_exactly_while_torch_gets_its_gr
     if torch_is_wrong:
         assert refused is not None and "pytorch/pytorch#190758" in refused, (
             f"torch {torch.__version__} computes wrong gradients under a memory budget with dropout "
-            f"(max |Δgrad| {(grads_b - grads).abs().max():.3g}), and gptcore no longer refuses it")
+            f"(max |Δgrad| {(grads_b - grads).abs().max():.3g}), and gptcore no longer refuses it"
+        )
         with pytest.raises(UnsupportedRecipe, match="190758"):
             trainer(Recipe(compile=True, memory_budget=0.05), cfg)
     else:
-        assert refused is None, (f"torch {torch.__version__} now recomputes dropout with the forward's mask under a "
-                                 f"memory budget: lift the refusal in gptcore.train.unsupported_reason")
+        assert refused is None, (
+            f"torch {torch.__version__} now recomputes dropout with the forward's mask under a "
+            f"memory budget: lift the refusal in gptcore.train.unsupported_reason"
+        )

@@ -8,9 +8,19 @@ import dataclasses
 import pytest
 
 from gptcore.config import CHAR_VOCAB, Recipe
-from gptcore.presets import (LADDER, MEMORY_RECIPES, MODEL_NOTES, MODELS, RECIPE_NOTES, RECIPES, RENAMED_RECIPES,
-                             STUDIES, get_model, get_recipe)
 from gptcore.data import CORPORA, load_corpus
+from gptcore.presets import (
+    LADDER,
+    MEMORY_RECIPES,
+    MODEL_NOTES,
+    MODELS,
+    RECIPE_NOTES,
+    RECIPES,
+    RENAMED_RECIPES,
+    STUDIES,
+    get_model,
+    get_recipe,
+)
 from gptcore.train import UnsupportedRecipe, check_runnable
 
 pytestmark = pytest.mark.cpu
@@ -28,6 +38,7 @@ def test_every_study_names_registered_models_and_recipes_with_notes():
 def test_char_vocab_is_the_corpus_alphabet_and_the_corpora_are_one_list():
     assert CHAR_VOCAB == load_corpus("shakespeare").vocab_size
     from gptcore.config import DATASETS
+
     assert CORPORA is DATASETS
 
 
@@ -36,14 +47,36 @@ def test_char_presets_are_nanogpts_shakespeare_char_and_cpu_command():
     # 4 layers x 4 heads x 128, block 64, batch 12, dropout 0, lr decay to 2000
     char, cpu = MODELS["char"], MODELS["cpu-small"]
     assert (char.n_layer, char.n_head, char.n_embd, char.block_size, char.batch_size, char.dropout, char.bias) == (
-        6, 6, 384, 256, 64, 0.2, False)
+        6,
+        6,
+        384,
+        256,
+        64,
+        0.2,
+        False,
+    )
     assert (cpu.n_layer, cpu.n_head, cpu.n_embd, cpu.block_size, cpu.batch_size, cpu.dropout, cpu.bias) == (
-        4, 4, 128, 64, 12, 0.0, False)
+        4,
+        4,
+        128,
+        64,
+        12,
+        0.0,
+        False,
+    )
     assert all(not MODELS[m].bias for m in MODELS if m.startswith(("char", "cpu-")))
     assert all(MODELS[m].bias for m in MODELS if m.startswith("gpt2"))  # GPT-2 has biases
     fp32 = RECIPES["fp32"]  # nanoGPT char: lr 1e-3 -> 1e-4, warmup 100, cosine decay to 5000, beta2 0.99, clip 1
-    assert (fp32.lr, fp32.min_lr, fp32.schedule, fp32.warmup_steps, fp32.decay_steps, fp32.beta2, fp32.grad_clip,
-            fp32.weight_decay) == (1e-3, 1e-4, "cosine", 100, 5000, 0.99, 1.0, 0.1)
+    assert (
+        fp32.lr,
+        fp32.min_lr,
+        fp32.schedule,
+        fp32.warmup_steps,
+        fp32.decay_steps,
+        fp32.beta2,
+        fp32.grad_clip,
+        fp32.weight_decay,
+    ) == (1e-3, 1e-4, "cosine", 100, 5000, 0.99, 1.0, 0.1)
     assert all(RECIPES[r].decay_steps == 2000 and RECIPES[r].checkpoint for r in STUDIES["cpu-shape"].recipes)
 
 
@@ -75,8 +108,16 @@ def test_doubled_presets_double_one_dimension():
 
 
 # what the ladder adds at each rung, as Recipe fields (workers: worker processes and pinned memory)
-LADDER_CHANGES = [{"precision"}, {"sync_every_step"}, {"precision"}, {"compile"}, {"attention"},
-                  {"vocab_multiple"}, {"tie_weights"}, {"num_workers", "pin_memory"}]
+LADDER_CHANGES = [
+    {"precision"},
+    {"sync_every_step"},
+    {"precision"},
+    {"compile"},
+    {"attention"},
+    {"vocab_multiple"},
+    {"tie_weights"},
+    {"num_workers", "pin_memory"},
+]
 
 
 def test_each_ladder_rung_adds_exactly_one_switch():
@@ -87,31 +128,43 @@ def test_each_ladder_rung_adds_exactly_one_switch():
         assert changed == expected, upper
     top = RECIPES[LADDER[-1]]
     assert (top.precision, top.compile, top.attention, top.vocab_multiple, top.tie_weights, top.adamw_impl) == (
-        "bf16", True, "flash", 64, True, "fused")
+        "bf16",
+        True,
+        "flash",
+        64,
+        True,
+        "fused",
+    )
 
 
-@pytest.mark.parametrize("fields,field", [
-    (dict(n_embd=100, n_head=3), "n_embd"),
-    (dict(n_layer=0), "n_layer"),
-    (dict(dropout=1.0), "dropout"),
-    (dict(dataset="wiki"), "dataset"),
-    (dict(vocab_size=50), "vocab_size"),
-])
+@pytest.mark.parametrize(
+    "fields,field",
+    [
+        (dict(n_embd=100, n_head=3), "n_embd"),
+        (dict(n_layer=0), "n_layer"),
+        (dict(dropout=1.0), "dropout"),
+        (dict(dataset="wiki"), "dataset"),
+        (dict(vocab_size=50), "vocab_size"),
+    ],
+)
 def test_invalid_model_shapes_name_the_field(fields, field):
     with pytest.raises(ValueError, match=f"^{field}:"):
         dataclasses.replace(MODELS["cpu-small"], **fields)
 
 
-@pytest.mark.parametrize("fields,field", [
-    (dict(memory_budget=0.5), "memory_budget"),
-    (dict(compile=True, memory_budget=1.5), "memory_budget"),
-    (dict(optim_in_backward=True), "grad_clip"),
-    (dict(optim_in_backward=True, grad_clip=None, grad_accum_steps=2), "grad_accum_steps"),
-    (dict(optim_in_backward=True, grad_clip=None, precision="fp16"), "precision"),
-    (dict(attention="flash"), "attention"),
-    (dict(precision="fp8"), "precision"),
-    (dict(grad_accum_steps=0), "grad_accum_steps"),
-])
+@pytest.mark.parametrize(
+    "fields,field",
+    [
+        (dict(memory_budget=0.5), "memory_budget"),
+        (dict(compile=True, memory_budget=1.5), "memory_budget"),
+        (dict(optim_in_backward=True), "grad_clip"),
+        (dict(optim_in_backward=True, grad_clip=None, grad_accum_steps=2), "grad_accum_steps"),
+        (dict(optim_in_backward=True, grad_clip=None, precision="fp16"), "precision"),
+        (dict(attention="flash"), "attention"),
+        (dict(precision="fp8"), "precision"),
+        (dict(grad_accum_steps=0), "grad_accum_steps"),
+    ],
+)
 def test_invalid_recipes_name_the_field(fields, field):
     with pytest.raises(ValueError, match=f"^{field}:"):
         Recipe(**fields)

@@ -11,15 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.test_cpu_shape import TIMING as CPU_TIMING
 from gptcore import baselines, identity, train
 from gptcore.baselines import BaselineError, Entry, Tolerances
-from gptcore.verdicts import verdict_of
 from gptcore.config import Schedule
-from gptcore.presets import CPU_SHAPE_SHORT, get_model, get_recipe
 from gptcore.convergence import Convergence, converge, schedule_recipe, torch_threads
+from gptcore.presets import CPU_SHAPE_SHORT, get_model, get_recipe
 from gptcore.train import Trainer
-
-from bench.test_cpu_shape import TIMING as CPU_TIMING
+from gptcore.verdicts import verdict_of
 
 pytestmark = pytest.mark.cpu
 
@@ -30,13 +29,27 @@ BENCH_HORIZON = CPU_TIMING.warmup + CPU_TIMING.speed_rounds * CPU_TIMING.steps_p
 
 
 def run(val: list[float], steps: tuple[int, ...] = (0, 100, 200, 300), target: float | None = 2.0) -> Convergence:
-    return Convergence(steps=list(steps), val_loss=val, train_loss=[None, *val[1:]],
-                       seconds=[0.0, 1.0, 2.0, 3.0][:len(steps)], tokens_per_step=768, target_loss=target)
+    return Convergence(
+        steps=list(steps),
+        val_loss=val,
+        train_loss=[None, *val[1:]],
+        seconds=[0.0, 1.0, 2.0, 3.0][: len(steps)],
+        tokens_per_step=768,
+        target_loss=target,
+    )
 
 
 def entry(c: Convergence, cpu: str = "cpu A") -> Entry:
-    return Entry(tokens_per_s=1000.0, tokens_per_s_iqr=None, peak_allocated_bytes=None, peak_reserved_bytes=None,
-                 loss=None, loss_step=c.steps[-1], cpu_model=cpu, convergence=c)
+    return Entry(
+        tokens_per_s=1000.0,
+        tokens_per_s_iqr=None,
+        peak_allocated_bytes=None,
+        peak_reserved_bytes=None,
+        loss=None,
+        loss_step=c.steps[-1],
+        cpu_model=cpu,
+        convergence=c,
+    )
 
 
 def statuses(now: Entry, before: Entry | None, tol: float = 0.02) -> dict[str, str]:
@@ -53,11 +66,16 @@ def test_the_val_loss_tolerance_is_three_standard_deviations_of_a_reseed_as_meas
     for r in data["runs"]:
         finals.setdefault((r["schedule"], r["model"], r["recipe"]), []).append(r["val_loss"][-1])
     assert len(finals) == 6 and all(len(v) == 3 for v in finals.values())
-    assert {k[2] for k in finals} == {"ckpt-fp32", "ckpt-half-batch", "ckpt-grad-accum-2", "ckpt-sgd-cosine",
-                                      "ckpt-bf16"}  # fp32, small batch, accumulation, SGD, bf16
+    assert {k[2] for k in finals} == {
+        "ckpt-fp32",
+        "ckpt-half-batch",
+        "ckpt-grad-accum-2",
+        "ckpt-sgd-cosine",
+        "ckpt-bf16",
+    }  # fp32, small batch, accumulation, SGD, bf16
     squares = sum((x - sum(v) / len(v)) ** 2 for v in finals.values() for x in v)
     pooled = (squares / sum(len(v) - 1 for v in finals.values())) ** 0.5
-    assert baselines.VAL_LOSS_TOLERANCE == pytest.approx(3 * pooled * 2 ** 0.5, abs=1e-3)
+    assert baselines.VAL_LOSS_TOLERANCE == pytest.approx(3 * pooled * 2**0.5, abs=1e-3)
     assert all(max(v) - min(v) < baselines.VAL_LOSS_TOLERANCE for v in finals.values())
     assert Tolerances.default_for("cpu").val_loss == baselines.VAL_LOSS_TOLERANCE
     assert baselines.load(ROOT / "baselines" / "cpu.json").tolerances.val_loss == baselines.VAL_LOSS_TOLERANCE
@@ -86,7 +104,8 @@ def test_gate_fails_a_worse_final_val_loss_beyond_the_spread_and_passes_within()
     assert statuses(entry(run([4.3, 2.5, 2.0, 1.921])), before)["val loss"] == "FAIL"  # +0.021
     assert statuses(entry(run([4.3, 2.5, 2.0, 1.879])), before)["val loss"] == "better"  # refresh the baseline
     assert statuses(entry(run([4.3, 2.5, 2.0, 1.9])), None) == dict.fromkeys(
-        ("tokens/s", "val loss", "time-to-loss"), "no baseline")
+        ("tokens/s", "val loss", "time-to-loss"), "no baseline"
+    )
 
 
 def test_time_to_loss_is_exact_on_the_same_cpu_and_has_one_interval_of_slack_on_another():
@@ -125,8 +144,26 @@ def test_a_convergence_run_is_bit_identical_when_repeated():
 def test_cli_train_prints_the_validation_loss_every_n_steps_and_the_final_one(capsys):
     from gptcore.cli import main
 
-    assert main(["train", "--model", "cpu-small", "--recipe", "ckpt-fp32", "--steps", "5", "--eval-every", "2",
-                 "--eval-batches", "1", "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--model",
+                "cpu-small",
+                "--recipe",
+                "ckpt-fp32",
+                "--steps",
+                "5",
+                "--eval-every",
+                "2",
+                "--eval-batches",
+                "1",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr()
     evaluated = [line.split(":")[0].split()[-1] for line in (out.out + out.err).splitlines() if ": val loss" in line]
     assert evaluated == ["0", "2", "4", "5"]
@@ -135,8 +172,10 @@ def test_cli_train_prints_the_validation_loss_every_n_steps_and_the_final_one(ca
 
 def _early_decay(real):
     """The plant: a schedule whose cosine decay ends at half the recipe's decay_steps (warm-up untouched)."""
+
     def lr_at(step, recipe):
         return real(step, dataclasses.replace(recipe, decay_steps=recipe.decay_steps // 2))
+
     return lr_at
 
 
@@ -165,8 +204,10 @@ def test_a_schedule_that_decays_too_early_fails_the_convergence_gate_and_no_benc
     verdict = verdict_of(SHORT_CASE, entry(planted, cpu=identity.cpu_model()), before, file.tolerances)
     val = next(c for c in verdict.checks if c.metric == "val loss")
     assert val.status == "FAIL", val.note
-    print(f"planted early decay: final val {planted.final_val_loss:.4f} vs baseline "
-          f"{before.convergence.final_val_loss:.4f} (+{val.delta:.4f} nats, tolerance {file.tolerances.val_loss})")
+    print(
+        f"planted early decay: final val {planted.final_val_loss:.4f} vs baseline "
+        f"{before.convergence.final_val_loss:.4f} (+{val.delta:.4f} nats, tolerance {file.tolerances.val_loss})"
+    )
 
 
 def test_the_end_tables_show_a_convergence_case():
@@ -175,8 +216,13 @@ def test_the_end_tables_show_a_convergence_case():
 
     now, before = entry(run([4.3, 2.5, 2.0, 1.93])), entry(run([4.3, 2.5, 2.0, 1.90]))
     verdict = verdict_of("case", now, before, Tolerances.default_for("cpu"))
-    row = Row("test_convergence[cpu-small-ckpt-fp32]", now, before, verdict.summary(),
-              status={c.metric: c.status for c in verdict.checks})
+    row = Row(
+        "test_convergence[cpu-small-ckpt-fp32]",
+        now,
+        before,
+        verdict.summary(),
+        status={c.metric: c.status for c in verdict.checks},
+    )
     main = gate_table([row])
     assert "val 1.9300" in main and "+0.0300" in main and "FAIL: val loss +0.0300 nats" in main
     table = convergence_table([row])

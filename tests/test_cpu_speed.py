@@ -15,8 +15,7 @@ from gptcore.baselines import Entry, Tolerances
 from gptcore.config import Recipe
 from gptcore.gate import Gate
 from gptcore.summary import gate_table
-
-from .helpers import TINY, fake_share
+from tests.helpers import TINY, fake_share
 
 pytestmark = pytest.mark.cpu
 NODE = SimpleNamespace(name="test_x[tiny-fp32]", nodeid="bench/x.py::test_x[tiny-fp32]")
@@ -39,8 +38,9 @@ def test_a_low_share_on_a_rank_of_several_names_the_waits_and_not_only_a_busy_ma
         runner.round()
     runner.trainer.rank = dataclasses.replace(runner.trainer.rank, world_size=2)
     m = runner.finish()
-    assert m.speed_note == ("speed not recorded: share 0.72 (ranks waiting on each other's collectives, "
-                            "or a busy machine)")
+    assert m.speed_note == (
+        "speed not recorded: share 0.72 (ranks waiting on each other's collectives, or a busy machine)"
+    )
     assert m.tokens_per_s > 0
 
 
@@ -48,8 +48,7 @@ def test_a_busy_machine_records_no_speed_and_the_table_shows_no_delta(monkeypatc
     busy = measured_with_share(monkeypatch, 0.33)
     assert busy.speed_note == "speed not recorded: machine busy (share 0.33)"
     assert busy.tokens_per_s > 0 and len(busy.calibration_seconds) == 3 and busy.calibrated_cost > 0
-    gate = Gate(directory=tmp_path, update=True, strict=False, overrides={}, timing_override=(None,) * 3,
-                cpu_model=CPU)
+    gate = Gate(directory=tmp_path, update=True, strict=False, overrides={}, timing_override=(None,) * 3, cpu_model=CPU)
     gate.judge_entry(NODE, Entry.from_measurement(busy, precision="fp32", cpu_model=CPU), "cpu")
     gate.write_updates()
     recorded = baselines.load(tmp_path / "cpu.json").entries[NODE.name]
@@ -61,16 +60,25 @@ def test_a_busy_machine_records_no_speed_and_the_table_shows_no_delta(monkeypatc
     verdict = verdicts.verdict_of(NODE.name, now, recorded, Tolerances.default_for("cpu"))
     speed = next(c for c in verdict.checks if c.metric == "tokens/s")
     assert speed.delta is None and speed.note == busy.speed_note
-    judge = Gate(directory=tmp_path, update=False, strict=False, overrides={}, timing_override=(None,) * 3,
-                 cpu_model=CPU)
+    judge = Gate(
+        directory=tmp_path, update=False, strict=False, overrides={}, timing_override=(None,) * 3, cpu_model=CPU
+    )
     judge.judge_entry(NODE, now, "cpu")
     row = gate_table(judge.rows).splitlines()[-1].split()
     assert row[1] == f"{quiet.tokens_per_s:,.0f}" and row[2:4] == ["—", "—"]  # tok/s, no base tok/s, no delta
 
 
 def test_no_delta_against_a_speed_from_another_cpu_model_or_an_old_busy_recording():
-    base = Entry(tokens_per_s=800.0, tokens_per_s_iqr=5.0, peak_allocated_bytes=10, peak_reserved_bytes=None,
-                 loss=1.0, loss_step=15, cpu_model="Intel(R) Xeon(R) Processor", cpu_share=0.99)
+    base = Entry(
+        tokens_per_s=800.0,
+        tokens_per_s_iqr=5.0,
+        peak_allocated_bytes=10,
+        peak_reserved_bytes=None,
+        loss=1.0,
+        loss_step=15,
+        cpu_model="Intel(R) Xeon(R) Processor",
+        cpu_share=0.99,
+    )
     now = dataclasses.replace(base, tokens_per_s=11_000.0, cpu_model=CPU)
     tol = dataclasses.replace(Tolerances.default_for("cpu"), speed=0.05)  # even with speed gated
     speed = next(c for c in verdicts.verdict_of("c", now, base, tol).checks if c.metric == "tokens/s")
@@ -87,21 +95,50 @@ def test_the_report_shows_no_delta_for_a_busy_entry():
     from gptcore.report import Record
     from gptcore.report_html import case_checks
 
-    base = Entry(tokens_per_s=None, tokens_per_s_iqr=None, peak_allocated_bytes=10, peak_reserved_bytes=None,
-                 loss=1.0, loss_step=15, cpu_model=CPU, speed_note="speed not recorded: machine busy (share 0.33)")
-    record = Record(group="g", name="test_x[tiny-fp32]", model="tiny", recipe="fp32", values={"speed": 11_000.0},
-                    info={"cpu_model": CPU, "peak_allocated_bytes": 10})
+    base = Entry(
+        tokens_per_s=None,
+        tokens_per_s_iqr=None,
+        peak_allocated_bytes=10,
+        peak_reserved_bytes=None,
+        loss=1.0,
+        loss_step=15,
+        cpu_model=CPU,
+        speed_note="speed not recorded: machine busy (share 0.33)",
+    )
+    record = Record(
+        group="g",
+        name="test_x[tiny-fp32]",
+        model="tiny",
+        recipe="fp32",
+        values={"speed": 11_000.0},
+        info={"cpu_model": CPU, "peak_allocated_bytes": 10},
+    )
     speed, memory = case_checks(record, base, Tolerances.default_for("cpu"))
     assert speed.delta is None and speed.status == verdicts.Status.NO_FIGURE and memory.delta == 0
 
 
 @pytest.mark.parametrize("mode", ["update", "update_loss"])
 def test_recording_shows_no_speed_delta_against_another_cpu_models_speed(tmp_path: Path, mode: str):
-    other = Entry(tokens_per_s=21_613.0, tokens_per_s_iqr=5.0, peak_allocated_bytes=10, peak_reserved_bytes=None,
-                  loss=1.0, loss_step=15, cpu_model="Intel(R) Xeon(R) Processor", cpu_share=0.99)
+    other = Entry(
+        tokens_per_s=21_613.0,
+        tokens_per_s_iqr=5.0,
+        peak_allocated_bytes=10,
+        peak_reserved_bytes=None,
+        loss=1.0,
+        loss_step=15,
+        cpu_model="Intel(R) Xeon(R) Processor",
+        cpu_share=0.99,
+    )
     baselines.update(tmp_path / "cpu.json", "cpu", {NODE.name: other}, device_name="CPU", device_type="cpu")
-    gate = Gate(directory=tmp_path, update=mode == "update", update_loss=mode == "update_loss", strict=False,
-                overrides={}, timing_override=(None,) * 3, cpu_model=CPU)
+    gate = Gate(
+        directory=tmp_path,
+        update=mode == "update",
+        update_loss=mode == "update_loss",
+        strict=False,
+        overrides={},
+        timing_override=(None,) * 3,
+        cpu_model=CPU,
+    )
     now = dataclasses.replace(other, tokens_per_s=740.0, cpu_model=CPU)  # bf16 emulated: -96.6% is no news
     gate.judge_entry(NODE, now, "cpu")
     row = gate_table(gate.rows).splitlines()[-1].split()

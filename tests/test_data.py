@@ -1,4 +1,5 @@
 """Tests for gptcore.data: corpora, tokenizer, entropy rates and deterministic batching."""
+
 from __future__ import annotations
 
 import gzip

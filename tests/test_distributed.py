@@ -20,12 +20,11 @@ import torch
 from torch.testing import assert_close
 
 from gptcore.config import PARALLELS, DDPOptions, FSDP2Options, Parallel, Recipe
-from gptcore.presets import MODELS, RECIPES
 from gptcore.memory import resolve
 from gptcore.memory.parallel import estimate_per_rank
+from gptcore.presets import MODELS, RECIPES
 from gptcore.train import Trainer, UnsupportedRecipe
-
-from . import distributed_worker as worker
+from tests import distributed_worker as worker
 
 pytestmark = pytest.mark.cpu
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,8 +46,9 @@ def torchrun(*args: str, timeout: float = LAUNCH_TIMEOUT_S) -> subprocess.Comple
     """``python -m torch.distributed.run --nproc-per-node=2 ARGS`` from the repository root, with a timeout."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}", *args]
-    with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True) as proc:
+    with subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    ) as proc:
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -16,16 +16,27 @@ from pathlib import Path
 import pytest
 
 from gptcore import identity, results
-
-from .test_gate import ROOT, child_env
+from tests.test_gate import ROOT, child_env
 
 pytestmark = pytest.mark.cpu
 
-FOUR = [str(ROOT / "bench" / "test_cpu_shape.py"), "-k", "cpu-small and not bf16", "-p", "no:cacheprovider",
-        "--bench-warmup", "1", "--bench-rounds", "1", "--bench-steps", "1"]
+FOUR = [
+    str(ROOT / "bench" / "test_cpu_shape.py"),
+    "-k",
+    "cpu-small and not bf16",
+    "-p",
+    "no:cacheprovider",
+    "--bench-warmup",
+    "1",
+    "--bench-rounds",
+    "1",
+    "--bench-steps",
+    "1",
+]
 """Four CPU-shape cases of about a second each, in this order: ckpt-fp32, half-batch, grad-accum-2, sgd-cosine."""
-NAMES = [f"test_cpu_shape[cpu-small-{r}]" for r in ("ckpt-fp32", "ckpt-half-batch", "ckpt-grad-accum-2",
-                                                     "ckpt-sgd-cosine")]
+NAMES = [
+    f"test_cpu_shape[cpu-small-{r}]" for r in ("ckpt-fp32", "ckpt-half-batch", "ckpt-grad-accum-2", "ckpt-sgd-cosine")
+]
 
 
 def cases(expression: str) -> list[str]:
@@ -52,9 +63,24 @@ def test_a_run_killed_after_its_third_case_keeps_cases_one_to_three_in_the_log_a
     baselines = _copy_baselines(tmp_path)
     before = json.loads((baselines / "cpu.json").read_text())
     log = tmp_path / "results.jsonl"
-    child = subprocess.Popen([sys.executable, "-m", "pytest", *FOUR, "--update-baselines", "--baselines-dir",
-                              str(baselines), "--results-log", str(log)], cwd=tmp_path, env=child_env(),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            *FOUR,
+            "--update-baselines",
+            "--baselines-dir",
+            str(baselines),
+            "--results-log",
+            str(log),
+        ],
+        cwd=tmp_path,
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         give_up = time.monotonic() + 240
         while _lines(log) < 3 and child.poll() is None and time.monotonic() < give_up:
@@ -73,8 +99,9 @@ def test_a_run_killed_after_its_third_case_keeps_cases_one_to_three_in_the_log_a
     assert changed == {r.name for r in logged}
     for r in logged:  # what the log says was recorded is what the file holds
         entry = after["benchmarks"][r.name]
-        assert {k: v for k, v in entry.items() if k not in STAMPS} == \
-               {k: v for k, v in r.entry.items() if k not in STAMPS}
+        assert {k: v for k, v in entry.items() if k not in STAMPS} == {
+            k: v for k, v in r.entry.items() if k not in STAMPS
+        }
     assert after["tolerances"] == before["tolerances"]
     # the device block keeps its slug, name and type, and counts the CPU models that recorded the entries: this
     # machine's model for the cases just recorded, whatever model recorded the file before
@@ -94,9 +121,27 @@ def test_the_deadline_skips_what_would_end_after_it_and_resume_runs_only_that(tm
     two = cases("cpu-small-ckpt-fp32 or cpu-small-ckpt-half-batch")
     # both runs record (--update-baselines) rather than gate: what is tested is which cases run, not their figures,
     # which move with the torch version (torch 2.11's checkpointing makes 8 more allocations than the file's 2.13)
-    first = subprocess.run([sys.executable, "-m", "pytest", *two, "--baselines-dir", str(baselines),
-                            "--results-log", str(log), "--deadline", "150", "-rs", "--update-baselines"],
-                           cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=300)
+    first = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            *two,
+            "--baselines-dir",
+            str(baselines),
+            "--results-log",
+            str(log),
+            "--deadline",
+            "150",
+            "-rs",
+            "--update-baselines",
+        ],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert first.returncode == 0, first.stdout + first.stderr
     assert "1 passed, 1 skipped" in first.stdout
     assert f"deadline: 1 case(s) not started: {NAMES[1]}" in first.stdout
@@ -105,9 +150,24 @@ def test_the_deadline_skips_what_would_end_after_it_and_resume_runs_only_that(tm
     outcomes = {r.name: r.outcome for r in results.read(log)}
     assert outcomes == {NAMES[0]: "passed", NAMES[1]: "skipped"}
 
-    second = subprocess.run([sys.executable, "-m", "pytest", *two, "--baselines-dir", str(baselines),
-                             "--resume", str(log), "--update-baselines"], cwd=tmp_path, env=child_env(),
-                            capture_output=True, text=True, timeout=300)
+    second = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            *two,
+            "--baselines-dir",
+            str(baselines),
+            "--resume",
+            str(log),
+            "--update-baselines",
+        ],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert second.returncode == 0, second.stdout + second.stderr
     assert "1 passed, 19 deselected" in second.stdout  # only the case the deadline left (18 by -k, 1 resumed)
     assert f"resumed: 1 case(s) finished in {log}" in second.stdout
@@ -120,17 +180,35 @@ def test_a_resumed_failure_fails_the_run_and_a_bad_log_is_one_line(tmp_path, mon
     for key in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID", "PYTEST_ADDOPTS"):
         monkeypatch.delenv(key, raising=False)
     log = tmp_path / "results.jsonl"
-    failed = results.Record(nodeid=f"bench/test_cpu_shape.py::{NAMES[0]}", name=NAMES[0], outcome="failed",
-                            seconds=1.0, reason="planted", slug="cpu", failures=[f"{NAMES[0]}: planted failure"])
+    failed = results.Record(
+        nodeid=f"bench/test_cpu_shape.py::{NAMES[0]}",
+        name=NAMES[0],
+        outcome="failed",
+        seconds=1.0,
+        reason="planted",
+        slug="cpu",
+        failures=[f"{NAMES[0]}: planted failure"],
+    )
     results.ResultsLog(log).write(failed)
-    run = subprocess.run([sys.executable, "-m", "pytest", *cases("cpu-small-ckpt-fp32"),
-                          "--resume", str(log)], cwd=tmp_path, env=child_env(), capture_output=True, text=True,
-                         timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", *cases("cpu-small-ckpt-fp32"), "--resume", str(log)],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 1, run.stdout + run.stderr  # nothing ran, but the union has a failure
     assert "planted" in run.stdout
     log.write_text("not json\n{}\n")
-    bad = subprocess.run([sys.executable, "-m", "pytest", *FOUR, "--resume", str(log)], cwd=tmp_path,
-                         env=child_env(), capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(
+        [sys.executable, "-m", "pytest", *FOUR, "--resume", str(log)],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode == 4 and "Traceback" not in bad.stdout + bad.stderr
     assert f"--resume: {log}: line 1:" in bad.stderr
 
@@ -151,18 +229,48 @@ def test_recorded_only_runs_the_cases_with_a_baseline_entry_and_keeps_the_absent
     kept = (NAMES[0], NAMES[3])  # two of FOUR's cases recorded, as after a stage cut short by its deadline
     data["benchmarks"] = {name: entry for name, entry in data["benchmarks"].items() if name in kept}
     (baselines / "cpu.json").write_text(json.dumps(data))
-    run = subprocess.run([sys.executable, "-m", "pytest", *FOUR, "--baselines-dir", str(baselines),
-                          "--recorded-only", "--collect-only", "-q"], cwd=tmp_path, env=child_env(),
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            *FOUR,
+            "--baselines-dir",
+            str(baselines),
+            "--recorded-only",
+            "--collect-only",
+            "-q",
+        ],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     listed = [line.rsplit("::", 1)[-1] for line in run.stdout.splitlines() if "::" in line]
     assert listed == list(kept)
     assert "--recorded-only: 18 case(s) with no baseline entry deselected" in run.stdout  # 20 cpu-small cases
     # without a GPU (hidden, should this run on one), a GPU case has no device file to be looked up in: it stays,
     # and skips itself with its reason
-    ladder = subprocess.run([sys.executable, "-m", "pytest", str(ROOT / "bench" / "test_ladder.py"), "-p",
-                             "no:cacheprovider", "--baselines-dir", str(baselines), "--recorded-only", "-rs"],
-                            cwd=tmp_path, env={**child_env(), "CUDA_VISIBLE_DEVICES": ""}, capture_output=True,
-                            text=True, timeout=300)
+    ladder = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(ROOT / "bench" / "test_ladder.py"),
+            "-p",
+            "no:cacheprovider",
+            "--baselines-dir",
+            str(baselines),
+            "--recorded-only",
+            "-rs",
+        ],
+        cwd=tmp_path,
+        env={**child_env(), "CUDA_VISIBLE_DEVICES": ""},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert ladder.returncode == 0, ladder.stdout + ladder.stderr
     assert "9 skipped" in ladder.stdout and "deselected" not in ladder.stdout.split("gptcore benchmark gate")[0]

@@ -14,8 +14,10 @@ from gptcore import memory
 from gptcore.presets import get_model, get_recipe
 from gptcore.train import Trainer
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the allocator's own peak)")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the allocator's own peak)"),
+]
 
 
 def test_the_estimate_matches_the_cuda_allocator():
@@ -33,7 +35,9 @@ def test_the_estimate_matches_the_cuda_allocator():
     simulated = memory.simulate(question).peak_bytes
     del trainer
     torch.cuda.empty_cache()
-    print(f"gpt2 bf16: measured {measured:,} B, analytic {analytic:,} B ({analytic / measured:.3f}), "
-          f"simulated {simulated:,} B ({simulated / measured:.3f})")
+    print(
+        f"gpt2 bf16: measured {measured:,} B, analytic {analytic:,} B ({analytic / measured:.3f}), "
+        f"simulated {simulated:,} B ({simulated / measured:.3f})"
+    )
     assert analytic == pytest.approx(measured, rel=0.10)
     assert simulated == pytest.approx(measured, rel=0.03)

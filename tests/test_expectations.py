@@ -10,10 +10,9 @@ import re
 
 import pytest
 
-from gptcore.presets import RECIPES, STUDIES
 from gptcore.expectations import EXPECTATIONS, Expectation, Figures, Session, judge_effect
-
-from .test_gate import ENV_DROP, ENV_SET, ROOT
+from gptcore.presets import RECIPES, STUDIES
+from tests.test_gate import ENV_DROP, ENV_SET, ROOT
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.cpu
@@ -37,8 +36,9 @@ def test_lower_memory_is_below_the_reference_and_within_the_estimates_ratio_plus
     assert judge_effect(CHECKPOINT, "m", mem(19.7, 19.7), fp32).status == "ok"
     broken = judge_effect(CHECKPOINT, "m", mem(35.5, 19.7), fp32)  # checkpointing that saves nothing
     assert broken.status == "FAIL"
-    assert broken.line == ("checkpoint: peak 35.50 MiB is not below fp32's 35.50 MiB "
-                           "(expected at most 20.41 MiB: estimate 0.555x + 2%)")
+    assert broken.line == (
+        "checkpoint: peak 35.50 MiB is not below fp32's 35.50 MiB (expected at most 20.41 MiB: estimate 0.555x + 2%)"
+    )
     half = judge_effect(CHECKPOINT, "m", mem(25.0, 19.7), fp32)  # saves, but far less than predicted
     assert half.status == "FAIL" and "saves less than the estimate" in half.line
     assert judge_effect(CHECKPOINT, "m", mem(20.3, 19.7), fp32).status == "ok"  # within 0.555 + 0.02
@@ -56,7 +56,9 @@ def test_a_ladder_rung_is_slower_only_beyond_the_sum_of_iqrs() -> None:
     assert judge_effect(RUNG_3, "gpt2", speed(95_000, 3_000), speed(100_000, 3_000)).status == "ok"  # 5k < 6k of noise
     slower = judge_effect(RUNG_3, "gpt2", speed(93_000, 3_000), speed(100_000, 3_000))
     assert slower.status == "FAIL" and "noise bound 6,000" in slower.line
-    assert judge_effect(RUNG_3, "gpt2", speed(97_000, 0), speed(100_000, 0)).status == "FAIL"  # tight runs: the 2% floor
+    assert (
+        judge_effect(RUNG_3, "gpt2", speed(97_000, 0), speed(100_000, 0)).status == "FAIL"
+    )  # tight runs: the 2% floor
     assert judge_effect(RUNG_3, "gpt2", speed(150_000, 0), speed(100_000, 0)).status == "ok"
 
 
@@ -76,17 +78,26 @@ def test_the_session_judges_a_pair_when_its_second_case_runs_and_names_what_it_c
 
 #: Recipes that make no claim against another recipe of the same study, and why.
 NO_CLAIM = {
-    "fp32": "the reference", "ckpt-fp32": "the CPU-shape study's reference", "ladder-0": "the ladder's bottom",
+    "fp32": "the reference",
+    "ckpt-fp32": "the CPU-shape study's reference",
+    "ladder-0": "the ladder's bottom",
     "sgd-cosine": "another optimizer: a different model at every step, no memory or speed claim",
-    "ckpt-sgd-cosine": "another optimizer (as sgd-cosine)", "compile-blocks": "regional compilation cuts compile "
-    "time (timed apart from the rounds); it claims no speed or memory beyond whole-model compile", "ddp": "the "
-    "distributed reference", "tf32": "in no study but the ladder, where its rung has its claim",
+    "ckpt-sgd-cosine": "another optimizer (as sgd-cosine)",
+    "compile-blocks": "regional compilation cuts compile "
+    "time (timed apart from the rounds); it claims no speed or memory beyond whole-model compile",
+    "ddp": "the distributed reference",
+    "tf32": "in no study but the ladder, where its rung has its claim",
 }
 
 
 def test_every_recipe_of_every_study_declares_its_effect_or_why_it_has_none() -> None:
-    studied = {r for s in STUDIES.values() for r in s.recipes} | {"ddp", "ddp-bucket-view", "fsdp2",
-                                                                  "fsdp2-no-reshard", "fsdp2-bf16"}
+    studied = {r for s in STUDIES.values() for r in s.recipes} | {
+        "ddp",
+        "ddp-bucket-view",
+        "fsdp2",
+        "fsdp2-no-reshard",
+        "fsdp2-bf16",
+    }
     claimed = {e.recipe for e in EXPECTATIONS}
     assert studied - claimed - set(NO_CLAIM) == set()
     assert all(isinstance(e, Expectation) and e.recipe in RECIPES for e in EXPECTATIONS)
@@ -102,22 +113,34 @@ def _no_checkpoint(function, *args, use_reentrant=None, **kwargs):
 
 model.checkpoint = _no_checkpoint
 """
-RECIPES_QUICK = [str(ROOT / "bench" / "test_cpu_recipes.py"), "-k", "cpu-small-fp32 or cpu-small-checkpoint",
-                 "-p", "no:cacheprovider", "--bench-warmup", "1", "--bench-rounds", "2", "--bench-steps", "2",
-                 "-p", "plant_no_checkpoint"]
+RECIPES_QUICK = [
+    str(ROOT / "bench" / "test_cpu_recipes.py"),
+    "-k",
+    "cpu-small-fp32 or cpu-small-checkpoint",
+    "-p",
+    "no:cacheprovider",
+    "--bench-warmup",
+    "1",
+    "--bench-rounds",
+    "2",
+    "--bench-steps",
+    "2",
+    "-p",
+    "plant_no_checkpoint",
+]
 
 
 @pytest.mark.slow
 def test_a_broken_optimization_fails_its_expectation_even_against_a_baseline_recorded_broken(
-        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for key in ENV_DROP:
         monkeypatch.delenv(key, raising=False)
     for key, value in ENV_SET.items():
         monkeypatch.setenv(key, value)
     pytester.makepyfile(plant_no_checkpoint=PLANTED_NO_CHECKPOINT)  # a plugin of the child runs only
     # the plugin imports gptcore before the conftest puts the repository on sys.path: name this checkout first
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), str(ROOT),
-                                                      os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), str(ROOT), os.environ.get("PYTHONPATH", "")]))
     where = pytester.path / "baselines"
     pytester.runpytest_subprocess(*RECIPES_QUICK, "--baselines-dir", str(where), "--update-baselines", timeout=300)
     recorded = json.loads((where / "cpu.json").read_text())["benchmarks"]
@@ -126,16 +149,24 @@ def test_a_broken_optimization_fails_its_expectation_even_against_a_baseline_rec
     summary = pytester.path / "step-summary.md"
     summary.write_text("earlier step\n")
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    result = pytester.runpytest_subprocess(*RECIPES_QUICK, "--baselines-dir", str(where), "--gate-markdown",
-                                           str(pytester.path / "gate.md"), timeout=300)
+    result = pytester.runpytest_subprocess(
+        *RECIPES_QUICK, "--baselines-dir", str(where), "--gate-markdown", str(pytester.path / "gate.md"), timeout=300
+    )
     result.assert_outcomes(passed=1, failed=1)
     out = result.stdout.str()
-    result.stdout.fnmatch_lines(["*test_cpu_recipes?cpu-small-checkpoint?: expected effect not met: checkpoint: "
-                                 "peak * MiB is not below fp32's * MiB (expected at most * MiB: estimate 0.5*x + 2%)"])
+    result.stdout.fnmatch_lines(
+        [
+            "*test_cpu_recipes?cpu-small-checkpoint?: expected effect not met: checkpoint: "
+            "peak * MiB is not below fp32's * MiB (expected at most * MiB: estimate 0.5*x + 2%)"
+        ]
+    )
     # the baseline gate alone passes it: memory, loss and work are exactly as recorded
     table = out.split("gptcore benchmark gate", 1)[1]
-    row = next(line for line in table.splitlines() if line.strip().startswith("test_cpu_recipes[cpu-small-checkpoint]")
-               and "expected effect" not in line)  # its row of the end table
+    row = next(
+        line
+        for line in table.splitlines()
+        if line.strip().startswith("test_cpu_recipes[cpu-small-checkpoint]") and "expected effect" not in line
+    )  # its row of the end table
     assert row.rstrip().endswith("ok"), row
     assert "checkpoint vs fp32: peak memory lower" in out and "FAIL" in out.split("does each optimization")[1]
     # the same verdict as markdown: failures first, then the table, then the expected effects
@@ -144,7 +175,9 @@ def test_a_broken_optimization_fails_its_expectation_even_against_a_baseline_rec
     failing, cases, pays = (markdown.index(h) for h in ("### Failing", "### Cases", "### Does each optimization"))
     assert markdown.startswith("## gptcore benchmark gate: FAIL: 1 failure(s) (2 cases)") and failing < cases < pays
     first = markdown[failing:cases].splitlines()[2]
-    assert first.startswith("- test_cpu_recipes\\[cpu-small-checkpoint\\]: expected effect not met: checkpoint: "
-                            "peak 35.49 MiB is not below fp32's 35.49 MiB"), first
+    assert first.startswith(
+        "- test_cpu_recipes\\[cpu-small-checkpoint\\]: expected effect not met: checkpoint: "
+        "peak 35.49 MiB is not below fp32's 35.49 MiB"
+    ), first
     assert "| test_cpu_recipes\\[cpu-small-fp32\\] |" in re.sub(" +", " ", markdown[cases:pays])
     assert "| cpu-small | checkpoint vs fp32: peak memory lower |" in re.sub(" +", " ", markdown[pays:])

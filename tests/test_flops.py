@@ -19,8 +19,7 @@ from gptcore.baselines import Entry, Tolerances
 from gptcore.presets import MODELS, RECIPES
 from gptcore.train import Trainer
 from gptcore.work import WorkLedger, count_step
-
-from .helpers import TINY
+from tests.helpers import TINY
 
 pytestmark = pytest.mark.cpu
 
@@ -30,13 +29,17 @@ B, H, S, D = 2, 3, 8, 4
 
 def sample_args(packet: str) -> tuple:
     """Arguments of one call of ``packet`` on meta tensors (shapes are all a formula reads)."""
+
     def t(*shape: int) -> torch.Tensor:
         return torch.empty(shape, device="meta")
 
     q, k, v = t(B, H, S, D), t(B, H, S + 1, D), t(B, H, S + 1, D + 2)
-    return {"aten.mm": (t(5, 6), t(6, 7)), "aten.addmm": (t(7), t(5, 6), t(6, 7)),
-            "aten.bmm": (t(2, 5, 6), t(2, 6, 7)), "aten.baddbmm": (t(2, 5, 7), t(2, 5, 6), t(2, 6, 7))}.get(
-        packet, (t(B, H, S, D + 2), q, k, v) if packet.endswith("_backward") else (q, k, v))
+    return {
+        "aten.mm": (t(5, 6), t(6, 7)),
+        "aten.addmm": (t(7), t(5, 6), t(6, 7)),
+        "aten.bmm": (t(2, 5, 6), t(2, 6, 7)),
+        "aten.baddbmm": (t(2, 5, 7), t(2, 5, 6), t(2, 6, 7)),
+    }.get(packet, (t(B, H, S, D + 2), q, k, v) if packet.endswith("_backward") else (q, k, v))
 
 
 def test_every_formula_equals_torchs_wherever_torch_has_one() -> None:
@@ -54,8 +57,14 @@ def test_every_formula_equals_torchs_wherever_torch_has_one() -> None:
             theirs -= 2 * B * H * S * (S + 1) * D
         assert ours == theirs, packet
         compared.append(packet)
-    assert {"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten._scaled_dot_product_flash_attention",
-            "aten._scaled_dot_product_efficient_attention_backward"} <= set(compared)
+    assert {
+        "aten.mm",
+        "aten.addmm",
+        "aten.bmm",
+        "aten.baddbmm",
+        "aten._scaled_dot_product_flash_attention",
+        "aten._scaled_dot_product_efficient_attention_backward",
+    } <= set(compared)
 
 
 class _Ours(TorchDispatchMode):
@@ -98,8 +107,11 @@ def test_cpu_small_flops_equal_the_analytic_count_attention_included() -> None:
     assert "aten._scaled_dot_product_flash_attention_for_cpu.default" in ledger.flops_by_op
     attention = 12 * cfg.n_layer * cfg.n_embd * cfg.block_size * tokens
     assert sum(ledger.flops.values()) == trainer.model.flops_per_token() * tokens
-    assert ledger.flops_by_op["aten._scaled_dot_product_flash_attention_for_cpu.default"] + ledger.flops_by_op[
-        "aten._scaled_dot_product_flash_attention_for_cpu_backward.default"] == attention
+    assert (
+        ledger.flops_by_op["aten._scaled_dot_product_flash_attention_for_cpu.default"]
+        + ledger.flops_by_op["aten._scaled_dot_product_flash_attention_for_cpu_backward.default"]
+        == attention
+    )
     assert ledger.flops["optimizer"] == 0 and ledger.uncounted_flops_by_op == {}
 
 
@@ -124,15 +136,25 @@ def test_a_formula_torch_adds_or_drops_moves_no_flops_and_is_named_as_the_counte
     assert (now.flops, now.flops_by_op, now.op_calls) == (before.flops, before.flops_by_op, before.op_calls)
     if change == "added":
         assert now.uncounted_flops_by_op.get("aten.add.Tensor", 0) > 0
-        entry = Entry(tokens_per_s=None, tokens_per_s_iqr=None, peak_allocated_bytes=1, peak_reserved_bytes=None,
-                      loss=1.0, loss_step=1, precision="fp32", work=now)
-        verdict = verdicts.verdict_of("c", entry, dataclasses.replace(entry, work=before),
-                                      Tolerances.default_for("cpu"), strict=True)
+        entry = Entry(
+            tokens_per_s=None,
+            tokens_per_s_iqr=None,
+            peak_allocated_bytes=1,
+            peak_reserved_bytes=None,
+            loss=1.0,
+            loss_step=1,
+            precision="fp32",
+            work=now,
+        )
+        verdict = verdicts.verdict_of(
+            "c", entry, dataclasses.replace(entry, work=before), Tolerances.default_for("cpu"), strict=True
+        )
         coverage = next(c for c in verdict.checks if c.metric == "flop coverage")
         assert not verdict.failed and coverage.status == verdicts.CHANGED
         assert verdict.summary().startswith("ok (the FLOP counter changed, not the work")
         assert any(c.metric == "work" and c.status == verdicts.OK for c in verdict.checks)  # the end table's "="
-        assert coverage.note.startswith("the FLOP counter changed, not the work: torch's FlopCounterMode now "
-                                        "counts aten.add.Tensor")
+        assert coverage.note.startswith(
+            "the FLOP counter changed, not the work: torch's FlopCounterMode now counts aten.add.Tensor"
+        )
     else:
         assert now.uncounted_flops_by_op == before.uncounted_flops_by_op == {}

@@ -26,8 +26,19 @@ pytestmark = pytest.mark.cpu
 ROOT = Path(__file__).resolve().parent.parent
 CASE = "test_cpu_shape[cpu-small-ckpt-fp32]"
 CASE_GLOB = CASE.replace("[", "[[]")  # fnmatch: '[' opens a character class
-QUICK = [str(ROOT / "bench" / "test_cpu_shape.py"), "-k", "cpu-small-ckpt-fp32", "-p", "no:cacheprovider",
-         "--bench-warmup", "1", "--bench-rounds", "2", "--bench-steps", "2"]
+QUICK = [
+    str(ROOT / "bench" / "test_cpu_shape.py"),
+    "-k",
+    "cpu-small-ckpt-fp32",
+    "-p",
+    "no:cacheprovider",
+    "--bench-warmup",
+    "1",
+    "--bench-rounds",
+    "2",
+    "--bench-steps",
+    "2",
+]
 # the child must not think it is an xdist worker (pytest-benchmark would disable itself); one thread each keeps
 # two test workers from oversubscribing two cores, and the child's numerics equal the recording's
 ENV_DROP = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID", "PYTEST_ADDOPTS")
@@ -43,9 +54,14 @@ def child_env() -> dict[str, str]:
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """baselines/cpu.json as a first run with --update-baselines writes it (recorded once per module)."""
     where = tmp_path_factory.mktemp("recorded")
-    proc = subprocess.run([sys.executable, "-m", "pytest", *QUICK, "--baselines-dir", str(where / "baselines"),
-                           "--update-baselines"], cwd=where, env=child_env(), capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", *QUICK, "--baselines-dir", str(where / "baselines"), "--update-baselines"],
+        cwd=where,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "recorded" in proc.stdout
     return json.loads((where / "baselines" / "cpu.json").read_text())
@@ -83,8 +99,11 @@ def test_first_run_with_update_baselines_records_the_case(recorded: dict) -> Non
     e = entry(recorded)
     assert e["peak_allocated_bytes"] > 0 and e["peak_reserved_bytes"] is None
     speed = e["tokens_per_s"]  # recorded when the machine was quiet, else said why not (tests run side by side)
-    assert (speed["median"] > 0 and speed["iqr"] >= 0) if speed["median"] is not None else \
-        speed["not_recorded"].startswith("speed not recorded: machine busy")
+    assert (
+        (speed["median"] > 0 and speed["iqr"] >= 0)
+        if speed["median"] is not None
+        else speed["not_recorded"].startswith("speed not recorded: machine busy")
+    )
     assert e["loss"]["step"] == 8 and e["loss"]["value"] > 0  # the study's loss step (bench/test_cpu_shape.py)
     assert recorded["tolerances"] == {**recorded["tolerances"], "memory": 0.02, "speed": None, "loss": 1e-6}
 
@@ -157,7 +176,8 @@ TIME_STATS = ("min", "max", "mean", "stddev", "median", "iqr", "q1", "q3", "ld15
 
 
 def test_benchmark_compare_fail_prints_the_end_table_and_a_line_per_regression(
-        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # a tiny project with the repo's conftest: save a run, make the saved run 10x faster, compare against it
     for key in ENV_DROP:
         monkeypatch.delenv(key, raising=False)
@@ -171,18 +191,21 @@ def test_benchmark_compare_fail_prints_the_end_table_and_a_line_per_regression(
         bench["stats"]["ops"] *= 10
     saved.write_text(json.dumps(data))
 
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--benchmark-compare",
-                                           "--benchmark-compare-fail=median:5%")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--benchmark-compare", "--benchmark-compare-fail=median:5%"
+    )
     output = result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     assert "Traceback" not in output and "PerformanceRegression" not in output
-    result.stdout.fnmatch_lines([
-        "*= gptcore benchmark gate =*",
-        "*case*tok/s*peak*verdict*",
-        "*test_trivial*3.00 MiB*no baseline*",
-        "FAIL: test_trivial (0001_*): Field 'median' has failed PercentageRegressionCheck: * > 5.000000000",
-        "*1 passed*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*= gptcore benchmark gate =*",
+            "*case*tok/s*peak*verdict*",
+            "*test_trivial*3.00 MiB*no baseline*",
+            "FAIL: test_trivial (0001_*): Field 'median' has failed PercentageRegressionCheck: * > 5.000000000",
+            "*1 passed*",
+        ]
+    )
 
 
 def _assert_usage_error(result: pytest.RunResult, *fragments: str) -> None:
@@ -221,8 +244,9 @@ def test_a_baselines_dir_that_does_not_exist_stops_the_run_before_the_first_case
     # a misspelt folder would read "no baseline" for every case and pass: it is one line and pytest's usage exit
     missing = tmp_path / "no-such-baselines"
     result = run(None, "--baselines-dir", str(missing))
-    _assert_usage_error(result, f"--baselines-dir {missing}: no such folder (record into a new one with "
-                                "--update-baselines)")
+    _assert_usage_error(
+        result, f"--baselines-dir {missing}: no such folder (record into a new one with --update-baselines)"
+    )
     assert "passed" not in result.stdout.str() and not missing.exists()
 
 
@@ -278,12 +302,12 @@ def test_an_extra_clone_is_named_in_the_failure_line_with_its_count(run, recorde
     result = run(recorded, *plant("clone", "h = torch.ops.aten.clone(h)"))
     result.assert_outcomes(failed=1)
     # one clone a forward, and checkpointing runs block 0's forward again in backward: 2 calls, 2 new storages
-    result.stdout.fnmatch_lines([f"*{CASE_GLOB}: op calls +2 (aten.clone +2) (*forward +1, backward +1*",
-                                 "*allocations +2 (aten.clone +2)*"])
+    result.stdout.fnmatch_lines(
+        [f"*{CASE_GLOB}: op calls +2 (aten.clone +2) (*forward +1, backward +1*", "*allocations +2 (aten.clone +2)*"]
+    )
 
 
-def test_a_removed_operator_fails_as_leaner_under_strict_and_passes_with_a_note_without(
-        run, plant, pytester) -> None:
+def test_a_removed_operator_fails_as_leaner_under_strict_and_passes_with_a_note_without(run, plant, pytester) -> None:
     # the baseline is recorded with one more operator (aten.alias, a view: no storage, no arithmetic), and the
     # run is the unchanged model: an operator removed since the baseline
     where = pytester.path / "baselines"
@@ -293,9 +317,13 @@ def test_a_removed_operator_fails_as_leaner_under_strict_and_passes_with_a_note_
     assert base["benchmarks"][CASE]["work"]["ops"]["forward"]["aten.alias.default"] >= 1
     strict = run(base, "--baseline-strict")
     strict.assert_outcomes(failed=1)
-    strict.stdout.fnmatch_lines([f"*{CASE_GLOB}: op calls -2 (aten.alias -2) (leaner than the baseline: *; "
-                                 "refresh with --update-baselines)*",
-                                 "*1 case(s) leaner than the baseline; refresh exactly those with: python -m pytest*"])
+    strict.stdout.fnmatch_lines(
+        [
+            f"*{CASE_GLOB}: op calls -2 (aten.alias -2) (leaner than the baseline: *; "
+            "refresh with --update-baselines)*",
+            "*1 case(s) leaner than the baseline; refresh exactly those with: python -m pytest*",
+        ]
+    )
     lenient = run(base)
     lenient.assert_outcomes(passed=1)
     lenient.stdout.fnmatch_lines(["*ok (refresh the baseline: op calls -2 (aten.alias -2))*"])
@@ -303,8 +331,16 @@ def test_a_removed_operator_fails_as_leaner_under_strict_and_passes_with_a_note_
 
 # -- unit tests of gptcore.baselines --------------------------------------------------------------------------------
 
-BASE = Entry(tokens_per_s=1000.0, tokens_per_s_iqr=10.0, peak_allocated_bytes=1_000_000, peak_reserved_bytes=None,
-             loss=2.5, loss_step=10, precision="fp32", cpu_model="CPU A")
+BASE = Entry(
+    tokens_per_s=1000.0,
+    tokens_per_s_iqr=10.0,
+    peak_allocated_bytes=1_000_000,
+    peak_reserved_bytes=None,
+    loss=2.5,
+    loss_step=10,
+    precision="fp32",
+    cpu_model="CPU A",
+)
 GPU, CPU = Tolerances.default_for("cuda"), Tolerances.default_for("cpu")
 
 
@@ -326,8 +362,9 @@ def test_a_memory_failure_names_the_categories_that_moved() -> None:
     assert "activations +16.00 MiB, everything else =" in verdict.failure_message()
     # GPU: no tracker categories; the estimate's breakdown says where
     base_gpu = dataclasses.replace(base, peak_by_category=None, estimate_by_category=before)
-    now_gpu = measured(peak_allocated_bytes=40 * mib, estimate_by_category=before | {"gradients": 0,
-                                                                                     "activations": 36 * mib})
+    now_gpu = measured(
+        peak_allocated_bytes=40 * mib, estimate_by_category=before | {"gradients": 0, "activations": 36 * mib}
+    )
     message = verdict_of("c", now_gpu, base_gpu, GPU).failure_message()
     assert "estimate: activations +20.00 MiB, gradients -4.00 MiB, everything else =" in message
     # nothing to say without both breakdowns, and nothing said when memory passes
@@ -400,9 +437,17 @@ def test_end_table_puts_both_peak_columns_in_one_unit() -> None:
     from gptcore.summary import gate_table
 
     big = measured(peak_allocated_bytes=40 * 2**30)
-    rows = [Row("a", big, dataclasses.replace(big, peak_allocated_bytes=39 * 2**30), "ok", estimate=44 * 2**30,
-                status={"peak memory": "ok"}),
-            Row("b", measured(peak_allocated_bytes=512 * 2**20), None, "no baseline")]
+    rows = [
+        Row(
+            "a",
+            big,
+            dataclasses.replace(big, peak_allocated_bytes=39 * 2**30),
+            "ok",
+            estimate=44 * 2**30,
+            status={"peak memory": "ok"},
+        ),
+        Row("b", measured(peak_allocated_bytes=512 * 2**20), None, "no baseline"),
+    ]
     lines = gate_table(rows).splitlines()
     assert "40.00 GiB" in lines[2] and "39.00 GiB" in lines[2] and "+2.6%" in lines[2] and "1.10" in lines[2]
     assert "0.50 GiB" in lines[3] and "—" in lines[3]
@@ -456,14 +501,17 @@ def test_a_failed_write_leaves_the_old_file_intact(tmp_path: Path, monkeypatch: 
     assert [p.name for p in tmp_path.iterdir()] == ["cpu.json"]
 
 
-@pytest.mark.parametrize(("mutate", "message"), [
-    (lambda d: d.pop("benchmarks"), "benchmarks: missing"),
-    (lambda d: d["device"].pop("slug"), "device.slug: missing"),
-    (lambda d: d["benchmarks"]["a"]["tokens_per_s"].update(median="fast"), "benchmarks['a']: tokens_per_s.median"),
-    (lambda d: d["benchmarks"]["a"].update(peak_allocated_bytes=1.5), "peak_allocated_bytes: expected int"),
-    (lambda d: d["tolerances"].update(memroy=0.1), "tolerances.memroy: unknown field"),
-    (lambda d: d["tolerances"].update(speed=2), "tolerances.speed: must be in [0, 1]"),
-])
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d.pop("benchmarks"), "benchmarks: missing"),
+        (lambda d: d["device"].pop("slug"), "device.slug: missing"),
+        (lambda d: d["benchmarks"]["a"]["tokens_per_s"].update(median="fast"), "benchmarks['a']: tokens_per_s.median"),
+        (lambda d: d["benchmarks"]["a"].update(peak_allocated_bytes=1.5), "peak_allocated_bytes: expected int"),
+        (lambda d: d["tolerances"].update(memroy=0.1), "tolerances.memroy: unknown field"),
+        (lambda d: d["tolerances"].update(speed=2), "tolerances.speed: must be in [0, 1]"),
+    ],
+)
 def test_validation_errors_name_the_file_and_the_field(tmp_path: Path, mutate, message: str) -> None:
     path = tmp_path / "cpu.json"
     baselines.update(path, "cpu", {"a": BASE}, device_name="CPU A", device_type="cpu")
@@ -479,10 +527,14 @@ def test_a_missing_file_loads_as_none(tmp_path: Path) -> None:
     assert baselines.load(tmp_path / "cpu.json", expect_slug="cpu") is None
 
 
-@pytest.mark.parametrize(("field", "value", "metric", "note"), [
-    ("loss", float("nan"), "loss", "the loss is NaN (the run diverged)"),
-    ("loss", float("inf"), "loss", "the loss is +inf (the run diverged)"),
-    ("tokens_per_s", float("nan"), "tokens/s", "tokens/s is NaN (the timing broke)")])
+@pytest.mark.parametrize(
+    ("field", "value", "metric", "note"),
+    [
+        ("loss", float("nan"), "loss", "the loss is NaN (the run diverged)"),
+        ("loss", float("inf"), "loss", "the loss is +inf (the run diverged)"),
+        ("tokens_per_s", float("nan"), "tokens/s", "tokens/s is NaN (the timing broke)"),
+    ],
+)
 def test_a_figure_that_is_not_finite_fails_naming_itself_and_the_end_table_still_renders(field, value, metric, note):
     from gptcore.gate import Row
     from gptcore.summary import gate_table
@@ -492,8 +544,9 @@ def test_a_figure_that_is_not_finite_fails_naming_itself_and_the_end_table_still
     check = next(c for c in verdict.checks if c.metric == metric)
     assert verdict.failed and check.status == "FAIL" and check.note == note
     assert verdict.summary() == f"FAIL: {metric}" and note in verdict.failure_message()
-    table = gate_table([Row("test_x[c]", now, BASE, verdict.summary(), status={c.metric: c.status
-                                                                              for c in verdict.checks})])
+    table = gate_table(
+        [Row("test_x[c]", now, BASE, verdict.summary(), status={c.metric: c.status for c in verdict.checks})]
+    )
     assert f"FAIL: {metric}" in table.splitlines()[-1]
     assert not verdict_of("c", BASE, now, CPU).failed  # a baseline that is not finite compares with nothing
 
@@ -506,9 +559,11 @@ def test_a_nan_loss_is_never_recorded_and_fails_the_case_naming_itself(tmp_path:
 
     gate = Gate(directory=tmp_path, update=True, strict=False, overrides={}, timing_override=(None,) * 3)
     node = SimpleNamespace(name="test_x[tiny-fp32]", nodeid="bench/x.py::test_x[tiny-fp32]")
-    m = Measurement(device="cpu", tokens_per_step=1, steps_per_round=1, tokens_per_s=1e3, peak_allocated_bytes=3,
-                    loss=float("nan"))
+    m = Measurement(
+        device="cpu", tokens_per_step=1, steps_per_round=1, tokens_per_s=1e3, peak_allocated_bytes=3, loss=float("nan")
+    )
     outcome = gate.judge(node, m, model="tiny", recipe="fp32", precision="fp32", estimate=None)
-    assert outcome.failures == ["test_x[tiny-fp32]: the loss is NaN (the run diverged or its timing broke): nothing "
-                                "recorded or compared"]
+    assert outcome.failures == [
+        "test_x[tiny-fp32]: the loss is NaN (the run diverged or its timing broke): nothing recorded or compared"
+    ]
     assert gate.rows[-1].verdict == "FAIL: not finite" and not (tmp_path / "cpu.json").exists()

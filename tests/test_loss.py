@@ -8,11 +8,10 @@ import pytest
 import torch
 
 from gptcore.config import GPTConfig, Recipe
-from gptcore.presets import MODELS
 from gptcore.data import markov_source
+from gptcore.presets import MODELS
 from gptcore.train import Trainer
-
-from .helpers import batches, trainer
+from tests.helpers import batches, trainer
 
 pytestmark = pytest.mark.cpu
 

@@ -17,8 +17,17 @@ TOL = Tolerances.default_for("cpu")
 
 
 def entry(loss: float, cpu: str, precision: str = "fp32", **kw) -> Entry:
-    return Entry(tokens_per_s=1000.0, tokens_per_s_iqr=10.0, peak_allocated_bytes=1_000_000,
-                 peak_reserved_bytes=None, loss=loss, loss_step=47, precision=precision, cpu_model=cpu, **kw)
+    return Entry(
+        tokens_per_s=1000.0,
+        tokens_per_s_iqr=10.0,
+        peak_allocated_bytes=1_000_000,
+        peak_reserved_bytes=None,
+        loss=loss,
+        loss_step=47,
+        precision=precision,
+        cpu_model=cpu,
+        **kw,
+    )
 
 
 def loss_check(measured: Entry, baseline: Entry):
@@ -51,11 +60,11 @@ def test_bf16_uses_the_same_cpu_amp_tolerance_against_its_reference():
 
 def test_adding_a_reference_changes_nothing_else(tmp_path):
     path = tmp_path / "cpu.json"
-    baselines.update(path, "cpu", {"a": entry(3.0791, XEON), "b": entry(2.5, XEON)}, device_name=XEON,
-                     device_type="cpu")
+    baselines.update(
+        path, "cpu", {"a": entry(3.0791, XEON), "b": entry(2.5, XEON)}, device_name=XEON, device_type="cpu"
+    )
     before = json.loads(path.read_text())
-    added, skipped = baselines.add_loss_references(
-        path, "cpu", {"a": entry(3.0791007, EPYC), "c": entry(1.0, EPYC)})
+    added, skipped = baselines.add_loss_references(path, "cpu", {"a": entry(3.0791007, EPYC), "c": entry(1.0, EPYC)})
     assert (added, skipped) == (1, ["c"])
     after = json.loads(path.read_text())
     assert after["benchmarks"]["a"]["loss"].pop("by_cpu") == {EPYC: 3.0791007}
@@ -86,8 +95,10 @@ def test_a_malformed_reference_is_a_clear_error(tmp_path):
         baselines.load(path, "cpu")
 
 
-ZEN3 = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n\n" \
-       "processor\t: 1\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n"
+ZEN3 = (
+    "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n\n"
+    "processor\t: 1\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n"
+)
 ZEN4 = ZEN3.replace("model\t\t: 1", "model\t\t: 17")
 
 

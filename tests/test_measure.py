@@ -10,12 +10,11 @@ import pytest
 import torch
 
 from gptcore import measure
-from gptcore.presets import MODELS, RECIPES
 from gptcore.measure import mfu, out_of_memory_in, peak_flops, run_case, throughput
 from gptcore.memory import track_training
+from gptcore.presets import MODELS, RECIPES
 from gptcore.train import Trainer
-
-from .helpers import TINY
+from tests.helpers import TINY
 
 pytestmark = pytest.mark.cpu
 
@@ -23,20 +22,23 @@ CPU_SMALL = MODELS["cpu-small"]
 CHECKPOINTED = dataclasses.replace(RECIPES["fp32"], checkpoint=True)
 
 
-@pytest.mark.parametrize(("name", "precision", "tflops"), [
-    ("NVIDIA H100 80GB HBM3", "bf16", 989.4),
-    ("NVIDIA H100 80GB HBM3", "fp32", 67.0),
-    ("NVIDIA H100 PCIe", "tf32", 378.0),
-    ("NVIDIA H100 NVL", "fp16", 835.5),
-    ("NVIDIA H200", "bf16-pure", 989.4),
-    ("NVIDIA A100-SXM4-40GB", "fp32", 19.5),
-    ("NVIDIA A100 80GB PCIe", "bf16", 312.0),
-    ("NVIDIA L4", "bf16", 121.0),
-    ("NVIDIA L40S", "tf32", 183.0),
-    ("NVIDIA GeForce RTX 4090", "fp16", 165.2),
-    ("NVIDIA A10G", "bf16", 140.0),
-    ("NVIDIA A10", "bf16", 125.0),
-])
+@pytest.mark.parametrize(
+    ("name", "precision", "tflops"),
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.4),
+        ("NVIDIA H100 80GB HBM3", "fp32", 67.0),
+        ("NVIDIA H100 PCIe", "tf32", 378.0),
+        ("NVIDIA H100 NVL", "fp16", 835.5),
+        ("NVIDIA H200", "bf16-pure", 989.4),
+        ("NVIDIA A100-SXM4-40GB", "fp32", 19.5),
+        ("NVIDIA A100 80GB PCIe", "bf16", 312.0),
+        ("NVIDIA L4", "bf16", 121.0),
+        ("NVIDIA L40S", "tf32", 183.0),
+        ("NVIDIA GeForce RTX 4090", "fp16", 165.2),
+        ("NVIDIA A10G", "bf16", 140.0),
+        ("NVIDIA A10", "bf16", 125.0),
+    ],
+)
 def test_known_gpu_gets_the_peak_of_its_precision(name: str, precision: str, tflops: float) -> None:
     assert peak_flops(name, precision) == pytest.approx(tflops * 1e12)
 
@@ -171,6 +173,13 @@ def test_a_cpu_bf16_case_reads_its_loss_after_one_round_and_every_other_case_kee
     assert bf16.speed_rounds == 11  # --cpu-speed still times the study's rounds
     assert study.on(RECIPES["bf16-pure"], "cpu").loss_step == 4
     assert study.on(RECIPES["ckpt-fp32"], "cpu") is study and study.on(RECIPES["ckpt-bf16"], "cuda") is study
-    m = run_case(TINY, RECIPES["ckpt-bf16"], "cpu", warmup=bf16.warmup, rounds=bf16.rounds,
-                 steps_per_round=bf16.steps_per_round, loss_step=bf16.loss_step)
+    m = run_case(
+        TINY,
+        RECIPES["ckpt-bf16"],
+        "cpu",
+        warmup=bf16.warmup,
+        rounds=bf16.rounds,
+        steps_per_round=bf16.steps_per_round,
+        loss_step=bf16.loss_step,
+    )
     assert m.loss_step == 4 and len(m.round_seconds) == 1 and m.peak_allocated_bytes > 0 and m.work is not None

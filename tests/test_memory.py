@@ -1,4 +1,5 @@
 """Tests for gptcore.memory: the analytic estimate and the fake-tensor simulation against real tracked runs."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,8 +48,9 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("variant", [dict(), dict(tie_weights=False, vocab_multiple=64)],
-                         ids=["tied-unpadded", "untied-padded-to-64"])
+@pytest.mark.parametrize(
+    "variant", [dict(), dict(tie_weights=False, vocab_multiple=64)], ids=["tied-unpadded", "untied-padded-to-64"]
+)
 @pytest.mark.parametrize("name", list(MODELS))
 def test_parameter_list_matches_the_model(name, variant):
     """Every parameter (name, numel, decayed or not) in GPT.parameters() order, so that the optimizer's groups and
@@ -84,7 +86,11 @@ def test_a_real_tracked_run_reports_the_fine_categories():
     sim = simulated(head_heavy, get_recipe("fp32"), method="direct", device="cpu")
     assert real.by_category["logits and loss"] > 0
     assert (real.peak_bytes, real.phase, real.step, real.by_category) == (
-        sim.peak_bytes, sim.phase, sim.step, sim.by_category)
+        sim.peak_bytes,
+        sim.phase,
+        sim.step,
+        sim.by_category,
+    )
 
 
 @pytest.mark.parametrize("recipe", ISSUE_RECIPES)
@@ -144,8 +150,12 @@ def test_mixed_precision_adam_holds_16_bytes_per_parameter():
     est = analytic(cfg, recipe, batch=32, seq=1024)
     n = est.num_params
     assert est.bytes_per_param == 16
-    assert est.states == {"parameters": 4 * n, "gradients": 4 * n, "optimizer state": 8 * n,
-                          "weight copies": pytest.approx(2 * n, rel=0.02)}  # LayerNorms and wpe are not copied
+    assert est.states == {
+        "parameters": 4 * n,
+        "gradients": 4 * n,
+        "optimizer state": 8 * n,
+        "weight copies": pytest.approx(2 * n, rel=0.02),
+    }  # LayerNorms and wpe are not copied
     # the whole 16 bytes are live at once in the optimizer step: seen there with a batch too small to matter
     small = dataclasses.replace(CPU_SMALL, batch_size=1, block_size=8)
     n_small = sum(k for _, k, _ in param_shapes(small, recipe))
@@ -156,9 +166,9 @@ def test_mixed_precision_adam_holds_16_bytes_per_parameter():
 
 
 def test_optimizer_in_backward_saves_little_unless_activations_are_small():
-    """The memory-recipe study's puzzle. The gradients of a normal backward pile up towards its END, when the activations are
-    already freed, while the peak sits at its START (activations + cross-entropy buffers, no gradients yet):
-    freeing each gradient right after its step removes memory that was never part of the peak. With
+    """The memory-recipe study's puzzle. The gradients of a normal backward pile up towards its END, when the
+    activations are already freed, while the peak sits at its START (activations + cross-entropy buffers, no
+    gradients yet): freeing each gradient right after its step removes memory that was never part of the peak. With
     checkpointing the activations shrink and the peak moves to where the gradients are."""
     cfg = get_model("gpt2-xl")
     plain, oib = (analytic(cfg, get_recipe(r), batch=32) for r in ("fp32", "optim-in-bwd"))
@@ -166,8 +176,10 @@ def test_optimizer_in_backward_saves_little_unless_activations_are_small():
     assert plain.phase == "backward" and plain.by_category.get("gradients", 0) < 0.01 * plain.total_bytes
     assert plain.at_backward_end["gradients"] == pytest.approx(plain.states["gradients"], rel=1e-4)  # 512-B blocks
     small = dataclasses.replace(CPU_SMALL, batch_size=2)
-    assert analytic(small, get_recipe("optim-in-bwd-checkpoint")).total_bytes < 0.9 * analytic(
-        small, get_recipe("checkpoint")).total_bytes
+    assert (
+        analytic(small, get_recipe("optim-in-bwd-checkpoint")).total_bytes
+        < 0.9 * analytic(small, get_recipe("checkpoint")).total_bytes
+    )
 
 
 @pytest.mark.parametrize("recipe", ["checkpoint", "grad-accum", "optim-in-bwd", "bf16"])
@@ -177,16 +189,21 @@ def test_extrapolation_from_2_and_3_layers_is_exact(recipe):
     ext = simulated(cfg, get_recipe(recipe), device="cpu", method="extrapolate")
     assert ext.method == "extrapolated from 2 and 3 layers"
     assert (ext.peak_bytes, ext.phase, ext.step, ext.by_category) == (
-        direct.peak_bytes, direct.phase, direct.step, direct.by_category)
+        direct.peak_bytes,
+        direct.phase,
+        direct.step,
+        direct.by_category,
+    )
 
 
 def test_extrapolation_follows_the_peak_into_another_phase():
     """A small batch and a large vocabulary: with few layers the cross-entropy buffers make backward the peak, with
     many the optimizer step wins. Extending the 2- and 3-layer peaks along one line would miss it; extending every
     segment's peak does not."""
+
     def cfg(n: int) -> GPTConfig:
-        return GPTConfig(n_layer=n, n_head=4, n_embd=128, block_size=8, vocab_size=8192, batch_size=1,
-                         dataset="random")
+        return GPTConfig(n_layer=n, n_head=4, n_embd=128, block_size=8, vocab_size=8192, batch_size=1, dataset="random")
+
     two, three = (simulated(cfg(n), Recipe(), device="cpu", method="direct") for n in (2, 3))
     assert two.phase == three.phase == "backward"
     direct = simulated(cfg(8), Recipe(), device="cpu", method="direct")
@@ -210,11 +227,13 @@ def test_cuda_rounding_and_simulation_agree_with_the_estimate_for_gpt2_xl():
 
 def test_estimate_is_arithmetic():
     # no tensor is made: the analytic estimate runs without even loading torch
-    code = ("import sys\n"
-            "from gptcore.presets import get_model, get_recipe\n"
-            "from gptcore.memory import estimate, resolve\n"
-            "est = estimate(resolve(get_model('gpt2-xl'), get_recipe('bf16'), batch=32, seq=1024))\n"
-            "print(est.total_bytes, 'torch' in sys.modules)")
+    code = (
+        "import sys\n"
+        "from gptcore.presets import get_model, get_recipe\n"
+        "from gptcore.memory import estimate, resolve\n"
+        "est = estimate(resolve(get_model('gpt2-xl'), get_recipe('bf16'), batch=32, seq=1024))\n"
+        "print(est.total_bytes, 'torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     total, torch_loaded = out.stdout.split()
     assert torch_loaded == "False"
@@ -228,16 +247,22 @@ def test_compile_and_cuda_only_switches_are_mapped_with_a_note_or_refused():
     est = estimate(question)
     assert est.notes == question.notes
     assert any("compile" in n for n in est.notes) and any("flash" in n for n in est.notes)
-    assert est.total_bytes == analytic(cfg, dataclasses.replace(
-        get_recipe("ladder-5"), compile=False, attention="sdpa", precision="bf16")).total_bytes
+    assert (
+        est.total_bytes
+        == analytic(
+            cfg, dataclasses.replace(get_recipe("ladder-5"), compile=False, attention="sdpa", precision="bf16")
+        ).total_bytes
+    )
     with pytest.raises(ValueError, match="flash"):
         resolve(CPU_SMALL, get_recipe("ladder-5"), device="cpu")
     with pytest.raises(ValueError, match="tf32"):
         resolve(CPU_SMALL, get_recipe("tf32"), device="cpu")
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(device="tpu"), "device"), (dict(batch=0), "batch"), (dict(seq=-8), "seq"), (dict(batch=10), "divide")])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [(dict(device="tpu"), "device"), (dict(batch=0), "batch"), (dict(seq=-8), "seq"), (dict(batch=10), "divide")],
+)
 def test_bad_input_is_a_value_error(kwargs, match):
     with pytest.raises(ValueError, match=match):
         resolve(CPU_SMALL, get_recipe("grad-accum"), **kwargs)

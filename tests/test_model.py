@@ -10,10 +10,9 @@ from torch.testing import assert_close
 from torch.utils.flop_counter import FlopCounterMode
 
 from gptcore.config import Recipe
-from gptcore.presets import MODELS
 from gptcore.model import GPT, attention_unsupported
-
-from .helpers import TINY, batches
+from gptcore.presets import MODELS
+from tests.helpers import TINY, batches
 
 pytestmark = pytest.mark.cpu
 
@@ -62,8 +61,8 @@ def test_vocab_padding_changes_no_logit_no_loss_and_trains_no_padding_row():
     assert_close(l2, l1, rtol=1e-12, atol=1e-12)
     assert_close(loss2, loss1, rtol=1e-12, atol=1e-12)
     loss2.backward()
-    assert torch.count_nonzero(padded.lm_head.weight.grad[TINY.vocab_size:]) == 0
-    assert torch.count_nonzero(padded.transformer.wte.weight.grad[TINY.vocab_size:]) == 0
+    assert torch.count_nonzero(padded.lm_head.weight.grad[TINY.vocab_size :]) == 0
+    assert torch.count_nonzero(padded.transformer.wte.weight.grad[TINY.vocab_size :]) == 0
 
 
 def test_weight_tying_shares_storage_and_saves_vocab_times_width_parameters():

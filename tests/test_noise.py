@@ -11,16 +11,19 @@ import pytest
 
 from gptcore import results
 from scripts.gpu_noise import compare, measured, round_up, summary
-
-from .test_gate import ROOT, child_env
-from .test_plan import gpu_session
+from tests.test_gate import ROOT, child_env
+from tests.test_plan import gpu_session
 
 pytestmark = pytest.mark.cpu
 
 
 def entry(tokens: float, iqr: float, peak: int, loss: float, precision: str = "bf16") -> dict:
-    return {"tokens_per_s": {"median": tokens, "iqr": iqr}, "peak_allocated_bytes": peak,
-            "loss": {"value": loss, "step": 10}, "precision": precision}
+    return {
+        "tokens_per_s": {"median": tokens, "iqr": iqr},
+        "peak_allocated_bytes": peak,
+        "loss": {"value": loss, "step": 10},
+        "precision": precision,
+    }
 
 
 def write(path, entries: dict[str, dict | None], outcome: str = "passed") -> None:
@@ -29,10 +32,18 @@ def write(path, entries: dict[str, dict | None], outcome: str = "passed") -> Non
         log.write(results.Record(nodeid=f"bench/x.py::{name}", name=name, outcome=outcome, seconds=1.0, entry=e))
 
 
-FIRST = {"a": entry(100_000, 1_000, 1 << 30, 3.0, "fp32"), "b": entry(200_000, 1_000, 1 << 30, 3.0),
-         "c": entry(50_000, 500, 2 << 30, 3.0), "oom": None}
-SECOND = {"a": entry(101_000, 2_000, 1 << 30, 3.0, "fp32"), "b": entry(198_000, 1_000, 1 << 30, 3.003),
-          "c": entry(50_500, 500, (2 << 30) + 1024, 3.0), "new": entry(1.0, 0.0, 1, 1.0)}
+FIRST = {
+    "a": entry(100_000, 1_000, 1 << 30, 3.0, "fp32"),
+    "b": entry(200_000, 1_000, 1 << 30, 3.0),
+    "c": entry(50_000, 500, 2 << 30, 3.0),
+    "oom": None,
+}
+SECOND = {
+    "a": entry(101_000, 2_000, 1 << 30, 3.0, "fp32"),
+    "b": entry(198_000, 1_000, 1 << 30, 3.003),
+    "c": entry(50_500, 500, (2 << 30) + 1024, 3.0),
+    "new": entry(1.0, 0.0, 1, 1.0),
+}
 
 
 def test_round_up_keeps_two_significant_digits_and_never_rounds_down():
@@ -55,10 +66,10 @@ def test_the_changes_and_the_tolerances_follow_the_rule(tmp_path):
     assert figures["speed"]["sigma"] == pytest.approx(0.01) and figures["speed"]["tolerance"] == pytest.approx(0.04)
     assert figures["speed"]["largest_iqr"] == pytest.approx(2_000 / 101_000)
     # memory: 1 KiB on 2 GiB, far under the floor of 0.5%
-    assert figures["memory"]["largest"] == pytest.approx(2 ** -21) and figures["memory"]["tolerance"] == 0.005
+    assert figures["memory"]["largest"] == pytest.approx(2**-21) and figures["memory"]["tolerance"] == 0.005
     # fp32 loss identical: its floor; bf16 changes 0.003 and 0: sigma 0.003/sqrt(2), max(4 sigma, 2 x 0.003) = 0.0085
     assert figures["loss"]["tolerance"] == 1e-6
-    assert figures["loss_amp"]["sigma"] == pytest.approx(0.003 / 2 ** 0.5)
+    assert figures["loss_amp"]["sigma"] == pytest.approx(0.003 / 2**0.5)
     assert figures["loss_amp"]["tolerance"] == pytest.approx(0.0085)
 
 
@@ -66,22 +77,45 @@ def test_the_script_writes_the_evidence_and_a_bad_log_is_one_line(tmp_path):
     write(tmp_path / "one.jsonl", FIRST)
     write(tmp_path / "two.jsonl", SECOND)
     out = tmp_path / "noise.json"
-    run = subprocess.run([sys.executable, "scripts/gpu_noise.py", str(tmp_path / "one.jsonl"), "--against",
-                          str(tmp_path / "two.jsonl"), "--json", str(out), "--device", "test"], cwd=ROOT,
-                         env=child_env(), capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "scripts/gpu_noise.py",
+            str(tmp_path / "one.jsonl"),
+            "--against",
+            str(tmp_path / "two.jsonl"),
+            "--json",
+            str(out),
+            "--device",
+            "test",
+        ],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
-    assert ("3 case(s) measured in both runs; not compared: oom (no figures in the first run, not in the second "
-            "run), new (not in the first run)") in run.stdout
+    assert (
+        "3 case(s) measured in both runs; not compared: oom (no figures in the first run, not in the second "
+        "run), new (not in the first run)"
+    ) in run.stdout
     evidence = json.loads(out.read_text())
     assert evidence["device"] == "test" and [c["name"] for c in evidence["cases"]] == ["a", "b", "c"]
     assert evidence["summary"]["speed"]["tolerance"] == pytest.approx(0.04)
     (tmp_path / "bad.jsonl").write_text("not json\n{}\n")
-    bad = subprocess.run([sys.executable, "scripts/gpu_noise.py", str(tmp_path / "bad.jsonl"), "--against",
-                          str(tmp_path / "two.jsonl")], cwd=ROOT, env=child_env(), capture_output=True, text=True,
-                         timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "scripts/gpu_noise.py", str(tmp_path / "bad.jsonl"), "--against", str(tmp_path / "two.jsonl")],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
-    assert bad.stderr.strip() == f"gpu_noise: {tmp_path / 'bad.jsonl'}: line 1: Expecting value: line 1 column 1 " \
-                                 "(char 0)"
+    assert (
+        bad.stderr.strip() == f"gpu_noise: {tmp_path / 'bad.jsonl'}: line 1: Expecting value: line 1 column 1 (char 0)"
+    )
 
 
 def test_the_verify_stage_ends_with_the_noise_of_the_recording_run_and_itself(tmp_path):

@@ -12,8 +12,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from gptcore.config import Recipe
 from gptcore.memory.partition import _storages, live_peak, plan
 from gptcore.memory.snapshot import peak_of_trace
-
-from .helpers import TINY, batches, trainer
+from tests.helpers import TINY, batches, trainer
 
 pytestmark = [pytest.mark.cpu, pytest.mark.slow]
 
@@ -63,8 +62,8 @@ def test_a_recipe_without_a_whole_model_compile_has_no_plan():
 
 def test_live_bytes_are_walked_in_graph_order_with_views_sharing_their_base():
     def step(x: torch.Tensor) -> torch.Tensor:
-        a = x * 2          # 400 B, read by b and by the view v
-        b = a + 1          # 400 B: a and b live together (800), then a dies after v's last read
+        a = x * 2  # 400 B, read by b and by the view v
+        b = a + 1  # 400 B: a and b live together (800), then a dies after v's last read
         v = a.view(10, 10)
         c = v.sum() + b.sum()  # scalars of 4 B each
         return c
@@ -94,4 +93,6 @@ def test_the_peak_of_an_allocator_trace_and_what_was_live_at_it_by_line():
     assert (peak.peak_bytes, peak.at_event, peak.events) == (410, 5, 8)
     assert peak.oom == "requested 1,000 B with 20 B free, 350 B allocated"
     assert [(s.where, s.blocks, s.bytes) for s in peak.sites] == [
-        ("optim/adamw.py:3 step", 1, 300), ("gptcore/model.py:7 forward", 2, 110)]
+        ("optim/adamw.py:3 step", 1, 300),
+        ("gptcore/model.py:7 forward", 2, 110),
+    ]

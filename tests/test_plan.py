@@ -12,8 +12,7 @@ import pytest
 from gptcore import plan
 from gptcore.presets import MODELS, RECIPES
 from gptcore.stages import ORDER, STAGES
-
-from .test_gate import ROOT, child_env
+from tests.test_gate import ROOT, child_env
 
 pytestmark = pytest.mark.cpu
 
@@ -44,8 +43,9 @@ def test_calls_cut_a_stage_at_its_deadline_and_keep_an_oversized_case_alone():
 def test_the_plan_prints_every_stage_and_every_call_fits():
     env = child_env()
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # the script's `python` is this one
-    done = subprocess.run(["bash", "scripts/gpu_session.sh", "plan"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        ["bash", "scripts/gpu_session.sh", "plan"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     for name in ORDER:
         assert f"== {name}: " in done.stdout
@@ -60,8 +60,9 @@ def test_the_plan_prints_every_stage_and_every_call_fits():
 def gpu_session(args: list[str], **env: str) -> subprocess.CompletedProcess:
     """scripts/gpu_session.sh with this interpreter and no GPU in sight (the stages must then refuse to record)."""
     child = {**child_env(), "CUDA_VISIBLE_DEVICES": "", "PYTHON": sys.executable, **env}
-    return subprocess.run(["bash", "scripts/gpu_session.sh", *args], cwd=ROOT, env=child, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        ["bash", "scripts/gpu_session.sh", *args], cwd=ROOT, env=child, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_a_stage_gets_what_is_left_of_its_call_and_none_below_a_minute(monkeypatch, capsys):
@@ -104,8 +105,9 @@ def test_stages_named_together_share_the_call_and_a_failed_smoke_stops_the_rest(
 
     unknown = gpu_session(["ladder,ladr", str(tmp_path / "c")])
     assert unknown.returncode == 2 and not (tmp_path / "c").exists()  # nothing ran
-    assert unknown.stderr.strip().splitlines() == ["unknown stage ladr: plan, smoke, ladder, memory, char, "
-                                                    "convergence, verify, budget or profile"]
+    assert unknown.stderr.strip().splitlines() == [
+        "unknown stage ladr: plan, smoke, ladder, memory, char, convergence, verify, budget or profile"
+    ]
 
 
 def test_an_interpreter_without_the_projects_dependencies_is_one_line_and_exit_2(tmp_path):

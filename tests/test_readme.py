@@ -41,9 +41,28 @@ def test_the_main_job_is_the_gpu_tier_with_compare():
 #: A placeholder (`<device>`, `...`) makes a line a sketch, not a command: such a line is skipped, on purpose.
 PLACEHOLDER = re.compile(r"<[^>]*>|\.\.\.|…")
 #: pytest options that take the next word as their value (the rest are flags, or carry their value after `=`).
-PYTEST_VALUE_OPTIONS = {"-m", "-k", "-n", "--dist", "-p", "-c", "-o", "--benchmark-json", "--benchmark-storage",
-                        "--storage", "--benchmark-compare-fail", "--baselines-dir", "--gate-markdown", "--mem-tol",
-                        "--speed-tol", "--loss-tol", "--bench-warmup", "--bench-rounds", "--bench-steps", "--rootdir"}
+PYTEST_VALUE_OPTIONS = {
+    "-m",
+    "-k",
+    "-n",
+    "--dist",
+    "-p",
+    "-c",
+    "-o",
+    "--benchmark-json",
+    "--benchmark-storage",
+    "--storage",
+    "--benchmark-compare-fail",
+    "--baselines-dir",
+    "--gate-markdown",
+    "--mem-tol",
+    "--speed-tol",
+    "--loss-tol",
+    "--bench-warmup",
+    "--bench-rounds",
+    "--bench-steps",
+    "--rootdir",
+}
 #: Kinds of command the checks know; anything else (pip, apt-get, git) is not checked.
 KINDS = ("gptcore", "pytest", "script")
 
@@ -197,9 +216,9 @@ def check_command(words: list[str]) -> tuple[str | None, list[str]]:
     if words[0] == "torchrun" and "gptcore" in words:  # torchrun [its options] -m gptcore ARGS
         at = words.index("gptcore")
         if words[at - 1] == "-m":
-            return "gptcore", check_gptcore(words[at + 1:])
+            return "gptcore", check_gptcore(words[at + 1 :])
     if words[0] == "pytest" or words[:3] == ["python", "-m", "pytest"]:
-        return "pytest", check_pytest(words[1 if words[0] == "pytest" else 3:])
+        return "pytest", check_pytest(words[1 if words[0] == "pytest" else 3 :])
     if words[0] in ("bash", "python") and len(words) > 1 and words[1].startswith("scripts/"):
         return "script", check_script(words)
     return None, []
@@ -276,8 +295,10 @@ def test_every_docs_page_is_linked_from_the_readme():
 
 
 #: A repository path in backticks: a file with a known extension, or a folder (a trailing slash).
-REPO_PATH = re.compile(r"`((?:gptcore|bench|tests|scripts|docs|\.github|\.ci)/[\w./-]*"
-                       r"(?:/|\.(?:py|md|json|sh|yml|txt|gz)))`")
+REPO_PATH = re.compile(
+    r"`((?:gptcore|bench|tests|scripts|docs|\.github|\.ci)/[\w./-]*"
+    r"(?:/|\.(?:py|md|json|sh|yml|txt|gz)))`"
+)
 
 
 def test_every_repository_path_in_backticks_exists():
@@ -293,27 +314,32 @@ def test_every_repository_path_in_backticks_exists():
 
 def test_the_checks_catch_planted_wrong_commands_and_links(tmp_path):
     page = tmp_path / "planted.md"
-    page.write_text("\n".join([
-        "# Planted",
-        "",
-        "```bash",
-        "python -m gptcore train --model cpu-small --recipe ckpt-fp32 --steps 5",  # 4: right
-        "python -m gptcore train --model cpu-small --recipe no-such-recipe",  # 5
-        "python -m gptcore estimate --model no-such-model",  # 6
-        "python -m gptcore train --model cpu-small --stepz 5",  # 7
-        "python -m gptcore train --model cpu-small --recipe fused-optim",  # 8: renamed, still runs, stale
-        "python -m gptcore train --model cpu-small --set no_such_field=1",  # 9
-        "pytest tests -n 2 && pytest bench/test_no_such_study.py::test_x -m cpu",  # 10
-        "pytest bench -m 'cpu and not no_such_marker'",  # 11
-        "bash scripts/gpu_session.sh no-such-stage",  # 12
-        "python scripts/no_such_script.py",  # 13
-        "torchrun --nproc-per-node=2 \\",  # 14, continued
-        "  -m gptcore train --model gpt2 --recipe no-such-recipe",
-        "python -m gptcore report <run>.json",  # 16: a placeholder, skipped
-        "```",
-        "",
-        "[gone](no-such-page.md) and [away](../../outside.md) and [here](planted.md#no-such-heading)",
-    ]) + "\n")
+    page.write_text(
+        "\n".join(
+            [
+                "# Planted",
+                "",
+                "```bash",
+                "python -m gptcore train --model cpu-small --recipe ckpt-fp32 --steps 5",  # 4: right
+                "python -m gptcore train --model cpu-small --recipe no-such-recipe",  # 5
+                "python -m gptcore estimate --model no-such-model",  # 6
+                "python -m gptcore train --model cpu-small --stepz 5",  # 7
+                "python -m gptcore train --model cpu-small --recipe fused-optim",  # 8: renamed, still runs, stale
+                "python -m gptcore train --model cpu-small --set no_such_field=1",  # 9
+                "pytest tests -n 2 && pytest bench/test_no_such_study.py::test_x -m cpu",  # 10
+                "pytest bench -m 'cpu and not no_such_marker'",  # 11
+                "bash scripts/gpu_session.sh no-such-stage",  # 12
+                "python scripts/no_such_script.py",  # 13
+                "torchrun --nproc-per-node=2 \\",  # 14, continued
+                "  -m gptcore train --model gpt2 --recipe no-such-recipe",
+                "python -m gptcore report <run>.json",  # 16: a placeholder, skipped
+                "```",
+                "",
+                "[gone](no-such-page.md) and [away](../../outside.md) and [here](planted.md#no-such-heading)",
+            ]
+        )
+        + "\n"
+    )
     counts, problems = check_page(page)
     assert counts == {"gptcore": 7, "pytest": 3, "script": 2}
     lines = [int(p.split(":")[1]) for p in problems]

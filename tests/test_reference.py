@@ -22,7 +22,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from .reference import FIXTURE, compute
+from tests.reference import FIXTURE, compute
 
 pytestmark = pytest.mark.cpu
 
@@ -40,8 +40,11 @@ def actual() -> dict:
 
 
 def test_logits_equal_the_reference(actual, expected):
-    assert_close(torch.tensor(actual["logits"], dtype=torch.float64),
-                 torch.tensor(expected["logits"], dtype=torch.float64), **TOL)
+    assert_close(
+        torch.tensor(actual["logits"], dtype=torch.float64),
+        torch.tensor(expected["logits"], dtype=torch.float64),
+        **TOL,
+    )
 
 
 def test_loss_and_gradient_norms_equal_the_reference(actual, expected):
@@ -60,8 +63,11 @@ def test_five_training_steps_equal_the_reference(actual, expected):
 def test_manual_attention_computes_the_same_reference(expected):
     # the masked-softmax kernel and SDPA are two implementations of one formula
     manual = compute(attention="manual")
-    assert_close(torch.tensor(manual["logits"], dtype=torch.float64),
-                 torch.tensor(expected["logits"], dtype=torch.float64), **TOL)
+    assert_close(
+        torch.tensor(manual["logits"], dtype=torch.float64),
+        torch.tensor(expected["logits"], dtype=torch.float64),
+        **TOL,
+    )
     assert manual["train_losses"] == pytest.approx(expected["train_losses"], rel=1e-12, abs=1e-12)
 
 

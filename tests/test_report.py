@@ -61,9 +61,11 @@ def test_pct_change_is_against_the_fp32_default_of_the_same_shape() -> None:
 
 
 def test_additivity_is_the_interaction_term_in_percent_of_the_base_default() -> None:
-    table = {"base": {"fp32": 100.0, "r": 80.0},          # the recipe alone: -20
-             "big": {"fp32": 200.0, "r": 170.0},          # the shape alone: +100; together: +70, not +80
-             "add": {"fp32": 300.0, "r": 280.0}}          # exactly additive
+    table = {
+        "base": {"fp32": 100.0, "r": 80.0},  # the recipe alone: -20
+        "big": {"fp32": 200.0, "r": 170.0},  # the shape alone: +100; together: +70, not +80
+        "add": {"fp32": 300.0, "r": 280.0},
+    }  # exactly additive
     dev = report.additivity(table, "base", "fp32")
     assert dev["big"]["r"] == pytest.approx(-10.0)  # (170 - 200) - (80 - 100) = -10, in % of base/fp32 = 100
     assert dev["add"]["r"] == 0.0 and dev["base"]["r"] == 0.0 and dev["big"]["fp32"] == 0.0
@@ -87,14 +89,18 @@ def test_cli_report_prints_the_three_tables_per_metric(capsys: pytest.CaptureFix
         assert corner in out  # each table names its axes and its unit
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    (None, "no such file"),
-    ("{not json", "not valid JSON"),
-    (json.dumps({"machine_info": {}}), "not a pytest-benchmark JSON"),
-    (json.dumps({"benchmarks": [{"name": "test_other", "extra_info": {}}]}), "no gptcore benchmark cases"),
-])
-def test_bad_or_missing_file_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture,
-                                                    content: str | None, message: str) -> None:
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "no such file"),
+        ("{not json", "not valid JSON"),
+        (json.dumps({"machine_info": {}}), "not a pytest-benchmark JSON"),
+        (json.dumps({"benchmarks": [{"name": "test_other", "extra_info": {}}]}), "no gptcore benchmark cases"),
+    ],
+)
+def test_bad_or_missing_file_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture, content: str | None, message: str
+) -> None:
     path = tmp_path / "run.json"
     if content is not None:
         path.write_text(content)
@@ -104,8 +110,9 @@ def test_bad_or_missing_file_is_one_line_and_exit_2(tmp_path: Path, capsys: pyte
 
 
 @pytest.mark.parametrize("flag", ["--plot", "--html"])
-def test_plot_without_matplotlib_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture, flag: str) -> None:
+def test_plot_without_matplotlib_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture, flag: str
+) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     assert main(["report", str(RUN), flag, str(tmp_path / "plots")]) == 2
     captured = capsys.readouterr()
@@ -116,13 +123,15 @@ def test_plot_without_matplotlib_is_a_clear_error(monkeypatch: pytest.MonkeyPatc
 def test_plot_writes_a_png_per_metric_and_additivity(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     written = report.plot(report.load_run(RUN), tmp_path)
-    assert {p.name for p in written} == {f"cpu-shape-study-{m}{s}.png" for m in ("memory", "speed", "loss")
-                                         for s in ("", "-additivity")}
+    assert {p.name for p in written} == {
+        f"cpu-shape-study-{m}{s}.png" for m in ("memory", "speed", "loss") for s in ("", "-additivity")
+    }
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in written)
 
 
-def test_plot_labels_every_axis_and_draws_iqr_error_bars_on_tokens_per_s(tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plot_labels_every_axis_and_draws_iqr_error_bars_on_tokens_per_s(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("matplotlib")
     figures = saved_figures(monkeypatch)
     report.plot(report.load_run(RUN), tmp_path)
@@ -159,9 +168,10 @@ def assert_axes_labelled(fig: object) -> None:
 def has_error_bars(ax: object) -> bool:
     from matplotlib.container import BarContainer, ErrorbarContainer
 
-    return any(isinstance(c, ErrorbarContainer) or (isinstance(c, BarContainer) and c.errorbar is not None)
-               for c in ax.containers)
-
+    return any(
+        isinstance(c, ErrorbarContainer) or (isinstance(c, BarContainer) and c.errorbar is not None)
+        for c in ax.containers
+    )
 
 
 # -- the HTML page -------------------------------------------------------------------------------------------------
@@ -202,8 +212,9 @@ class Elements(html.parser.HTMLParser):
             self._cell.append(data)
 
     def find(self, tag: str, **attrs: str) -> list[dict[str, str | None]]:
-        return [a for t, a in self.elements if t == tag and all(a.get(k.replace("_", "-")) == v
-                                                                for k, v in attrs.items())]
+        return [
+            a for t, a in self.elements if t == tag and all(a.get(k.replace("_", "-")) == v for k, v in attrs.items())
+        ]
 
 
 @pytest.fixture(scope="module")
@@ -212,15 +223,17 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     a history with a planted change point (tests/test_history.py), built once."""
     pytest.importorskip("matplotlib")
     from gptcore.report_html import write_html
-
-    from .test_history import planted_history
+    from tests.test_history import planted_history
 
     out = tmp_path_factory.mktemp("html")
-    planted_history(out / "planted" / "Linux-CPython-3.11-64bit", json.loads(CPU_RUN.read_text())["benchmarks"],
-                    PLANTED)
-    return {"cpu": write_html(CPU_RUN, out / "cpu.html", baselines_dir=BASELINES, history=HISTORY),
-            "ladder": write_html(LADDER_RUN, out / "ladder.html", baselines_dir=BASELINES),
-            "changes": write_html(CPU_RUN, out / "changes.html", baselines_dir=BASELINES, history=out / "planted")}
+    planted_history(
+        out / "planted" / "Linux-CPython-3.11-64bit", json.loads(CPU_RUN.read_text())["benchmarks"], PLANTED
+    )
+    return {
+        "cpu": write_html(CPU_RUN, out / "cpu.html", baselines_dir=BASELINES, history=HISTORY),
+        "ladder": write_html(LADDER_RUN, out / "ladder.html", baselines_dir=BASELINES),
+        "changes": write_html(CPU_RUN, out / "changes.html", baselines_dir=BASELINES, history=out / "planted"),
+    }
 
 
 def test_html_is_self_contained(pages: dict[str, Path]) -> None:
@@ -290,8 +303,9 @@ def test_history_reads_pytest_benchmark_saved_runs_oldest_first() -> None:
     assert tokens > 0 and iqr > 0 and peak == 20627064 and busy  # the baseline's exact peak
 
 
-def test_html_plots_label_every_axis_with_error_bars_on_tokens_per_s(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_html_plots_label_every_axis_with_error_bars_on_tokens_per_s(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("matplotlib")
     from gptcore.report_html import build_html
 
@@ -320,17 +334,29 @@ def browser() -> str:
     """Debian's chromium; a clear failure naming the install command when it is missing (never a skip)."""
     found = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     if not found:
-        pytest.fail(f"chromium not found: the report's browser test needs it; install it (as root) with: "
-                    f"{INSTALL_BROWSER} (.ci/run does)", pytrace=False)
+        pytest.fail(
+            f"chromium not found: the report's browser test needs it; install it (as root) with: "
+            f"{INSTALL_BROWSER} (.ci/run does)",
+            pytrace=False,
+        )
     return found
 
 
 @pytest.mark.parametrize(("page", "run"), [("cpu", CPU_RUN), ("ladder", LADDER_RUN), ("changes", CPU_RUN)])
 def test_a_real_browser_loads_the_page_runs_its_script_and_finds_every_case(
-        pages: dict[str, Path], tmp_path: Path, page: str, run: Path) -> None:
-    command = [browser(), "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-               f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000", "--dump-dom",
-               pages[page].as_uri()]
+    pages: dict[str, Path], tmp_path: Path, page: str, run: Path
+) -> None:
+    command = [
+        browser(),
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--virtual-time-budget=10000",
+        "--dump-dom",
+        pages[page].as_uri(),
+    ]
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -343,7 +369,8 @@ def test_a_real_browser_loads_the_page_runs_its_script_and_finds_every_case(
     marked = [img for img in doc.find("img", data_plot="history") if "change points shaded" in img.get("alt", "")]
     if page == "changes":  # the planted change point, marked on the history plot the browser decoded
         assert [img["alt"].split("; ", 1)[1] for img in marked] == [
-            f"change points shaded: {PLANTED} peak memory regression 3333333..4444444"]
+            f"change points shaded: {PLANTED} peak memory regression 3333333..4444444"
+        ]
     else:
         assert marked == []
 
@@ -355,17 +382,30 @@ def test_gate_says_where_pytest_benchmark_history_is_when_it_split_the_storage(m
     from gptcore import gate, identity, plugin
 
     monkeypatch.setattr(identity, "session_slug", lambda: "cpu")
-    config = SimpleNamespace(invocation_params=SimpleNamespace(args=()),
-                             option=SimpleNamespace(benchmark_storage=plugin.PLUGIN_DEFAULT_STORAGE))
+    config = SimpleNamespace(
+        invocation_params=SimpleNamespace(args=()),
+        option=SimpleNamespace(benchmark_storage=plugin.PLUGIN_DEFAULT_STORAGE),
+    )
     note = plugin._split_storage_per_device(config)
     assert config.option.benchmark_storage == "file://./.benchmarks/cpu"
-    assert note == ("pytest-benchmark history for this device: .benchmarks/cpu (pytest-benchmark list/compare need "
-                    "--storage .benchmarks/cpu)")
-    given = SimpleNamespace(invocation_params=SimpleNamespace(args=("--benchmark-storage=x",)),
-                            option=SimpleNamespace(benchmark_storage="file://x"))
+    assert note == (
+        "pytest-benchmark history for this device: .benchmarks/cpu (pytest-benchmark list/compare need "
+        "--storage .benchmarks/cpu)"
+    )
+    given = SimpleNamespace(
+        invocation_params=SimpleNamespace(args=("--benchmark-storage=x",)),
+        option=SimpleNamespace(benchmark_storage="file://x"),
+    )
     assert plugin._split_storage_per_device(given) is None  # the user's storage: left alone, no note
-    g = gate.Gate(directory=Path("baselines"), update=False, strict=False, overrides={},
-                  timing_override=(None, None, None), history_note=note, cpu_model="test")
+    g = gate.Gate(
+        directory=Path("baselines"),
+        update=False,
+        strict=False,
+        overrides={},
+        timing_override=(None, None, None),
+        history_note=note,
+        cpu_model="test",
+    )
     assert note not in g.summary_notes()  # no case ran (pytest tests): no section for it
     g.rows.append(gate.Row("test_x[a-b]", None, None, "ok"))
     assert g.summary_notes()[-1] == note
@@ -386,8 +426,12 @@ def test_html_judges_each_expected_effect_as_the_gate_does(pages: dict[str, Path
         m = Measurement(**{k: v for k, v in info.items() if k in names})
         gate._expect(info["model"], info["recipe"], m, info["estimate_bytes"])
     judged = {f"{o.model} {o.claim}": o.status for o in gate.expected.outcomes}
-    claims = ("checkpoint vs fp32", "ckpt-half-batch vs ckpt-fp32", "ckpt-grad-accum-2 vs ckpt-fp32",
-              "ckpt-bf16 vs ckpt-fp32")
+    claims = (
+        "checkpoint vs fp32",
+        "ckpt-half-batch vs ckpt-fp32",
+        "ckpt-grad-accum-2 vs ckpt-fp32",
+        "ckpt-bf16 vs ckpt-fp32",
+    )
     assert shown == judged and set(judged) == {f"cpu-small {claim}: peak memory lower" for claim in claims}
     assert set(judged.values()) == {"ok"}
 
@@ -401,9 +445,9 @@ def test_html_status_of_each_case_is_the_gates(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
     from gptcore import baselines, verdicts
-    from gptcore.summary import _pct
     from gptcore.measure import Measurement
     from gptcore.report_html import build_html
+    from gptcore.summary import _pct
 
     base = baselines.load(BASELINES / "cpu.json")
     tol = dataclasses.replace(base.tolerances, speed=0.05)
@@ -422,8 +466,9 @@ def test_html_status_of_each_case_is_the_gates(tmp_path: Path) -> None:
     blank = {f.name: None for f in dataclasses.fields(Measurement)}
     for bench in run["benchmarks"]:
         info, name = bench["extra_info"], bench["name"]
-        measured = baselines.Entry.from_measurement(SimpleNamespace(**(blank | info)), precision=info["precision"],
-                                                    cpu_model=None)
+        measured = baselines.Entry.from_measurement(
+            SimpleNamespace(**(blank | info)), precision=info["precision"], cpu_model=None
+        )
         baseline = base.entries[name]
         gate = {c.metric: c.status for c in verdicts.verdict_of(name, measured, baseline, tol).checks}
         cells = doc.rows[name]
@@ -444,12 +489,27 @@ def test_html_plots_the_validation_curves_of_a_convergence_run_against_the_basel
 
     name = "test_convergence_cpu_shape_short[cpu-small-ckpt-fp32]"
     before = baselines.load(BASELINES / "cpu.json").entries[name].convergence
-    now = Convergence(before.steps, [v + 0.01 for v in before.val_loss], before.train_loss, before.seconds,
-                      before.tokens_per_step, before.target_loss)
-    info = {"model": "cpu-small", "recipe": "ckpt-fp32", "precision": "fp32", "device": "cpu",
-            "tokens_per_s": now.tokens_per_s, "convergence": now.to_json(), "verdict": "ok"}
-    run = {"machine_info": {"device_slug": "cpu"}, "benchmarks": [
-        {"group": "cpu-shape convergence (400 steps, CI)", "name": name, "extra_info": info}]}
+    now = Convergence(
+        before.steps,
+        [v + 0.01 for v in before.val_loss],
+        before.train_loss,
+        before.seconds,
+        before.tokens_per_step,
+        before.target_loss,
+    )
+    info = {
+        "model": "cpu-small",
+        "recipe": "ckpt-fp32",
+        "precision": "fp32",
+        "device": "cpu",
+        "tokens_per_s": now.tokens_per_s,
+        "convergence": now.to_json(),
+        "verdict": "ok",
+    }
+    run = {
+        "machine_info": {"device_slug": "cpu"},
+        "benchmarks": [{"group": "cpu-shape convergence (400 steps, CI)", "name": name, "extra_info": info}],
+    }
     (tmp_path / "run.json").write_text(json.dumps(run))
     doc = Elements(build_html(tmp_path / "run.json", baselines_dir=BASELINES))
     assert [img["data-plot"] for img in doc.find("img")] == ["convergence"]

@@ -14,8 +14,7 @@ import pytest
 
 from gptcore import baselines, verdicts
 from gptcore.work import CompileStats
-
-from .test_gate import ROOT
+from tests.test_gate import ROOT
 
 pytestmark = pytest.mark.cpu
 
@@ -41,8 +40,9 @@ def raise_count(entry: baselines.Entry, metric: str) -> None:
     elif metric == "allocated bytes":
         work.allocated_bytes += 8
     else:
-        field = {"graphs": "graphs", "graph breaks": "graph_breaks", "recompiles": "recompiles",
-                 "kernels": "kernels"}[metric]
+        field = {"graphs": "graphs", "graph breaks": "graph_breaks", "recompiles": "recompiles", "kernels": "kernels"}[
+            metric
+        ]
         setattr(work.compile, field, getattr(work.compile, field) + 1)
 
 
@@ -68,11 +68,19 @@ def test_a_count_below_its_baseline_fails_strict_as_leaner_on_any_cpu_model(metr
 
 def test_a_cpu_file_counts_the_models_that_recorded_its_entries(tmp_path) -> None:
     path = tmp_path / "cpu.json"
-    entry = baselines.Entry(tokens_per_s=1.0, tokens_per_s_iqr=0.0, peak_allocated_bytes=1, peak_reserved_bytes=None,
-                            loss=1.0, loss_step=1, cpu_model="CPU A")
+    entry = baselines.Entry(
+        tokens_per_s=1.0,
+        tokens_per_s_iqr=0.0,
+        peak_allocated_bytes=1,
+        peak_reserved_bytes=None,
+        loss=1.0,
+        loss_step=1,
+        cpu_model="CPU A",
+    )
     baselines.update(path, "cpu", {"a": entry, "b": entry}, device_name="CPU", device_type="cpu")
-    baselines.update(path, "cpu", {"b": dataclasses.replace(entry, cpu_model="CPU B")}, device_name="CPU",
-                     device_type="cpu")
+    baselines.update(
+        path, "cpu", {"b": dataclasses.replace(entry, cpu_model="CPU B")}, device_name="CPU", device_type="cpu"
+    )
     data = baselines.load(path, "cpu").to_json()
     assert data["device"] == {"slug": "cpu", "name": "CPU", "type": "cpu", "models": {"CPU A": 1, "CPU B": 1}}
     committed = json.loads((ROOT / "baselines" / "cpu.json").read_text())  # the file as committed says the same

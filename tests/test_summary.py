@@ -37,8 +37,14 @@ def render_recorded_run() -> tuple[str, str]:
     from gptcore.summary import convergence_table, expectations_table, gate_markdown, gate_table
 
     run = json.loads((DATA / "cpu-run.json").read_text())
-    gate = Gate(directory=FROZEN, update=False, strict=True, overrides={"speed": 0.05},
-                timing_override=(None,) * 3, cpu_model=CPU_MODEL)
+    gate = Gate(
+        directory=FROZEN,
+        update=False,
+        strict=True,
+        overrides={"speed": 0.05},
+        timing_override=(None,) * 3,
+        cpu_model=CPU_MODEL,
+    )
     names = {f.name for f in dataclasses.fields(Measurement)}
     moves = itertools.cycle([(1.0, 1.0), (1.03, 0.90), (0.97, 1.10), (1.01, 0.97), (1.02, 1.05)])
     for i, (bench, (memory, speed)) in enumerate(zip(run["benchmarks"], moves)):
@@ -50,17 +56,34 @@ def render_recorded_run() -> tuple[str, str]:
         m = Measurement(**{k: v for k, v in info.items() if k in names})
         name = bench["name"] if i != 5 else bench["name"].replace("]", "-unrecorded]")
         node = SimpleNamespace(name=name, nodeid=f"bench/test_cpu_shape.py::{name}")
-        gate.judge(node, m, model=info["model"], recipe=info["recipe"], precision=info["precision"],
-                   estimate=info["estimate_bytes"])
+        gate.judge(
+            node,
+            m,
+            model=info["model"],
+            recipe=info["recipe"],
+            precision=info["precision"],
+            estimate=info["estimate_bytes"],
+        )
     name = "test_convergence_cpu_shape_short[cpu-small-ckpt-fp32]"
     before = baselines.load(FROZEN / "cpu.json").entries[name].convergence
-    now = Convergence(before.steps, [v + 0.01 for v in before.val_loss], before.train_loss, before.seconds,
-                      before.tokens_per_step, before.target_loss)
-    gate.judge_convergence(SimpleNamespace(name=name, nodeid=f"bench/test_convergence_cpu_shape.py::{name}"), now,
-                           device="cpu", precision="fp32")
+    now = Convergence(
+        before.steps,
+        [v + 0.01 for v in before.val_loss],
+        before.train_loss,
+        before.seconds,
+        before.tokens_per_step,
+        before.target_loss,
+    )
+    gate.judge_convergence(
+        SimpleNamespace(name=name, nodeid=f"bench/test_convergence_cpu_shape.py::{name}"),
+        now,
+        device="cpu",
+        precision="fp32",
+    )
     notes = gate.summary_notes()
-    table = "\n".join([gate_table(gate.rows), convergence_table(gate.rows),
-                       expectations_table(gate.expected.outcomes), *notes])
+    table = "\n".join(
+        [gate_table(gate.rows), convergence_table(gate.rows), expectations_table(gate.expected.outcomes), *notes]
+    )
     return table, gate_markdown(gate, notes)
 
 
@@ -68,8 +91,14 @@ def test_end_table_and_markdown_of_a_recorded_run_are_unchanged_byte_for_byte() 
     table, markdown = render_recorded_run()
     assert table == (GOLDEN / "table.txt").read_text()
     assert markdown == (GOLDEN / "markdown.md").read_text()
-    for status in ("FAIL: peak memory", "leaner than the baseline", "FAIL: out of memory", "no baseline (strict: FAIL)",
-                   "expected effect not met", "FAIL: time-to-loss"):
+    for status in (
+        "FAIL: peak memory",
+        "leaner than the baseline",
+        "FAIL: out of memory",
+        "no baseline (strict: FAIL)",
+        "expected effect not met",
+        "FAIL: time-to-loss",
+    ):
         assert status in markdown  # the recorded run reaches every status it is meant to pin
 
 

@@ -14,8 +14,7 @@ from gptcore.config import GPTConfig, Parallel
 from gptcore.measure import CaseRunner
 from gptcore.presets import RECIPES
 from gptcore.train import Trainer, unsupported_reason
-
-from .helpers import TINY
+from tests.helpers import TINY
 
 pytestmark = pytest.mark.cpu
 
@@ -27,8 +26,9 @@ def tokens_of_one_step(cfg: GPTConfig, recipe_name: str) -> int:
     """Tokens the model reads in one optimizer step, counted at its input (world size 1). Compilation and data
     parallelism are switched off: neither changes which batches a step draws, and compiling every compiled recipe
     would take minutes."""
-    recipe = dataclasses.replace(RECIPES[recipe_name], compile=False, memory_budget=None, compile_scope="model",
-                                 parallel=Parallel())
+    recipe = dataclasses.replace(
+        RECIPES[recipe_name], compile=False, memory_budget=None, compile_scope="model", parallel=Parallel()
+    )
     trainer = Trainer(cfg, recipe, "cpu")
     seen: list[int] = []
     trainer.model.register_forward_pre_hook(lambda module, args: seen.append(args[0].numel()))
@@ -49,8 +49,9 @@ def test_one_step_reads_the_global_batch_times_the_context(recipe_name: str) -> 
     for world in (1, 2):  # every rank's shard of every micro-batch, summed over ranks, is the global batch
         micro = recipe.micro_batch(CFG, world)
         rows = torch.arange(micro * world).unsqueeze(1)
-        per_rank = [distributed.shard((rows, rows), distributed.Rank(rank=r, world_size=world))[0].size(0)
-                    for r in range(world)]
+        per_rank = [
+            distributed.shard((rows, rows), distributed.Rank(rank=r, world_size=world))[0].size(0) for r in range(world)
+        ]
         assert per_rank == [micro] * world
         assert sum(per_rank) * recipe.grad_accum_steps * CFG.block_size == expected
 
@@ -63,7 +64,8 @@ def test_the_measurement_divides_by_the_same_tokens() -> None:
 
 def test_a_planted_miscount_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     # planted: tokens per step counted from one micro-batch instead of the whole step
-    monkeypatch.setattr(type(RECIPES["grad-accum"]), "tokens_per_step",
-                        lambda self, model: self.micro_batch(model) * model.block_size)
+    monkeypatch.setattr(
+        type(RECIPES["grad-accum"]), "tokens_per_step", lambda self, model: self.micro_batch(model) * model.block_size
+    )
     runner = CaseRunner(CFG, RECIPES["grad-accum"], "cpu", warmup=0, steps_per_round=1)
     assert runner.m.tokens_per_step != tokens_of_one_step(CFG, "grad-accum")

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.cpu
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "torch_matrix.py"
 
 
-def load_script():  # noqa: ANN201 (the script's module)
+def load_script():  # (the script's module)
     spec = importlib.util.spec_from_file_location("torch_matrix", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -28,16 +28,34 @@ matrix = load_script()
 def run(torch: str, forward_empty: int, *, loss: float = 3.84913561234) -> dict:
     """A pytest-benchmark JSON of one checkpointed case: ``forward_empty`` aten.empty.memory_format calls in the
     forward, one allocation each."""
-    work = {"flops": {"forward": 1_000_000, "backward": 2_000_000, "optimizer": 50_000},
-            "op_calls": {"forward": 100 + forward_empty, "backward": 200, "optimizer": 10},
-            "ops": {"forward": {"aten.mm.default": 100, "aten.empty.memory_format": forward_empty},
-                    "backward": {"aten.mm.default": 200}, "optimizer": {"aten._foreach_add_.List": 10}},
-            "syncs": 0, "allocations": 300 + forward_empty, "allocated_bytes": 5_000_000}
-    info = {"model": "cpu-small", "recipe": "checkpoint", "cpu_model": "AMD EPYC (family 25, model 1)",
-            "work": work, "peak_allocated_bytes": 20_625_408, "loss": loss, "tokens_per_s": 1234.5}
-    return {"machine_info": {"torch": torch, "cpu_model": "AMD EPYC (family 25, model 1)"},
-            "benchmarks": [{"name": "test_cpu_recipes[cpu-small-checkpoint]", "extra_info": info},
-                           {"name": "test_not_ours", "extra_info": {}}]}
+    work = {
+        "flops": {"forward": 1_000_000, "backward": 2_000_000, "optimizer": 50_000},
+        "op_calls": {"forward": 100 + forward_empty, "backward": 200, "optimizer": 10},
+        "ops": {
+            "forward": {"aten.mm.default": 100, "aten.empty.memory_format": forward_empty},
+            "backward": {"aten.mm.default": 200},
+            "optimizer": {"aten._foreach_add_.List": 10},
+        },
+        "syncs": 0,
+        "allocations": 300 + forward_empty,
+        "allocated_bytes": 5_000_000,
+    }
+    info = {
+        "model": "cpu-small",
+        "recipe": "checkpoint",
+        "cpu_model": "AMD EPYC (family 25, model 1)",
+        "work": work,
+        "peak_allocated_bytes": 20_625_408,
+        "loss": loss,
+        "tokens_per_s": 1234.5,
+    }
+    return {
+        "machine_info": {"torch": torch, "cpu_model": "AMD EPYC (family 25, model 1)"},
+        "benchmarks": [
+            {"name": "test_cpu_recipes[cpu-small-checkpoint]", "extra_info": info},
+            {"name": "test_not_ours", "extra_info": {}},
+        ],
+    }
 
 
 def test_one_table_per_case_with_the_versions_side_by_side_and_the_operators_that_moved() -> None:
@@ -60,8 +78,13 @@ def test_one_table_per_case_with_the_versions_side_by_side_and_the_operators_tha
 def test_the_same_op_calls_say_same_and_a_case_missing_in_one_version_says_na() -> None:
     only_new = run("2.15.0+cu130", 8)
     only_new["benchmarks"][0]["extra_info"]["recipe"] = "fp32"
-    text = matrix.tables({"2.13.0": run("2.13.0+cpu", 8), "2.15.0": run("2.15.0+cu130", 8) | {
-        "benchmarks": run("2.15.0+cu130", 8)["benchmarks"] + only_new["benchmarks"][:1]}})
+    text = matrix.tables(
+        {
+            "2.13.0": run("2.13.0+cpu", 8),
+            "2.15.0": run("2.15.0+cu130", 8)
+            | {"benchmarks": run("2.15.0+cu130", 8)["benchmarks"] + only_new["benchmarks"][:1]},
+        }
+    )
     first, second = text.split("\n\n")
     assert "op calls by operator" in first and first.splitlines()[-1].split()[-2:] == ["same", "same"]
     assert second.splitlines()[0].split()[0] == "cpu-small-fp32"
@@ -78,25 +101,28 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path: Path, capsys: pytest.Ca
 def test_a_version_pip_cannot_install_is_pips_error_line(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
 
-    def fake_run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:  # noqa: ANN003
+    def fake_run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
         calls.append((cmd, kwargs["env"]["PIP_CONFIG_FILE"]))
-        stderr = ("Looking in links: /opt/wheels\nERROR: Could not find a version that satisfies the requirement\n"
-                  "ERROR: No matching distribution found for torch==9.9.9\n")
+        stderr = (
+            "Looking in links: /opt/wheels\nERROR: Could not find a version that satisfies the requirement\n"
+            "ERROR: No matching distribution found for torch==9.9.9\n"
+        )
         return subprocess.CompletedProcess(cmd, 1, stdout=None, stderr=stderr)
 
     monkeypatch.setattr(matrix.subprocess, "run", fake_run)
     with pytest.raises(matrix.MatrixError) as err:
         matrix._pip(Path("venv/bin/python"), "torch==9.9.9", what="torch 9.9.9")
-    assert str(err.value) == ("torch 9.9.9: pip could not install it: ERROR: No matching distribution found for "
-                              "torch==9.9.9")
+    assert str(err.value) == (
+        "torch 9.9.9: pip could not install it: ERROR: No matching distribution found for torch==9.9.9"
+    )
     # pip's configuration files lifted for this one command (the machine-wide cap on torch among them)
-    assert calls == [(["venv/bin/python", "-m", "pip", "install", "--progress-bar", "off", "torch==9.9.9"],
-                      "/dev/null")]
+    assert calls == [
+        (["venv/bin/python", "-m", "pip", "install", "--progress-bar", "off", "torch==9.9.9"], "/dev/null")
+    ]
 
 
 def test_the_script_itself_says_bad_input_in_one_line() -> None:
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--torch", "two"], capture_output=True, text=True,
-                          timeout=30)
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--torch", "two"], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.splitlines() == ["torch_matrix: --torch 'two': not a torch version (like 2.13.0)"]
 
@@ -104,9 +130,14 @@ def test_the_script_itself_says_bad_input_in_one_line() -> None:
 def test_a_compiled_case_shows_its_graphs_breaks_recompiles_and_kernels() -> None:
     old, new = run("2.11.0+cu130", 8), run("2.13.0+cpu", 8)
     for data, kernels in ((old, 129), (new, 159)):
-        data["benchmarks"][0]["extra_info"]["work"]["compile"] = {"graphs": 1, "graph_breaks": 0, "recompiles": 0,
-                                                                  "kernels": kernels}
-    line = next(line for line in matrix.tables({"2.11.0": old, "2.13.0": new}).splitlines()
-                if line.startswith("compiled:"))
+        data["benchmarks"][0]["extra_info"]["work"]["compile"] = {
+            "graphs": 1,
+            "graph_breaks": 0,
+            "recompiles": 0,
+            "kernels": kernels,
+        }
+    line = next(
+        line for line in matrix.tables({"2.11.0": old, "2.13.0": new}).splitlines() if line.startswith("compiled:")
+    )
     assert line.split()[-2:] == ["1/0/0/129", "1/0/0/159"]
     assert "compiled:" not in matrix.tables({"2.13.0": run("2.13.0+cpu", 8)})  # eager cases: no such row

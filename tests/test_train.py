@@ -13,8 +13,7 @@ from torch.testing import assert_close
 import gptcore
 from gptcore.config import Recipe
 from gptcore.train import lr_at
-
-from .helpers import F32_EPS, TINY, batches, capture_grads, params, trainer
+from tests.helpers import F32_EPS, TINY, batches, capture_grads, params, trainer
 
 pytestmark = pytest.mark.cpu
 

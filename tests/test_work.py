@@ -12,15 +12,14 @@ import pytest
 import torch
 
 from gptcore.baselines import Entry, Tolerances
-from gptcore.verdicts import verdict_of
 from gptcore.config import Recipe
-from gptcore.presets import RECIPES
 from gptcore.measure import run_case
 from gptcore.model import GPT
+from gptcore.presets import RECIPES
 from gptcore.train import Trainer
+from gptcore.verdicts import verdict_of
 from gptcore.work import count_step
-
-from .helpers import TINY
+from tests.helpers import TINY
 
 pytestmark = pytest.mark.cpu
 
@@ -37,8 +36,15 @@ def ledger_of(recipe: Recipe) -> dict:
 def entry(work: dict, peak: int | None = None) -> Entry:
     from gptcore.work import WorkLedger
 
-    return Entry(tokens_per_s=None, tokens_per_s_iqr=None, peak_allocated_bytes=peak, peak_reserved_bytes=None,
-                 loss=None, loss_step=0, work=WorkLedger.from_json(work))
+    return Entry(
+        tokens_per_s=None,
+        tokens_per_s_iqr=None,
+        peak_allocated_bytes=peak,
+        peak_reserved_bytes=None,
+        loss=None,
+        loss_step=0,
+        work=WorkLedger.from_json(work),
+    )
 
 
 def failed_metrics(now: dict, before: dict) -> set[str]:
@@ -82,6 +88,7 @@ def test_an_extra_matmul_in_one_mlp_fails_on_flops(monkeypatch):
             h = mlp.gelu(mlp.c_fc(x))
             h = h @ torch.eye(width, dtype=h.dtype)  # exact: the numbers do not change
             return mlp.dropout(mlp.c_proj(h))
+
         mlp.forward = forward
 
     plant(monkeypatch, extra_matmul)
@@ -126,6 +133,7 @@ def test_a_graph_break_in_a_block_fails_the_compiled_case_on_graph_breaks(monkey
         def broken(x):
             torch._dynamo.graph_break()  # what a print or a data-dependent branch does to the graph
             return forward(x)
+
         block.forward = broken
 
     plant(monkeypatch, graph_break)
@@ -145,6 +153,7 @@ def test_an_extra_clone_of_an_activation_fails_on_allocation_traffic_and_a_kept_
             out = forward(x)
             mlp.kept = out.clone()  # copied, and kept alive until the next forward
             return out
+
         mlp.forward = cloned
 
     plant(monkeypatch, clone)
@@ -153,8 +162,12 @@ def test_an_extra_clone_of_an_activation_fails_on_allocation_traffic_and_a_kept_
     activation = TINY.batch_size * TINY.block_size * TINY.n_embd * 4
     assert now.work["allocated_bytes"] - before.work["allocated_bytes"] == activation
     assert now.peak_allocated_bytes > before.peak_allocated_bytes  # kept: the tracked peak grows too
-    verdict = verdict_of("case", entry(now.work, now.peak_allocated_bytes), entry(before.work, before.peak_allocated_bytes),
-                      dataclasses.replace(CPU, memory=0.0))
+    verdict = verdict_of(
+        "case",
+        entry(now.work, now.peak_allocated_bytes),
+        entry(before.work, before.peak_allocated_bytes),
+        dataclasses.replace(CPU, memory=0.0),
+    )
     assert "peak memory" in {c.metric for c in verdict.failed}
 
 
@@ -171,9 +184,13 @@ def test_mfu_takes_the_counted_flops_only_where_they_differ_from_the_formula():
     assert plain.flops_source == "analytic"
     assert sum(plain.work["flops"].values()) == GPT(TINY, RECIPES["ladder-0"]).flops_per_token() * plain.tokens_per_step
     # checkpointing recomputes the blocks' forward in backward (up to the last tensor backward needs): counted
-    ckpt = run_case(TINY, dataclasses.replace(RECIPES["ladder-0"], checkpoint=True), "cpu", warmup=1, rounds=1,
-                    steps_per_round=1)
+    ckpt = run_case(
+        TINY, dataclasses.replace(RECIPES["ladder-0"], checkpoint=True), "cpu", warmup=1, rounds=1, steps_per_round=1
+    )
     assert ckpt.flops_source == "counted"
     assert ckpt.work["flops"]["forward"] == plain.work["flops"]["forward"]
-    assert plain.work["flops"]["backward"] < ckpt.work["flops"]["backward"] < (
-        plain.work["flops"]["backward"] + plain.work["flops"]["forward"])
+    assert (
+        plain.work["flops"]["backward"]
+        < ckpt.work["flops"]["backward"]
+        < (plain.work["flops"]["backward"] + plain.work["flops"]["forward"])
+    )

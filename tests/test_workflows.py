@@ -30,8 +30,19 @@ def runs(workflow: dict, job: str) -> str:
 
 @pytest.mark.parametrize("name", ["ci.yml", "gpu.yml", "torch-upgrade.yml"])
 def test_workflow_is_valid_against_the_github_workflow_schema(name: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows",
-                           str(WORKFLOWS / name)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "check_jsonschema",
+            "--builtin-schema",
+            "vendor.github-workflows",
+            str(WORKFLOWS / name),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -79,8 +90,12 @@ def test_gpu_job_runs_on_a_self_hosted_gpu_runner() -> None:
 def test_gpu_job_runs_the_gated_gpu_tier_and_uploads_json_and_report_always() -> None:
     gpu = load("gpu.yml")
     command = " ".join(runs(gpu, "gpu").split())
-    for flag in ("pytest bench -m gpu --require-gpu", "--benchmark-compare", "--benchmark-compare-fail=median:5%",
-                 "--benchmark-json=out/gpu-bench.json"):
+    for flag in (
+        "pytest bench -m gpu --require-gpu",
+        "--benchmark-compare",
+        "--benchmark-compare-fail=median:5%",
+        "--benchmark-json=out/gpu-bench.json",
+    ):
         assert flag in command
     assert "python -m gptcore report out/gpu-bench.json" in command
     upload = next(s for s in steps(gpu, "gpu") if s.get("uses", "").startswith("actions/upload-artifact"))
@@ -99,8 +114,10 @@ def test_torch_upgrade_runs_weekly_and_can_be_dispatched() -> None:
 def test_torch_upgrade_installs_the_pinned_torch_in_one_venv_and_the_newest_cpu_wheel_in_the_other() -> None:
     upgrade = load("torch-upgrade.yml")
     assert_hosted_cpu_job(upgrade)
-    pinned, newest = (next(s["run"] for s in steps(upgrade, "cpu") if f'"$RUNNER_TEMP/{venv}/bin/pip" install' in
-                           s.get("run", "")) for venv in ("pinned", "newest"))
+    pinned, newest = (
+        next(s["run"] for s in steps(upgrade, "cpu") if f'"$RUNNER_TEMP/{venv}/bin/pip" install' in s.get("run", ""))
+        for venv in ("pinned", "newest")
+    )
     # the pin read from constraints-cpu.txt, then the project under the constraints, as .ci/run installs
     assert "install \"$(grep '^torch==' constraints-cpu.txt)\"" in pinned
     assert "install -c constraints-cpu.txt -e '.[dev]'" in pinned
@@ -111,8 +128,9 @@ def test_torch_upgrade_installs_the_pinned_torch_in_one_venv_and_the_newest_cpu_
 def test_torch_upgrade_gates_the_cpu_tier_under_the_newest_torch_and_compares_the_two_venvs() -> None:
     upgrade = load("torch-upgrade.yml")
     command = " ".join(runs(upgrade, "cpu").split())
-    assert ('"$RUNNER_TEMP/newest/bin/python" -m pytest bench -m cpu --baseline-strict --gate-markdown gate.md'
-            in command)
+    assert (
+        '"$RUNNER_TEMP/newest/bin/python" -m pytest bench -m cpu --baseline-strict --gate-markdown gate.md' in command
+    )
     tier = next(s for s in steps(upgrade, "cpu") if "pytest bench -m cpu" in s.get("run", ""))
     assert "continue-on-error" not in tier and "if" not in tier  # the tier failing fails the job
     compare = next(s for s in steps(upgrade, "cpu") if "gptcore compare" in s.get("run", ""))

@@ -15,17 +15,27 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .analytic import Estimate, Question, estimate, resolve
-from .categories import CATEGORIES, PeakReport
+from gptcore.memory.analytic import Estimate, Question, estimate, resolve
+from gptcore.memory.categories import CATEGORIES, PeakReport
 
 if TYPE_CHECKING:
-    from .simulation import Simulation, simulate
-    from .tracker import LiveBytes, track_training
+    from gptcore.memory.simulation import Simulation, simulate
+    from gptcore.memory.tracker import LiveBytes, track_training
 
 _LAZY = {"LiveBytes": "tracker", "track_training": "tracker", "Simulation": "simulation", "simulate": "simulation"}
 
-__all__ = ["CATEGORIES", "Estimate", "LiveBytes", "PeakReport", "Question", "Simulation", "estimate", "resolve",
-           "simulate", "track_training"]
+__all__ = [
+    "CATEGORIES",
+    "Estimate",
+    "LiveBytes",
+    "PeakReport",
+    "Question",
+    "Simulation",
+    "estimate",
+    "resolve",
+    "simulate",
+    "track_training",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -13,12 +13,22 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..config import GPTConfig, Recipe
-from ..units import common_unit, in_unit
-from .categories import (BUFFERS, CATEGORIES, GRADIENTS, OPTIMIZER_STATE, OPTIMIZER_TEMPORARIES, OTHER, PARAMETERS,
-                         WEIGHT_COPIES, PeakReport, ordered)
-from .tally import Gradients, Tally, Run, step_temporaries
-from .tally_ops import gpt_backward, gpt_forward
+from gptcore.config import GPTConfig, Recipe
+from gptcore.memory.categories import (
+    BUFFERS,
+    CATEGORIES,
+    GRADIENTS,
+    OPTIMIZER_STATE,
+    OPTIMIZER_TEMPORARIES,
+    OTHER,
+    PARAMETERS,
+    WEIGHT_COPIES,
+    PeakReport,
+    ordered,
+)
+from gptcore.memory.tally import Gradients, Run, Tally, step_temporaries
+from gptcore.memory.tally_ops import gpt_backward, gpt_forward
+from gptcore.units import common_unit, in_unit
 
 
 @dataclass(frozen=True)
@@ -32,8 +42,9 @@ class Question:
     notes: tuple[str, ...] = ()
 
 
-def resolve(cfg: GPTConfig, recipe: Recipe, *, batch: int | None = None, seq: int | None = None,
-            device: str = "cuda") -> Question:
+def resolve(
+    cfg: GPTConfig, recipe: Recipe, *, batch: int | None = None, seq: int | None = None, device: str = "cuda"
+) -> Question:
     """The model and recipe a memory question is about, and notes on what had to be changed to answer it.
 
     ``batch`` replaces the preset's batch (sequences per optimizer step; the recipe's divisor and gradient
@@ -51,11 +62,13 @@ def resolve(cfg: GPTConfig, recipe: Recipe, *, batch: int | None = None, seq: in
     notes = []
     if recipe.compile:
         budget = f" and activation memory budget {recipe.memory_budget}" if recipe.memory_budget is not None else ""
-        notes.append(f"compile: the eager equivalent; inductor's fusion{budget} usually lower the real peak "
-                     "(the tracker cannot see inside compiled kernels)")
+        notes.append(
+            f"compile: the eager equivalent; inductor's fusion{budget} usually lower the real peak "
+            "(the tracker cannot see inside compiled kernels)"
+        )
         recipe = dataclasses.replace(recipe, compile=False, compile_scope="model", memory_budget=None)
     if device == "cpu" and (recipe.precision == "tf32" or recipe.attention == "flash"):
-        from ..train import unsupported_reason
+        from gptcore.train import unsupported_reason
 
         raise ValueError(unsupported_reason(recipe, "cpu"))
     if recipe.precision == "tf32":
@@ -72,12 +85,20 @@ def resolve(cfg: GPTConfig, recipe: Recipe, *, batch: int | None = None, seq: in
 def param_shapes(cfg: GPTConfig, recipe: Recipe) -> list[tuple[str, int, bool]]:
     """(name, numel, weight-decayed) of every distinct parameter, in ``GPT.parameters()`` order."""
     C, rows, bias = cfg.n_embd, recipe.vocab_rows(cfg), int(cfg.bias)
-    block = [("ln_1.weight", C, False), ("ln_1.bias", C * bias, False),
-             ("attn.c_attn.weight", 3 * C * C, True), ("attn.c_attn.bias", 3 * C * bias, False),
-             ("attn.c_proj.weight", C * C, True), ("attn.c_proj.bias", C * bias, False),
-             ("ln_2.weight", C, False), ("ln_2.bias", C * bias, False),
-             ("mlp.c_fc.weight", 4 * C * C, True), ("mlp.c_fc.bias", 4 * C * bias, False),
-             ("mlp.c_proj.weight", 4 * C * C, True), ("mlp.c_proj.bias", C * bias, False)]
+    block = [
+        ("ln_1.weight", C, False),
+        ("ln_1.bias", C * bias, False),
+        ("attn.c_attn.weight", 3 * C * C, True),
+        ("attn.c_attn.bias", 3 * C * bias, False),
+        ("attn.c_proj.weight", C * C, True),
+        ("attn.c_proj.bias", C * bias, False),
+        ("ln_2.weight", C, False),
+        ("ln_2.bias", C * bias, False),
+        ("mlp.c_fc.weight", 4 * C * C, True),
+        ("mlp.c_fc.bias", 4 * C * bias, False),
+        ("mlp.c_proj.weight", 4 * C * C, True),
+        ("mlp.c_proj.bias", C * bias, False),
+    ]
     shapes = [("transformer.wte.weight", rows * C, True), ("transformer.wpe.weight", cfg.block_size * C, True)]
     shapes += [(f"transformer.h.{i}.{name}", n, decayed) for i in range(cfg.n_layer) for name, n, decayed in block]
     shapes += [("transformer.ln_f.weight", C, False), ("transformer.ln_f.bias", C * bias, False)]
@@ -125,14 +146,17 @@ class Estimate:
         def size(nbytes: int) -> str:
             return f"{nbytes:,}" if unit == "B" else f"{in_unit(nbytes, unit):,.2f}"
 
-        rows = [[c] + [size(by.get(c, 0)) for by, _ in reports]
-                for c in CATEGORIES if any(by.get(c) for by, _ in reports)]
+        rows = [
+            [c] + [size(by.get(c, 0)) for by, _ in reports] for c in CATEGORIES if any(by.get(c) for by, _ in reports)
+        ]
         rows.append(["peak"] + [size(total) for _, total in reports])
-        rows.append(["phase of the peak", self.phase] + ([f"{simulated.phase}, step {simulated.step}"]
-                                                         if simulated else []))
+        rows.append(
+            ["phase of the peak", self.phase] + ([f"{simulated.phase}, step {simulated.step}"] if simulated else [])
+        )
         headers = [unit, "analytic"] + (["simulated"] if simulated else [])
-        return tabulate(rows, headers=headers, colalign=("left",) + ("right",) * (len(headers) - 1),
-                        disable_numparse=True)
+        return tabulate(
+            rows, headers=headers, colalign=("left",) + ("right",) * (len(headers) - 1), disable_numparse=True
+        )
 
 
 def _run(question: Question) -> Run:
@@ -144,10 +168,24 @@ def _run(question: Question) -> Run:
         attention = recipe.attention
     else:  # sdpa: a fused kernel, except on the CPU with dropout, where it falls back to the math kernel
         attention = "math" if not cuda and cfg.dropout > 0 else "fused"
-    return Run(B=recipe.micro_batch(cfg), T=cfg.block_size, C=cfg.n_embd, H=cfg.n_head, L=cfg.n_layer,
-               V=cfg.vocab_size, vocab_rows=recipe.vocab_rows(cfg), accum_steps=recipe.grad_accum_steps,
-               autocast=autocast, param_bytes=param_bytes, matmul_bytes=2 if autocast else param_bytes, cuda=cuda,
-               attention=attention, dropout=cfg.dropout, bias=cfg.bias, recipe=recipe)
+    return Run(
+        B=recipe.micro_batch(cfg),
+        T=cfg.block_size,
+        C=cfg.n_embd,
+        H=cfg.n_head,
+        L=cfg.n_layer,
+        V=cfg.vocab_size,
+        vocab_rows=recipe.vocab_rows(cfg),
+        accum_steps=recipe.grad_accum_steps,
+        autocast=autocast,
+        param_bytes=param_bytes,
+        matmul_bytes=2 if autocast else param_bytes,
+        cuda=cuda,
+        attention=attention,
+        dropout=cfg.dropout,
+        bias=cfg.bias,
+        recipe=recipe,
+    )
 
 
 def estimate(question: Question) -> Estimate:
@@ -166,7 +204,7 @@ def estimate(question: Question) -> Estimate:
         if recipe.optimizer == "adamw":
             tally.new(4, OPTIMIZER_TEMPORARIES)  # the 0-dim step count (the tracker tags only tensors with dims)
     for _ in range(cfg.n_layer if run.attention == "manual" else 0):
-        tally.new(cfg.block_size ** 2, BUFFERS)  # the causal mask of each attention module
+        tally.new(cfg.block_size**2, BUFFERS)  # the causal mask of each attention module
     tally.new(2 * 8 * run.B * run.accum_steps * run.T, OTHER)  # the step's input and target token ids
     tally.new(4, OTHER)  # the running loss
     grads = Gradients(run, tally, shapes)
@@ -187,8 +225,20 @@ def estimate(question: Question) -> Estimate:
     linear = sum(n for name, n, _ in shapes if ".c_" in name or name == "lm_head.weight")
     if recipe.tie_weights:
         linear += shapes[0][1]  # lm_head's weight is wte's
-    states = {PARAMETERS: n_params * param_bytes, GRADIENTS: n_params * param_bytes,
-              OPTIMIZER_STATE: n_state * n_params * param_bytes, WEIGHT_COPIES: 2 * linear if run.autocast else 0}
-    return Estimate(total_bytes=tally.peak, phase=tally.peak_phase, by_category=ordered(tally.at_peak),
-                    at_forward_end=ordered(at_forward_end), at_backward_end=ordered(at_backward_end),
-                    states=states, num_params=n_params, device=question.device, notes=question.notes)
+    states = {
+        PARAMETERS: n_params * param_bytes,
+        GRADIENTS: n_params * param_bytes,
+        OPTIMIZER_STATE: n_state * n_params * param_bytes,
+        WEIGHT_COPIES: 2 * linear if run.autocast else 0,
+    }
+    return Estimate(
+        total_bytes=tally.peak,
+        phase=tally.peak_phase,
+        by_category=ordered(tally.at_peak),
+        at_forward_end=ordered(at_forward_end),
+        at_backward_end=ordered(at_backward_end),
+        states=states,
+        num_params=n_params,
+        device=question.device,
+        notes=question.notes,
+    )

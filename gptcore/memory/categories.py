@@ -15,15 +15,39 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 CATEGORIES: tuple[str, ...] = (
-    "parameters", "buffers", "gradients", "optimizer state", "weight copies", "activations", "logits and loss",
-    "recomputed activations", "backward temporaries", "optimizer temporaries", "other")
+    "parameters",
+    "buffers",
+    "gradients",
+    "optimizer state",
+    "weight copies",
+    "activations",
+    "logits and loss",
+    "recomputed activations",
+    "backward temporaries",
+    "optimizer temporaries",
+    "other",
+)
 
-(PARAMETERS, BUFFERS, GRADIENTS, OPTIMIZER_STATE, WEIGHT_COPIES, ACTIVATIONS, LOGITS_AND_LOSS, RECOMPUTED,
- BACKWARD_TEMPORARIES, OPTIMIZER_TEMPORARIES, OTHER) = CATEGORIES
+(
+    PARAMETERS,
+    BUFFERS,
+    GRADIENTS,
+    OPTIMIZER_STATE,
+    WEIGHT_COPIES,
+    ACTIVATIONS,
+    LOGITS_AND_LOSS,
+    RECOMPUTED,
+    BACKWARD_TEMPORARIES,
+    OPTIMIZER_TEMPORARIES,
+    OTHER,
+) = CATEGORIES
 
 #: what an untagged new storage is, by the phase that allocated it
-PHASE_CATEGORY: dict[str, str] = {"forward": ACTIVATIONS, "backward": BACKWARD_TEMPORARIES,
-                                  "optimizer": OPTIMIZER_TEMPORARIES}
+PHASE_CATEGORY: dict[str, str] = {
+    "forward": ACTIVATIONS,
+    "backward": BACKWARD_TEMPORARIES,
+    "optimizer": OPTIMIZER_TEMPORARIES,
+}
 
 
 @dataclass

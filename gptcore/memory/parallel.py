@@ -25,9 +25,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..config import FSDP2Options, Parallel
-from .analytic import Estimate, Question, estimate, param_shapes
-from .categories import GRADIENTS, OPTIMIZER_STATE, PARAMETERS
+from gptcore.config import FSDP2Options, Parallel
+from gptcore.memory.analytic import Estimate, Question, estimate, param_shapes
+from gptcore.memory.categories import GRADIENTS, OPTIMIZER_STATE, PARAMETERS
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,11 @@ def estimate_per_rank(question: Question, world_size: int) -> RankEstimate:
     if world_size < 1:
         raise ValueError(f"world_size: must be >= 1, got {world_size}")
     per_rank = recipe.micro_batch(cfg, world_size) * recipe.grad_accum_steps
-    local = dataclasses.replace(question, cfg=dataclasses.replace(cfg, batch_size=per_rank * recipe.batch_divisor),
-                                recipe=dataclasses.replace(recipe, parallel=Parallel()))
+    local = dataclasses.replace(
+        question,
+        cfg=dataclasses.replace(cfg, batch_size=per_rank * recipe.batch_divisor),
+        recipe=dataclasses.replace(recipe, parallel=Parallel()),
+    )
     single = estimate(local)
     grads = single.states[GRADIENTS]
     adjust: dict[str, int] = {}
@@ -74,8 +77,9 @@ def _fsdp2(question: Question, world_size: int, single: Estimate, options: FSDP2
     blocks = cfg.n_layer if not options.reshard_after_forward else 1
     moments = {}
     for moment, live in (("forward end", single.at_forward_end), ("peak", single.by_category)):
-        adjust = {f"{c} sharded 1/{n}": -round(live.get(c, 0) * (1 - 1 / n))
-                  for c in (PARAMETERS, OPTIMIZER_STATE, GRADIENTS)}
+        adjust = {
+            f"{c} sharded 1/{n}": -round(live.get(c, 0) * (1 - 1 / n)) for c in (PARAMETERS, OPTIMIZER_STATE, GRADIENTS)
+        }
         adjust["root parameters unsharded"] = root
         adjust[f"{blocks} block(s) of parameters unsharded"] = blocks * block
         if moment == "forward end" or options.reshard_after_forward:  # backward gathers again only after a reshard

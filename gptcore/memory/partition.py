@@ -26,7 +26,7 @@ import torch._inductor.config as inductor_config
 import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from ..config import GPTConfig, Recipe
+from gptcore.config import GPTConfig, Recipe
 
 MATMULS = ("mm", "addmm", "bmm", "baddbmm")
 
@@ -115,10 +115,16 @@ def read_plan(fw: fx.GraphModule, bw: fx.GraphModule) -> PartitionPlan:
     fw_ops = {n.name for n in fw.graph.nodes if n.op == "call_function"}
     again = [n for n in bw.graph.nodes if n.op == "call_function" and n.name in fw_ops]
     matmuls = [n for n in again if getattr(n.target, "__name__", "").split(".")[0] in MATMULS]
-    return PartitionPlan(input_bytes=sum(inputs.values()),
-                         saved_bytes=sum(b for s, b in saved.items() if s not in inputs),
-                         forward_peak_bytes=fw_peak, backward_peak_bytes=bw_peak, backward_peak_at=bw_at,
-                         gradients_at_backward_peak=grads, recomputed_ops=len(again), recomputed_matmuls=len(matmuls))
+    return PartitionPlan(
+        input_bytes=sum(inputs.values()),
+        saved_bytes=sum(b for s, b in saved.items() if s not in inputs),
+        forward_peak_bytes=fw_peak,
+        backward_peak_bytes=bw_peak,
+        backward_peak_at=bw_at,
+        gradients_at_backward_peak=grads,
+        recomputed_ops=len(again),
+        recomputed_matmuls=len(matmuls),
+    )
 
 
 @contextlib.contextmanager
@@ -127,8 +133,10 @@ def _capture(plans: list[PartitionPlan]) -> Iterator[None]:
 
     original = getattr(compile_fx, "min_cut_rematerialization_partition", None)
     if original is None:
-        raise RuntimeError(f"torch {torch.__version__}: inductor's partitioner is not where this module looks for it "
-                           f"(torch._inductor.compile_fx.min_cut_rematerialization_partition)")
+        raise RuntimeError(
+            f"torch {torch.__version__}: inductor's partitioner is not where this module looks for it "
+            f"(torch._inductor.compile_fx.min_cut_rematerialization_partition)"
+        )
 
     def partition(joint: fx.GraphModule, inputs, **kwargs):
         fw, bw = original(joint, inputs, **kwargs)
@@ -147,14 +155,16 @@ def check_plannable(recipe: Recipe, name: str = "the recipe") -> None:
     """Raise ValueError unless ``recipe`` (called ``name`` in the message) compiles the whole model: only then is
     there one partition to plan."""
     if not recipe.compile or recipe.compile_scope != "model":
-        raise ValueError(f"{name} does not compile the whole model (compile=True, compile_scope='model'): "
-                         f"there is no partition to plan")
+        raise ValueError(
+            f"{name} does not compile the whole model (compile=True, compile_scope='model'): "
+            f"there is no partition to plan"
+        )
 
 
 def plan(cfg: GPTConfig, recipe: Recipe, device: torch.device | str = "cpu") -> PartitionPlan:
     """The partitioner's plan for one micro-batch of ``cfg`` under ``recipe`` (compile over the whole model) on
     ``device``: the Trainer's own model, autocast and memory budget, compiled until the partition and no further."""
-    from ..train import Trainer
+    from gptcore.train import Trainer
 
     check_plannable(recipe)
     trainer = Trainer(cfg, recipe, device)

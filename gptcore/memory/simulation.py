@@ -17,10 +17,10 @@ from typing import Literal, get_args
 
 import torch
 
-from ..config import GPTConfig, Recipe
-from .categories import CATEGORIES, PeakReport, ordered
-from .analytic import Question
-from .tracker import LiveBytes, track_training
+from gptcore.config import GPTConfig, Recipe
+from gptcore.memory.analytic import Question
+from gptcore.memory.categories import CATEGORIES, PeakReport, ordered
+from gptcore.memory.tracker import LiveBytes, track_training
 
 
 @dataclass
@@ -76,18 +76,22 @@ class _SegmentTracker(LiveBytes):
                     enter(i)
                     if i == 0 and args[0].requires_grad:
                         args[0].register_hook(lambda _: enter("embed"))
+
             return hook
 
         def block_post(i: int):
             def hook(_, __, out) -> None:
                 if self.phase == "forward" and out.requires_grad:
                     out.register_hook(lambda _: enter(i))
+
             return hook
 
         with ExitStack() as stack:
-            handles = [model.register_forward_pre_hook(model_pre),
-                       model.register_forward_hook(lambda *_: enter("head")),
-                       model.transformer.ln_f.register_forward_pre_hook(lambda *_: enter("head"))]
+            handles = [
+                model.register_forward_pre_hook(model_pre),
+                model.register_forward_hook(lambda *_: enter("head")),
+                model.transformer.ln_f.register_forward_pre_hook(lambda *_: enter("head")),
+            ]
             for i, block in enumerate(model.transformer.h):
                 handles += [block.register_forward_pre_hook(block_pre(i)), block.register_forward_hook(block_post(i))]
             for handle in handles:
@@ -118,8 +122,8 @@ def _fake_run(cfg: GPTConfig, recipe: Recipe, cuda: bool) -> _SegmentTracker:
     """Two training iterations of a Trainer built and fed on fake tensors, tracked (``track_training``)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from ..data import load_corpus
-    from ..train import Trainer
+    from gptcore.data import load_corpus
+    from gptcore.train import Trainer
 
     with torch.random.fork_rng(devices=[]), FakeTensorMode() as mode:  # the Trainer seeds the global RNG
         with _swappable_fakes(mode):
@@ -182,9 +186,14 @@ def _cpu_stands_in_for_cuda(cfg: GPTConfig, recipe: Recipe) -> tuple[str, ...]:
     if recipe.attention == "manual" and recipe.precision in ("fp16", "bf16"):
         notes.append("manual attention: CPU autocast keeps softmax in bf16, CUDA's runs it in fp32")
     if cfg.dropout > 0:
-        notes.append("dropout: masks in the input's dtype on the CPU, bool on CUDA"
-                     + ("; the CPU's sdpa falls back to its math kernel (T x T saved), CUDA's stays O(T)"
-                        if recipe.attention == "sdpa" else ""))
+        notes.append(
+            "dropout: masks in the input's dtype on the CPU, bool on CUDA"
+            + (
+                "; the CPU's sdpa falls back to its math kernel (T x T saved), CUDA's stays O(T)"
+                if recipe.attention == "sdpa"
+                else ""
+            )
+        )
     if recipe.precision == "bf16-pure":
         notes.append("LayerNorm saves mean and rstd in bf16 on the CPU, in fp32 on CUDA")
     return tuple(notes)
@@ -208,8 +217,10 @@ def simulate(question: Question, method: Method = "auto") -> Simulation:
     cuda = question.device == "cuda"
     recipe = dataclasses.replace(recipe, sync_every_step=False, num_workers=0, pin_memory=False)  # host side only
     if recipe.precision == "fp16":
-        notes += ("fp16: simulated as bf16 autocast (same sizes): GradScaler reads its inf flag on the host, which "
-                  "fake tensors cannot answer, and adds only scalars",)
+        notes += (
+            "fp16: simulated as bf16 autocast (same sizes): GradScaler reads its inf flag on the host, which "
+            "fake tensors cannot answer, and adds only scalars",
+        )
         recipe = dataclasses.replace(recipe, precision="bf16")
     if cuda:
         notes += _cpu_stands_in_for_cuda(cfg, recipe)
@@ -217,8 +228,10 @@ def simulate(question: Question, method: Method = "auto") -> Simulation:
     if method == "extrapolate" or (method == "auto" and cfg.n_layer > 4):
         result = _extrapolated(cfg, recipe, cuda)
         if result is None and method == "extrapolate":
-            raise ValueError("extrapolate: the 3-layer run's middle block is off the line through its first and "
-                             "last; simulate directly")
+            raise ValueError(
+                "extrapolate: the 3-layer run's middle block is off the line through its first and "
+                "last; simulate directly"
+            )
     result = result or _direct(cfg, recipe, cuda)
     result.notes = notes
     return result

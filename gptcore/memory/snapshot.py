@@ -58,8 +58,10 @@ def peak_of_trace(trace: list[dict], top: int = 15, prefer: str = "gptcore") -> 
         elif action == "free_completed":
             allocated -= event["size"]
         elif action == "oom" and oom is None:
-            oom = (f"requested {event.get('size', 0):,} B with {event.get('device_free', 0):,} B free, "
-                   f"{allocated:,} B allocated")
+            oom = (
+                f"requested {event.get('size', 0):,} B with {event.get('device_free', 0):,} B free, "
+                f"{allocated:,} B allocated"
+            )
     live: dict[int, dict] = {}
     for event in trace[: at + 1]:
         if event.get("action") == "alloc":

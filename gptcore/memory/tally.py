@@ -14,10 +14,10 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .categories import ACTIVATIONS, BACKWARD_TEMPORARIES, GRADIENTS, OPTIMIZER_TEMPORARIES, WEIGHT_COPIES
+from gptcore.memory.categories import ACTIVATIONS, BACKWARD_TEMPORARIES, GRADIENTS, OPTIMIZER_TEMPORARIES, WEIGHT_COPIES
 
 if TYPE_CHECKING:
-    from ..config import Recipe
+    from gptcore.config import Recipe
 
 Handle = int | None
 
@@ -143,8 +143,9 @@ class Gradients:
     def incoming(self, name: str) -> Handle:
         """Allocate the gradient arriving for ``name``: .grad to be (the first micro-batch's), else a temporary."""
         becomes_grad = name not in self.held and not (name == "lm_head.weight" and self.run.recipe.tie_weights)
-        return self.tally.new(self.numel[name] * self.run.param_bytes,
-                               GRADIENTS if becomes_grad else BACKWARD_TEMPORARIES)
+        return self.tally.new(
+            self.numel[name] * self.run.param_bytes, GRADIENTS if becomes_grad else BACKWARD_TEMPORARIES
+        )
 
     def accumulate(self, name: str, handle: Handle) -> None:
         """AccumulateGrad, after the node that made ``handle`` has released its saved tensors."""
@@ -221,8 +222,9 @@ def dropout(run: Run, tally: Tally, x: Handle, numel: int, elem_bytes: int) -> t
 # Small ops, backward
 
 
-def linear_backward(run: Run, tally: Tally, grads: Gradients, name: str, d_in: int, bias: bool, free: tuple,
-                    cast_input: bool) -> Handle:
+def linear_backward(
+    run: Run, tally: Tally, grads: Gradients, name: str, d_in: int, bias: bool, free: tuple, cast_input: bool
+) -> Handle:
     """A Linear's backward: the input's gradient (``d_in`` elements) and the weight's and bias's; the tensors in
     ``free`` die. Under autocast the weight gradients arrive in bf16 and are cast to fp32, and so is the input's
     gradient when the input was an fp32 tensor cast for the matmul (``cast_input``). Returns the input gradient."""

@@ -9,9 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .categories import ACTIVATIONS, LOGITS_AND_LOSS, RECOMPUTED
-from .tally import (Gradients, Handle, Tally, Run, dropout, dropout_backward, layernorm_backward,
-                     layernorm_stats, linear_backward, weight_copy)
+from gptcore.memory.categories import ACTIVATIONS, LOGITS_AND_LOSS, RECOMPUTED
+from gptcore.memory.tally import (
+    Gradients,
+    Handle,
+    Run,
+    Tally,
+    dropout,
+    dropout_backward,
+    layernorm_backward,
+    layernorm_stats,
+    linear_backward,
+    weight_copy,
+)
 
 Saved = dict[str, Handle]
 
@@ -19,8 +29,9 @@ Saved = dict[str, Handle]
 # Forward
 
 
-def block_forward(run: Run, tally: Tally, x: Handle, cache: list, keep: bool, recompute: bool = False
-                  ) -> tuple[Handle, Saved]:
+def block_forward(
+    run: Run, tally: Tally, x: Handle, cache: list, keep: bool, recompute: bool = False
+) -> tuple[Handle, Saved]:
     """model.Block.forward on input ``x``: returns its output and what it saved for backward. ``keep=False`` is
     checkpoint's forward (nothing saved: tensors die at their last use); ``recompute`` is checkpoint's
     recomputation in backward, which stops once the last saved tensor is saved again."""
@@ -62,8 +73,15 @@ def block_forward(run: Run, tally: Tally, x: Handle, cache: list, keep: bool, re
         tally.free(fc_out)
     mlp_proj_weight = weight_copy(run, tally, 4 * C * C, C, cache, keep)
     if keep:
-        saved.update(x_mid=x_mid, ln2_stats=ln2_stats, c_fc_input=ln2_cast if autocast else ln2_out,
-                     c_fc_weight=c_fc_weight, fc_out=fc_out, gelu_out=gelu_out, mlp_proj_weight=mlp_proj_weight)
+        saved.update(
+            x_mid=x_mid,
+            ln2_stats=ln2_stats,
+            c_fc_input=ln2_cast if autocast else ln2_out,
+            c_fc_weight=c_fc_weight,
+            fc_out=fc_out,
+            gelu_out=gelu_out,
+            mlp_proj_weight=mlp_proj_weight,
+        )
     if recompute:  # the last saved tensor: c_proj's inputs, or with dropout the residual dropout's mask
         if run.dropout:
             proj = tally.activation(matmul_bytes * BTC)
@@ -85,8 +103,9 @@ def block_forward(run: Run, tally: Tally, x: Handle, cache: list, keep: bool, re
     return out, saved
 
 
-def _norm_then_linear(run: Run, tally: Tally, cache: list, keep: bool, out_features: int
-                      ) -> tuple[Handle, Handle, tuple[Handle, Handle], Handle, Handle]:
+def _norm_then_linear(
+    run: Run, tally: Tally, cache: list, keep: bool, out_features: int
+) -> tuple[Handle, Handle, tuple[Handle, Handle], Handle, Handle]:
     """A LayerNorm (it saves its input, mean and rstd) feeding a Linear of C -> ``out_features``: under autocast
     the LayerNorm's fp32 output is cast for the matmul (the cast is what the Linear saves). Returns the
     LayerNorm's output, its cast (None without autocast), its mean and rstd (freed unless ``keep``), the weight's
@@ -106,8 +125,7 @@ def _freed_unless_kept(tally: Tally, keep: bool) -> Callable[..., None]:
     return (lambda *handles: None) if keep else tally.free
 
 
-def _probabilities_dropout(run: Run, tally: Tally, probs: Handle, elem_bytes: int, keep: bool
-                           ) -> tuple[Handle, Handle]:
+def _probabilities_dropout(run: Run, tally: Tally, probs: Handle, elem_bytes: int, keep: bool) -> tuple[Handle, Handle]:
     """attn_dropout on the T x T probabilities: (the dropped probabilities or None, the mask or None)."""
     dropped, mask = dropout(run, tally, None, run.BHTT, elem_bytes)
     _freed_unless_kept(tally, keep)(mask, probs if dropped is not None else None)
@@ -128,8 +146,9 @@ def manual_attention(run: Run, tally: Tally, saved: Saved, keep: bool, qkv: Hand
     matmul_bytes, prob_bytes, BTC, BHTT = run.matmul_bytes, run.prob_bytes, run.BTC, run.BHTT
     dies = _freed_unless_kept(tally, keep)
     views = run.B == 1  # a batch of one reshapes the head-split q, k, v for bmm without copies (they stay qkv's)
-    q_copy, k_copy = (None, None) if views else (tally.activation(matmul_bytes * BTC),
-                                                 tally.activation(matmul_bytes * BTC))
+    q_copy, k_copy = (
+        (None, None) if views else (tally.activation(matmul_bytes * BTC), tally.activation(matmul_bytes * BTC))
+    )
     scores = tally.activation(matmul_bytes * BHTT)
     dies(q_copy, k_copy)
     scaled = tally.replace(scores, matmul_bytes * BHTT)
@@ -146,8 +165,17 @@ def manual_attention(run: Run, tally: Tally, saved: Saved, keep: bool, qkv: Hand
     heads = tally.activation(matmul_bytes * BTC)
     dies(v_copy, probs_cast, dropped if dropped is not None else probs)
     if keep:
-        saved.update(q_copy=q_copy, k_copy=k_copy, not_mask=not_mask, probs=probs, probs_mask=probs_mask,
-                     probs_dropped=dropped, probs_cast=probs_cast, v_copy=v_copy, qkv=qkv if views else None)
+        saved.update(
+            q_copy=q_copy,
+            k_copy=k_copy,
+            not_mask=not_mask,
+            probs=probs,
+            probs_mask=probs_mask,
+            probs_dropped=dropped,
+            probs_cast=probs_cast,
+            v_copy=v_copy,
+            qkv=qkv if views else None,
+        )
     return _heads_joined(run, tally, heads), keep and views
 
 
@@ -159,14 +187,15 @@ def math_attention(run: Run, tally: Tally, saved: Saved, keep: bool, qkv: Handle
     upcasting = matmul_bytes == 2
     dies = _freed_unless_kept(tally, keep)
     views = run.B == 1  # a batch of one reshapes for bmm without copies: the scaled q and k themselves are saved
-    q_up, k_up, v_up = ([tally.activation(4 * BTC) for _ in range(3)] if upcasting else [None] * 3)
+    q_up, k_up, v_up = [tally.activation(4 * BTC) for _ in range(3)] if upcasting else [None] * 3
     q_scaled = tally.activation(work_bytes * BTC)  # q * sqrt(scale)
     ones = tally.activation(T * T)
     tril = tally.replace(ones, T * T)
     causal_bias = tally.replace(tril, 4 * T * T)  # -inf above the diagonal
     k_scaled = tally.activation(work_bytes * BTC)
-    q_copy, k_copy = (q_scaled, k_scaled) if views else (tally.activation(work_bytes * BTC),
-                                                         tally.activation(work_bytes * BTC))
+    q_copy, k_copy = (
+        (q_scaled, k_scaled) if views else (tally.activation(work_bytes * BTC), tally.activation(work_bytes * BTC))
+    )
     scores = tally.activation(work_bytes * BHTT)
     tally.free(None if views else k_scaled)
     dies(None if views else q_copy, k_copy)
@@ -179,11 +208,18 @@ def math_attention(run: Run, tally: Tally, saved: Saved, keep: bool, qkv: Handle
     dies(None if views else v_copy, dropped if dropped is not None else probs)
     if upcasting:
         heads = tally.replace(heads, 2 * BTC)
-    tally.free(q_scaled if not views or not keep else None, causal_bias, q_up, k_up, unused,
-                v_up if not views or not keep else None)
+    tally.free(
+        q_scaled if not views or not keep else None,
+        causal_bias,
+        q_up,
+        k_up,
+        unused,
+        v_up if not views or not keep else None,
+    )
     if keep:
-        saved.update(q_copy=q_copy, k_copy=k_copy, probs=probs, probs_mask=probs_mask, probs_dropped=dropped,
-                     v_copy=v_copy)
+        saved.update(
+            q_copy=q_copy, k_copy=k_copy, probs=probs, probs_mask=probs_mask, probs_dropped=dropped, v_copy=v_copy
+        )
     return _heads_joined(run, tally, heads), keep and views and not upcasting
 
 
@@ -221,8 +257,9 @@ def gpt_forward(run: Run, tally: Tally) -> tuple[Handle, list[Saved], Saved]:
 # Backward
 
 
-def _through_softmax(run: Run, tally: Tally, saved: Saved, dy: Handle, elem_bytes: int, prob_bytes: int
-                     ) -> tuple[Handle, Handle]:
+def _through_softmax(
+    run: Run, tally: Tally, saved: Saved, dy: Handle, elem_bytes: int, prob_bytes: int
+) -> tuple[Handle, Handle]:
     """Back from y = probs @ v through dropout and softmax, in ``elem_bytes`` (probabilities in ``prob_bytes``):
     returns the gradients of v and of the scores."""
     BTC, BHTT = run.BTC, run.BHTT
@@ -230,8 +267,9 @@ def _through_softmax(run: Run, tally: Tally, saved: Saved, dy: Handle, elem_byte
     tally.free(None if run.B == 1 else dy)
     d_v = tally.temporary(elem_bytes * BTC)
     d_probs = tally.temporary(elem_bytes * BHTT)
-    tally.free(dy_copy if dy_copy is not None else dy, saved["v_copy"], saved.get("probs_cast"),
-                saved["probs_dropped"])  # bmm's saved inputs
+    tally.free(
+        dy_copy if dy_copy is not None else dy, saved["v_copy"], saved.get("probs_cast"), saved["probs_dropped"]
+    )  # bmm's saved inputs
     if prob_bytes != elem_bytes:
         d_probs = tally.replace(d_probs, prob_bytes * BHTT)
     d_probs = dropout_backward(tally, d_probs, None, saved["probs_mask"], prob_bytes * BHTT)
@@ -296,24 +334,55 @@ def block_backward(run: Run, tally: Tally, grads: Gradients, i: int, saved: Save
         tally.free(*cache)
     # MLP: out = x_mid + dropout(c_proj(gelu(c_fc(ln_2(x_mid)))))
     d = dropout_backward(tally, d, dy, saved.get("mlp_resid_mask"), matmul_bytes * BTC)
-    d_gelu = linear_backward(run, tally, grads, f"{prefix}.mlp.c_proj", 4 * BTC, True,
-                             (d if d != dy else None, saved["gelu_out"], saved["mlp_proj_weight"]), cast_input=False)
+    d_gelu = linear_backward(
+        run,
+        tally,
+        grads,
+        f"{prefix}.mlp.c_proj",
+        4 * BTC,
+        True,
+        (d if d != dy else None, saved["gelu_out"], saved["mlp_proj_weight"]),
+        cast_input=False,
+    )
     d_fc = tally.temporary(matmul_bytes * 4 * BTC)
     tally.free(d_gelu, saved["fc_out"])
-    d_ln = linear_backward(run, tally, grads, f"{prefix}.mlp.c_fc", BTC, True,
-                           (d_fc, saved["c_fc_input"], saved["c_fc_weight"]), cast_input=autocast)
+    d_ln = linear_backward(
+        run,
+        tally,
+        grads,
+        f"{prefix}.mlp.c_fc",
+        BTC,
+        True,
+        (d_fc, saved["c_fc_input"], saved["c_fc_weight"]),
+        cast_input=autocast,
+    )
     d_ln = layernorm_backward(run, tally, grads, f"{prefix}.ln_2", (d_ln, saved["x_mid"], *saved["ln2_stats"]))
     d_mid = tally.temporary(param_bytes * BTC)
     tally.free(dy, d_ln)
     # attention: x_mid = x + dropout(c_proj(attention(c_attn(ln_1(x)))))
     d = tally.temporary(2 * BTC) if autocast else d_mid
     d = dropout_backward(tally, d, d_mid, saved.get("attn_resid_mask"), matmul_bytes * BTC)
-    d_y = linear_backward(run, tally, grads, f"{prefix}.attn.c_proj", BTC, True,
-                          (d if d != d_mid else None, saved["y"] if run.attention != "fused" else None,
-                           saved["attn_proj_weight"]), cast_input=False)
+    d_y = linear_backward(
+        run,
+        tally,
+        grads,
+        f"{prefix}.attn.c_proj",
+        BTC,
+        True,
+        (d if d != d_mid else None, saved["y"] if run.attention != "fused" else None, saved["attn_proj_weight"]),
+        cast_input=False,
+    )
     d_qkv = attention_backward(run, tally, saved, d_y)
-    d_ln = linear_backward(run, tally, grads, f"{prefix}.attn.c_attn", BTC, True,
-                           (d_qkv, saved["c_attn_input"], saved["c_attn_weight"]), cast_input=autocast)
+    d_ln = linear_backward(
+        run,
+        tally,
+        grads,
+        f"{prefix}.attn.c_attn",
+        BTC,
+        True,
+        (d_qkv, saved["c_attn_input"], saved["c_attn_weight"]),
+        cast_input=autocast,
+    )
     d_ln = layernorm_backward(run, tally, grads, f"{prefix}.ln_1", (d_ln, saved["x"], *saved["ln1_stats"]))
     dx = tally.temporary(param_bytes * BTC)
     tally.free(d_mid, d_ln)
@@ -332,8 +401,9 @@ def gpt_backward(run: Run, tally: Tally, grads: Gradients, blocks: list[Saved], 
         d_logits = tally.replace(d_logits, 2 * n)
     if run.vocab_rows != run.V:  # back through logits[..., :vocab_size]: a zero-padded full-width gradient
         d_logits = tally.replace(d_logits, run.matmul_bytes * run.B * run.T * run.vocab_rows)
-    dx = linear_backward(run, tally, grads, "lm_head", BTC, False, (d_logits, head["input"], head["weight"]),
-                         cast_input=run.autocast)
+    dx = linear_backward(
+        run, tally, grads, "lm_head", BTC, False, (d_logits, head["input"], head["weight"]), cast_input=run.autocast
+    )
     dx = layernorm_backward(run, tally, grads, "transformer.ln_f", (dx, head["x"], *head["ln_f_stats"]))
     for i in reversed(range(run.L)):
         dx = block_backward(run, tally, grads, i, blocks[i], dx)

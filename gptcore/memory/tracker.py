@@ -37,8 +37,20 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .categories import (BUFFERS, GRADIENTS, LOGITS_AND_LOSS, OPTIMIZER_STATE, OTHER, PARAMETERS, PHASE_CATEGORY,
-                         RECOMPUTED, WEIGHT_COPIES, PeakReport, StorageRecord, breakdown)
+from gptcore.memory.categories import (
+    BUFFERS,
+    GRADIENTS,
+    LOGITS_AND_LOSS,
+    OPTIMIZER_STATE,
+    OTHER,
+    PARAMETERS,
+    PHASE_CATEGORY,
+    RECOMPUTED,
+    WEIGHT_COPIES,
+    PeakReport,
+    StorageRecord,
+    breakdown,
+)
 
 
 class LiveBytes(TorchDispatchMode):
@@ -169,8 +181,11 @@ class LiveBytes(TorchDispatchMode):
         if self.waiting:
             return out
         # autocast's low-precision copy of a weight or bias
-        self._copying_weight = (func is torch.ops.aten._to_copy.default and self.phase in ("forward", "backward")
-                                and isinstance(args[0], torch.nn.Parameter))
+        self._copying_weight = (
+            func is torch.ops.aten._to_copy.default
+            and self.phase in ("forward", "backward")
+            and isinstance(args[0], torch.nn.Parameter)
+        )
         try:
             for t in tree_leaves(out):
                 if isinstance(t, torch.Tensor):
@@ -207,6 +222,7 @@ def _outside_the_dispatcher(tracker: LiveBytes) -> Iterator[None]:
     work = None
     if dist.is_available():
         from torch._C._distributed_c10d import Work as work
+
         original_wait = work.wait
 
         def wait(self, *args, **kwargs):
@@ -242,8 +258,10 @@ def _collective_in_program_order(func, args, kwargs, private: Callable):
                 leaf.wait()  # gloo finishes some collectives in wait (reduce-scatter: a split and copies)
         caller = {}  # id(copy) -> the caller's tensor
         schema = {a.name: a for a in func._schema.arguments}
-        pairs = [*zip(func._schema.arguments, args, private_args),
-                 *((schema[k], kwargs[k], private_kwargs[k]) for k in kwargs)]
+        pairs = [
+            *zip(func._schema.arguments, args, private_args),
+            *((schema[k], kwargs[k], private_kwargs[k]) for k in kwargs),
+        ]
         for arg, given, copies in pairs:
             for theirs, copy in zip(tree_leaves(given), tree_leaves(copies)):
                 if not isinstance(theirs, torch.Tensor):
@@ -326,9 +344,14 @@ def phases(tracker: LiveBytes, model: torch.nn.Module, optimizers: list[torch.op
             h.remove()
 
 
-def track_training(trainer, steps: int = 2, *, batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-                   tracker: LiveBytes | None = None,
-                   take_step: Callable[[tuple[torch.Tensor, torch.Tensor]], object] | None = None) -> PeakReport:
+def track_training(
+    trainer,
+    steps: int = 2,
+    *,
+    batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    tracker: LiveBytes | None = None,
+    take_step: Callable[[tuple[torch.Tensor, torch.Tensor]], object] | None = None,
+) -> PeakReport:
     """Run ``steps`` optimizer steps of ``trainer`` (a gptcore Trainer) under the tracker and report the peak.
     Two steps are the default so that optimizer state exists during the second. Not for compiled recipes.
     ``batches``: the full (x, y) batch of each step, consumed (default: ``steps`` batches drawn from the
@@ -342,7 +365,7 @@ def track_training(trainer, steps: int = 2, *, batches: list[tuple[torch.Tensor,
     if batches is None:
         micro = [trainer._next_batch() for _ in range(steps * trainer.accum)]  # made outside: not counted
         k = trainer.accum
-        per_step = [micro[i * k:(i + 1) * k] for i in range(steps)]
+        per_step = [micro[i * k : (i + 1) * k] for i in range(steps)]
         batches = [(torch.cat([x for x, _ in step]), torch.cat([y for _, y in step])) for step in per_step]
     with phases(tracker, trainer.model, trainer.optimizers), tracker:
         for step in range(len(batches)):

@@ -1,5 +1,5 @@
 """Root conftest: thin hooks into gptcore.plugin (the benchmark gate's options and pytest wiring; the gate's state
-and judgment are in gptcore.gate, the end table in gptcore.summary).
+and judgment are in gptcore.gate.session, the end table in gptcore.gate.summary).
 
 Markers (cpu, gpu, slow, convergence) are registered in pyproject.toml; --strict-markers is on.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gptcore import plugin
-from gptcore.gate import Gate
+from gptcore.gate.session import Gate
 
 ROOT = Path(__file__).resolve().parent
 
@@ -30,7 +30,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def gate(pytestconfig: pytest.Config) -> Gate:
-    """The session's baselines gate (see gptcore.gate.Gate)."""
+    """The session's baselines gate (see gptcore.gate.session.Gate)."""
     return pytestconfig.stash[plugin.GATE]
 
 

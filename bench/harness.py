@@ -14,11 +14,11 @@ import torch
 
 from gptcore import memory
 from gptcore.config import Recipe, Schedule, Study
-from gptcore.convergence import Convergence, converge
-from gptcore.gate import Outcome
-from gptcore.measure import Measurement, out_of_memory_in, run_case
+from gptcore.gate.session import Outcome
+from gptcore.measure.convergence import Convergence, converge
+from gptcore.measure.runner import Measurement, out_of_memory_in, run_case
 from gptcore.presets import MODELS, RECIPES
-from gptcore.train import unsupported_reason
+from gptcore.training.trainer import unsupported_reason
 
 
 class BaselineMissing(UserWarning):
@@ -175,7 +175,7 @@ def converge_case(
     schedule: Schedule | None = None,
 ) -> Convergence | None:
     """Train one case of ``study`` for its whole schedule (or ``schedule``) as one pytest-benchmark round and gate
-    what it learned (gptcore.convergence); skip what the device cannot run. On CPU each case runs on one thread:
+    what it learned (gptcore.measure.convergence); skip what the device cannot run. On CPU each case runs on one thread:
     bit-identical whatever else runs beside it, so that its time-to-loss can be gated exactly."""
     recipe, device, cfg = RECIPES[recipe_name], study.device, MODELS[model]
     schedule = schedule or study.schedule

@@ -1,6 +1,6 @@
 """Does the char-shape study still learn? nanoGPT's shakespeare_char model and its shape variants, each recipe
 trained for nanoGPT's 5,000 iterations on a GPU (about 1-2 minutes a case on an H100) and gated on its final
-validation loss and time-to-loss (gptcore.convergence). Opt-in: -m convergence; skipped without CUDA."""
+validation loss and time-to-loss (gptcore.measure.convergence). Opt-in: -m convergence; skipped without CUDA."""
 
 from __future__ import annotations
 

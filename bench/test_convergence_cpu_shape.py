@@ -1,5 +1,6 @@
 """Does the CPU-shape study still learn? Each case trains nanoGPT's CPU command for its whole 2,000 steps (lr decay
-to 2,000, checkpointing on) and is gated on its final validation loss and its time-to-loss (gptcore.convergence).
+to 2,000, checkpointing on) and is gated on its final validation loss and its time-to-loss
+(gptcore.measure.convergence).
 
 The full table is opt-in (-m convergence -k convergence_cpu_shape_full): 20 cases, one thread each, about 90
 single-thread minutes in all; recorded in two processes split with -k (1 h 25 min of wall time on a shared 2-core

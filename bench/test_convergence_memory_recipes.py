@@ -1,6 +1,6 @@
 """What does each memory recipe cost in quality? The memory-recipe study's 1.6B shape and eleven recipes on the
 Shakespeare characters (the study's own model reads random tokens, which have nothing to learn), 300 steps each,
-gated on the final validation loss (gptcore.convergence). Opt-in: -m convergence; skipped without CUDA."""
+gated on the final validation loss (gptcore.measure.convergence). Opt-in: -m convergence; skipped without CUDA."""
 
 from __future__ import annotations
 

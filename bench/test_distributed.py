@@ -1,10 +1,10 @@
 """Data parallelism per rank: DDP and FSDP2 recipes launched by torchrun, one case per (model, recipe, world size).
 
 The first case of a (model, world size, device) starts ``python -m torch.distributed.run --standalone
---nproc-per-node=N -m gptcore.worker --recipe R1 R2 ...`` as a subprocess for every selected case that shares them:
-one launch, so torchrun's start and the ranks' imports are paid once. For each recipe every rank warms up on a fresh
-Trainer, times rounds and writes its Measurement (gptcore/worker.py); the later cases read theirs. A launch that
-fails fails every case it held, with its output. The case's figures:
+--nproc-per-node=N -m gptcore.measure.worker --recipe R1 R2 ...`` as a subprocess for every selected case that shares
+them: one launch, so torchrun's start and the ranks' imports are paid once. For each recipe every rank warms up on a
+fresh Trainer, times rounds and writes its Measurement (gptcore/measure/worker.py); the later cases read theirs. A
+launch that fails fails every case it held, with its output. The case's figures:
 tokens/s of the whole job (global tokens per step / median step time of the slowest rank), the loss averaged over
 ranks, the peak memory as the max over ranks (each rank's in extra_info), gated like any other case.
 CPU tier: cpu-small x {ddp, fsdp2, fsdp2-no-reshard} on 2 gloo ranks, one launch of about 10 s on 2 cores (6 s of it
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from bench.harness import Timing, conclude, needs_of, run_if
-from gptcore.measure import Measurement
+from gptcore.measure.runner import Measurement
 from gptcore.memory import resolve
 from gptcore.memory.parallel import estimate_per_rank
 from gptcore.presets import MODELS, RECIPES
@@ -70,7 +70,7 @@ def launch(
         "--standalone",
         f"--nproc-per-node={world}",
         "-m",
-        "gptcore.worker",
+        "gptcore.measure.worker",
         "--model",
         model,
         "--recipe",

@@ -13,11 +13,11 @@ from gptcore.config import GPTConfig, Recipe
 from gptcore.presets import MODELS, RECIPES, get_model, get_recipe
 
 _LAZY = {
-    "GPT": "model",
-    "Trainer": "train",
-    "UnsupportedRecipe": "train",
-    "check_runnable": "train",
-    "resolve_device": "train",
+    "GPT": "training.model",
+    "Trainer": "training.trainer",
+    "UnsupportedRecipe": "training.trainer",
+    "check_runnable": "training.trainer",
+    "resolve_device": "training.trainer",
 }
 
 __all__ = [

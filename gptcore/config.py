@@ -18,7 +18,7 @@ ParallelMode = Literal["none", "ddp", "fsdp2"]
 FSDPParamDtype = Literal["bf16"]
 Dataset = Literal["shakespeare", "markov", "random"]
 PARALLELS: tuple[ParallelMode, ...] = get_args(ParallelMode)
-#: The corpora gptcore.data can load (gptcore.data.CORPORA is this tuple).
+#: The corpora gptcore.training.data can load (gptcore.training.data.CORPORA is this tuple).
 DATASETS: tuple[Dataset, ...] = get_args(Dataset)
 
 #: Alphabet size of the shipped Shakespeare corpus (tests/test_data.py checks it against the corpus itself).

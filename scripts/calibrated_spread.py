@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gptcore.measure import run_case  # noqa: E402
+from gptcore.measure.runner import run_case  # noqa: E402
 from gptcore.presets import get_model, get_recipe  # noqa: E402
 
 BUSY = "while True: pass"

@@ -30,8 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gptcore import results  # noqa: E402
-from gptcore.baselines import AMP_PRECISIONS  # noqa: E402
+from gptcore.gate import results  # noqa: E402
+from gptcore.gate.baselines import AMP_PRECISIONS  # noqa: E402
 
 SIGMAS = 4.0
 WORST_TIMES = 2.0

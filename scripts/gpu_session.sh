@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A GPU session in stages, each made to fit one 10-minute call (gptcore/stages.py says what each runs). Every
+# A GPU session in stages, each made to fit one 10-minute call (gptcore/gate/stages.py says what each runs). Every
 # pytest stage runs with a deadline (no case starts that would end after it), writes a results log line and its
 # baseline entry the moment each case ends, and resumes from out/gpu/STAGE.jsonl when an earlier call's log was
 # brought back there: a killed call costs only the case it was in.

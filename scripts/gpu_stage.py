@@ -5,7 +5,7 @@
     python scripts/gpu_stage.py fits STAGE                 # exit 0 if a script stage fits what is left of the call
     python scripts/gpu_stage.py call-end                   # the Unix time a call started now must be done by
 
-``run`` passes pytest the stage's cases and options (gptcore/stages.py) with ``--deadline`` (no case starts that
+``run`` passes pytest the stage's cases and options (gptcore/gate/stages.py) with ``--deadline`` (no case starts that
 would end after it, nor after $GPTCORE_CALL_END: several stages can share one call), a results log
 ``DIR/STAGE.jsonl`` (a line per case as it ends) and baselines recorded into ``DIR/baselines`` case by case, so
 that a call killed at its limit still returns what ran. It resumes from ``--resume LOG`` (default:
@@ -29,8 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gptcore import plan, results  # noqa: E402
-from gptcore.stages import (  # noqa: E402
+from gptcore.gate import plan, results  # noqa: E402
+from gptcore.gate.stages import (  # noqa: E402
     CALL_END_ENV,
     CALL_SECONDS,
     FIRST_SESSION,
@@ -88,8 +88,9 @@ def plan_all() -> int:
     from tabulate import tabulate
 
     print(
-        f"Plan of a GPU session on an {plan.PLAN_GPU} at an assumed MFU of {plan.ASSUMED_MFU:.0%} (gptcore/plan.py "
-        f"states every assumption); a stage is cut into calls of at most its deadline, each resuming the last.\n"
+        f"Plan of a GPU session on an {plan.PLAN_GPU} at an assumed MFU of {plan.ASSUMED_MFU:.0%} "
+        f"(gptcore/gate/plan.py states every assumption); a stage is cut into calls of at most its deadline,"
+        f" each resuming the last.\n"
     )
     unfit, summary, totals = [], [], {}
     for name in ORDER:

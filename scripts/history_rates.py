@@ -1,5 +1,5 @@
 """The rates behind docs/history.md, measured with the tests' own generator (tests/test_history.py ``series``):
-how often ``gptcore.history`` finds a step or a creep, how often its commit range holds the commit that made the
+how often ``gptcore.hunt.history`` finds a step or a creep, how often its commit range holds the commit that made the
 change, how often it reports a change where there is none, and asv's step detector (``asv.step_detect.detect_steps``,
 if installed: ``pip install asv``) on the same series, side by side.
 
@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 try:
     from tabulate import tabulate
 
-    from gptcore import history
+    from gptcore.hunt import history
     from tests.test_history import series
 except ModuleNotFoundError as err:  # one line, never a traceback
     sys.exit(f"history_rates.py: {sys.executable} lacks {err.name}: pip install -e '.[dev]' first")

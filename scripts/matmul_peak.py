@@ -14,8 +14,8 @@ import sys
 
 import torch
 
-from gptcore.measure import StepTimer
-from gptcore.train import resolve_device
+from gptcore.measure.timing import StepTimer
+from gptcore.training.trainer import resolve_device
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, "fp32": torch.float32}
 

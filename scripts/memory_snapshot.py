@@ -40,7 +40,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("memory_snapshot: needs CUDA (the allocator history is CUDA's)", file=sys.stderr)
         return 2
-    from gptcore.train import Trainer
+    from gptcore.training.trainer import Trainer
 
     os.makedirs(args.out, exist_ok=True)
     name = f"snapshot-{args.model}-{args.recipe}"

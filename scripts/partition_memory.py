@@ -28,7 +28,7 @@ SIZES = ("input_bytes", "saved_bytes", "forward_peak_bytes", "backward_peak_byte
 
 def _plan(model: str, recipe: str, device: str | None) -> dict:
     from gptcore.memory.partition import plan
-    from gptcore.train import resolve_device
+    from gptcore.training.trainer import resolve_device
 
     return asdict(plan(get_model(model), get_recipe(recipe), resolve_device(device)))
 

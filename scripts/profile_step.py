@@ -20,7 +20,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from gptcore.presets import get_model, get_recipe
-from gptcore.train import Trainer, resolve_device
+from gptcore.training.trainer import Trainer, resolve_device
 
 
 def main() -> int:

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gptcore.config import CHAR_VOCAB, DDPOptions, FSDP2Options, GPTConfig, Parallel, Recipe
 from gptcore.memory.tracker import LiveBytes, track_training
-from gptcore.train import Trainer
+from gptcore.training.trainer import Trainer
 
 #: tests.helpers.TINY: 2 layers x 2 heads x 32 wide, T=16, global batch 8 (4 per rank on 2 ranks).
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=CHAR_VOCAB, batch_size=8)

@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 import torch
 
-from gptcore import measure
 from gptcore.config import CHAR_VOCAB, GPTConfig, Recipe
-from gptcore.data import TokenBatches, load_corpus
-from gptcore.train import Trainer
+from gptcore.measure import timing
+from gptcore.training.data import TokenBatches, load_corpus
+from gptcore.training.trainer import Trainer
 
 #: 2 layers x 2 heads x 32 wide, T=16, batch 8: a full step takes a few ms on CPU.
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=CHAR_VOCAB, batch_size=8)
@@ -47,10 +47,10 @@ def params(t: Trainer) -> list[torch.Tensor]:
 def fake_share(monkeypatch: pytest.MonkeyPatch, share: float) -> None:
     """Every timed round from now on reports ``share`` of the CPU (the StepTimer faked): a test whose assertion
     needs a speed figure must not depend on how busy the machine is (below 0.9 a CPU speed is not recorded)."""
-    exit_ = measure.StepTimer.__exit__
+    exit_ = timing.StepTimer.__exit__
 
     def faked(self, *exc):
         exit_(self, *exc)
         self.cpu_share = share
 
-    monkeypatch.setattr(measure.StepTimer, "__exit__", faked)
+    monkeypatch.setattr(timing.StepTimer, "__exit__", faked)

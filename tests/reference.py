@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from gptcore.config import CHAR_VOCAB, GPTConfig, Recipe
-from gptcore.model import GPT
-from gptcore.train import Trainer
+from gptcore.training.model import GPT
+from gptcore.training.trainer import Trainer
 
 FIXTURE = Path(__file__).parent / "data" / "reference_float64.json"
 

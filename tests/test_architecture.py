@@ -102,8 +102,8 @@ def test_the_import_check_sees_every_form_of_import(tmp_path):
     # planted in a copy: each way of naming a part is one import of it
     planted = tmp_path / "gate.py"
     planted.write_text(
-        "from gptcore import identity, units as u\nfrom gptcore.rules import judge\n"
-        "from . import verdicts\nimport gptcore.work\n"
+        "from gptcore import identity, units as u\nfrom gptcore.gate.rules import judge\n"
+        "from . import verdicts\nimport gptcore.measure.work\n"
         "def f():\n    from gptcore import config\n"
     )
     assert imported_parts(planted, "gate") == {"identity", "units", "rules", "verdicts", "work", "config"}

@@ -10,11 +10,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from gptcore import clocks, verdicts
-from gptcore.baselines import Entry, Tolerances
 from gptcore.config import Recipe
-from gptcore.gate import Gate
-from gptcore.measure import CaseRunner, throughput
+from gptcore.gate import verdicts
+from gptcore.gate.baselines import Entry, Tolerances
+from gptcore.gate.session import Gate
+from gptcore.measure import clocks
+from gptcore.measure.runner import CaseRunner
+from gptcore.measure.timing import throughput
 from tests.helpers import TINY, fake_share
 
 pytestmark = pytest.mark.cpu

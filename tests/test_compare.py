@@ -14,11 +14,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptcore.baselines import Tolerances
 from gptcore.cli import main
-from gptcore.compare import CompareError, Options, keyword_match, run_driver, select_cases, write_driver
-from gptcore.significance import FASTER, SAME, SLOWER, hodges_lehmann_ratio, mann_whitney, speed_verdict, u_distribution
-from gptcore.verdicts import loss_check, memory_check
+from gptcore.gate.baselines import Tolerances
+from gptcore.gate.verdicts import loss_check, memory_check
+from gptcore.hunt.compare import CompareError, Options, keyword_match, run_driver, select_cases, write_driver
+from gptcore.hunt.significance import (
+    FASTER,
+    SAME,
+    SLOWER,
+    hodges_lehmann_ratio,
+    mann_whitney,
+    speed_verdict,
+    u_distribution,
+)
 
 pytestmark = pytest.mark.cpu
 
@@ -139,7 +147,7 @@ def test_k_selects_cases_like_pytest():
 
 
 def test_rounds_alternate_which_revision_runs_first(monkeypatch, tmp_path):
-    import gptcore.compare as compare
+    import gptcore.hunt.compare as compare
 
     calls = []
 
@@ -234,7 +242,7 @@ def test_bad_input_is_one_line_and_exit_code_2(repo, tmp_path, monkeypatch, caps
 
 
 def test_ledger_changes_lists_every_count_that_moved():
-    from gptcore.compare import ledger_changes
+    from gptcore.hunt.compare import ledger_changes
 
     a = {"flops": {"forward": 10, "backward": 20}, "op_calls": {"backward": 250}, "syncs": 0}
     b = {"flops": {"forward": 10, "backward": 20}, "op_calls": {"backward": 262}, "syncs": 1}
@@ -346,8 +354,8 @@ def test_bisect_names_the_commit_that_planted_a_regression(repo, monkeypatch, ca
 
 
 def test_a_nan_loss_or_a_nan_speed_in_a_round_is_a_failed_case_that_names_itself():
-    from gptcore.baselines import Tolerances
-    from gptcore.compare import CaseResult, decide
+    from gptcore.gate.baselines import Tolerances
+    from gptcore.hunt.compare import CaseResult, decide
 
     def rounds(tokens: float, loss: float) -> list[dict]:
         return [{"tokens_per_s": tokens, "loss": loss, "loss_step": 2, "peak_memory": 100} for _ in range(3)]

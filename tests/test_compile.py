@@ -11,8 +11,8 @@ import torch._functorch.config as functorch_config
 from torch.testing import assert_close
 
 from gptcore.config import GPTConfig, Recipe
-from gptcore.model import GPT
-from gptcore.train import UnsupportedRecipe, unsupported_reason
+from gptcore.training.model import GPT
+from gptcore.training.trainer import UnsupportedRecipe, unsupported_reason
 from tests.helpers import TINY, batches, capture_grads, trainer
 
 pytestmark = [pytest.mark.cpu, pytest.mark.slow]
@@ -100,5 +100,5 @@ def test_a_memory_budget_with_dropout_is_refused_exactly_while_torch_gets_its_gr
     else:
         assert refused is None, (
             f"torch {torch.__version__} now recomputes dropout with the forward's mask under a "
-            f"memory budget: lift the refusal in gptcore.train.unsupported_reason"
+            f"memory budget: lift the refusal in gptcore.training.trainer.unsupported_reason"
         )

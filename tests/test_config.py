@@ -8,7 +8,6 @@ import dataclasses
 import pytest
 
 from gptcore.config import CHAR_VOCAB, Recipe
-from gptcore.data import CORPORA, load_corpus
 from gptcore.presets import (
     LADDER,
     MEMORY_RECIPES,
@@ -21,7 +20,8 @@ from gptcore.presets import (
     get_model,
     get_recipe,
 )
-from gptcore.train import UnsupportedRecipe, check_runnable
+from gptcore.training.data import CORPORA, load_corpus
+from gptcore.training.trainer import UnsupportedRecipe, check_runnable
 
 pytestmark = pytest.mark.cpu
 

@@ -12,13 +12,15 @@ import pytest
 import torch
 
 from bench.test_cpu_shape import TIMING as CPU_TIMING
-from gptcore import baselines, identity, train
-from gptcore.baselines import BaselineError, Entry, Tolerances
+from gptcore import identity
 from gptcore.config import Schedule
-from gptcore.convergence import Convergence, converge, schedule_recipe, torch_threads
+from gptcore.gate import baselines
+from gptcore.gate.baselines import BaselineError, Entry, Tolerances
+from gptcore.gate.verdicts import verdict_of
+from gptcore.measure.convergence import Convergence, converge, schedule_recipe, torch_threads
 from gptcore.presets import CPU_SHAPE_SHORT, get_model, get_recipe
-from gptcore.train import Trainer
-from gptcore.verdicts import verdict_of
+from gptcore.training import trainer as train
+from gptcore.training.trainer import Trainer
 
 pytestmark = pytest.mark.cpu
 
@@ -211,8 +213,8 @@ def test_a_schedule_that_decays_too_early_fails_the_convergence_gate_and_no_benc
 
 
 def test_the_end_tables_show_a_convergence_case():
-    from gptcore.gate import Row
-    from gptcore.summary import convergence_table, gate_table
+    from gptcore.gate.session import Row
+    from gptcore.gate.summary import convergence_table, gate_table
 
     now, before = entry(run([4.3, 2.5, 2.0, 1.93])), entry(run([4.3, 2.5, 2.0, 1.90]))
     verdict = verdict_of("case", now, before, Tolerances.default_for("cpu"))

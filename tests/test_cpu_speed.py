@@ -10,11 +10,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from gptcore import baselines, measure, verdicts
-from gptcore.baselines import Entry, Tolerances
 from gptcore.config import Recipe
-from gptcore.gate import Gate
-from gptcore.summary import gate_table
+from gptcore.gate import baselines, verdicts
+from gptcore.gate.baselines import Entry, Tolerances
+from gptcore.gate.session import Gate
+from gptcore.gate.summary import gate_table
+from gptcore.measure import runner as measure
 from tests.helpers import TINY, fake_share
 
 pytestmark = pytest.mark.cpu
@@ -92,8 +93,8 @@ def test_no_delta_against_a_speed_from_another_cpu_model_or_an_old_busy_recordin
 
 
 def test_the_report_shows_no_delta_for_a_busy_entry():
-    from gptcore.report import Record
-    from gptcore.report_html import case_checks
+    from gptcore.report.html import case_checks
+    from gptcore.report.tables import Record
 
     base = Entry(
         tokens_per_s=None,

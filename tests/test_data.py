@@ -1,4 +1,4 @@
-"""Tests for gptcore.data: corpora, tokenizer, entropy rates and deterministic batching."""
+"""Tests for gptcore.training.data: corpora, tokenizer, entropy rates and deterministic batching."""
 
 from __future__ import annotations
 
@@ -11,7 +11,15 @@ import pytest
 import torch
 
 from gptcore.config import CHAR_VOCAB
-from gptcore.data import CORPORA, CharTokenizer, TokenBatches, entropy_rate, load_corpus, make_loader, markov_source
+from gptcore.training.data import (
+    CORPORA,
+    CharTokenizer,
+    TokenBatches,
+    entropy_rate,
+    load_corpus,
+    make_loader,
+    markov_source,
+)
 
 
 def _shakespeare_text() -> str:

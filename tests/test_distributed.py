@@ -23,7 +23,7 @@ from gptcore.config import PARALLELS, DDPOptions, FSDP2Options, Parallel, Recipe
 from gptcore.memory import resolve
 from gptcore.memory.parallel import estimate_per_rank
 from gptcore.presets import MODELS, RECIPES
-from gptcore.train import Trainer, UnsupportedRecipe
+from gptcore.training.trainer import Trainer, UnsupportedRecipe
 from tests import distributed_worker as worker
 
 pytestmark = pytest.mark.cpu
@@ -107,7 +107,7 @@ def test_fsdp2_shards_parameters_gradients_and_optimizer_state(proofs):
 def padding_bound(cfg) -> int:
     """FSDP2 pads dim 0 of every parameter to a multiple of N: at most one row per parameter, for the parameter,
     its gradient and its two AdamW moments (float32)."""
-    from gptcore.model import GPT
+    from gptcore.training.model import GPT
 
     rows = sum(p.numel() // p.shape[0] for p in GPT(cfg, worker.BASE).parameters())
     return 4 * rows * 4

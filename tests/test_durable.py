@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from gptcore import identity, results
+from gptcore import identity
+from gptcore.gate import results
 from tests.test_gate import ROOT, child_env
 
 pytestmark = pytest.mark.cpu

@@ -12,7 +12,7 @@ import torch
 
 from gptcore import memory
 from gptcore.presets import get_model, get_recipe
-from gptcore.train import Trainer
+from gptcore.training.trainer import Trainer
 
 pytestmark = [
     pytest.mark.gpu,

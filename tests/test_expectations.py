@@ -1,5 +1,5 @@
-"""Expected effects (gptcore.expectations): the bounds, the session bookkeeping, a declaration for every recipe with
-an effect, and a planted broken optimization caught with no help from the baseline (recorded from the broken
+"""Expected effects (gptcore.gate.expectations): the bounds, the session bookkeeping, a declaration for every recipe
+with an effect, and a planted broken optimization caught with no help from the baseline (recorded from the broken
 code)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from gptcore.expectations import EXPECTATIONS, Expectation, Figures, Session, judge_effect
+from gptcore.gate.expectations import EXPECTATIONS, Expectation, Figures, Session, judge_effect
 from gptcore.presets import RECIPES, STUDIES
 from tests.test_gate import ENV_DROP, ENV_SET, ROOT
 
@@ -104,7 +104,7 @@ def test_every_recipe_of_every_study_declares_its_effect_or_why_it_has_none() ->
 
 
 PLANTED_NO_CHECKPOINT = """
-import gptcore.model as model
+import gptcore.training.model as model
 
 
 def _no_checkpoint(function, *args, use_reentrant=None, **kwargs):

@@ -1,7 +1,7 @@
-"""The work ledger's FLOPs come from formulas the suite owns (gptcore.flops): each equals torch's registry wherever
-torch has a formula (the fused attention backwards less their recomputation of the scores), every attention kernel
-counts what the math path dispatches, cpu-small's step equals the analytic count with attention, and a formula torch
-adds or drops moves no FLOPs: it is named as the counter's change."""
+"""The work ledger's FLOPs come from formulas the suite owns (gptcore.measure.flops): each equals torch's registry
+wherever torch has a formula (the fused attention backwards less their recomputation of the scores), every attention
+kernel counts what the math path dispatches, cpu-small's step equals the analytic count with attention, and a formula
+torch adds or drops moves no FLOPs: it is named as the counter's change."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gptcore import flops, verdicts
-from gptcore.baselines import Entry, Tolerances
+from gptcore.gate import verdicts
+from gptcore.gate.baselines import Entry, Tolerances
+from gptcore.measure import flops
+from gptcore.measure.work import WorkLedger, count_step
 from gptcore.presets import MODELS, RECIPES
-from gptcore.train import Trainer
-from gptcore.work import WorkLedger, count_step
+from gptcore.training.trainer import Trainer
 from tests.helpers import TINY
 
 pytestmark = pytest.mark.cpu
@@ -68,7 +69,7 @@ def test_every_formula_equals_torchs_wherever_torch_has_one() -> None:
 
 
 class _Ours(TorchDispatchMode):
-    """Sums gptcore.flops over what is dispatched, and notes which operators ran."""
+    """Sums gptcore.measure.flops over what is dispatched, and notes which operators ran."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -1,7 +1,7 @@
 """The baselines gate proves itself: a real CPU benchmark case (cpu-small ckpt-fp32, 1 warm-up, 2 rounds of 2
 steps) run through pytest in a subprocess against a temporary baselines dir: recorded, rerun unchanged, then with
 the baseline moved so that the run must fail; unusable baseline files give a clear error; a --benchmark-compare-fail
-regression fails the run with the end table and no traceback. Plus unit tests of gptcore.baselines (verdicts,
+regression fails the run with the end table and no traceback. Plus unit tests of gptcore.gate.baselines (verdicts,
 validation, atomic update) and of the end table."""
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from gptcore import baselines, identity, verdicts
-from gptcore.baselines import BaselineError, Entry, Tolerances
-from gptcore.verdicts import verdict_of
+from gptcore import identity
+from gptcore.gate import baselines, verdicts
+from gptcore.gate.baselines import BaselineError, Entry, Tolerances
+from gptcore.gate.verdicts import verdict_of
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.cpu
@@ -163,7 +164,7 @@ def test_benchmark_compare_without_history_says_so_and_still_gates(run, recorded
 
 
 TRIVIAL_BENCH = """
-from gptcore.measure import Measurement
+from gptcore.measure.runner import Measurement
 
 
 def test_trivial(benchmark, gate, request):
@@ -258,7 +259,7 @@ def test_a_results_log_that_cannot_be_written_stops_the_run_before_the_first_cas
 
 PLANTED_MLP = """
 import torch
-import gptcore.model as model
+import gptcore.training.model as model
 
 _init = model.GPT.__init__
 
@@ -329,7 +330,7 @@ def test_a_removed_operator_fails_as_leaner_under_strict_and_passes_with_a_note_
     lenient.stdout.fnmatch_lines(["*ok (refresh the baseline: op calls -2 (aten.alias -2))*"])
 
 
-# -- unit tests of gptcore.baselines --------------------------------------------------------------------------------
+# -- unit tests of gptcore.gate.baselines ------------------------------------------------------------------------------
 
 BASE = Entry(
     tokens_per_s=1000.0,
@@ -433,8 +434,8 @@ def test_failure_message_names_case_metric_and_numbers() -> None:
 
 
 def test_end_table_puts_both_peak_columns_in_one_unit() -> None:
-    from gptcore.gate import Row
-    from gptcore.summary import gate_table
+    from gptcore.gate.session import Row
+    from gptcore.gate.summary import gate_table
 
     big = measured(peak_allocated_bytes=40 * 2**30)
     rows = [
@@ -454,8 +455,8 @@ def test_end_table_puts_both_peak_columns_in_one_unit() -> None:
 
 
 def test_end_table_says_where_mfu_flops_come_from_and_what_work_moved() -> None:
-    from gptcore.gate import Row
-    from gptcore.summary import gate_table
+    from gptcore.gate.session import Row
+    from gptcore.gate.summary import gate_table
 
     row = Row("a", BASE, BASE, "FAIL: syncs +1", mfu="41.3% (counted)", work="syncs +1")
     line = gate_table([row]).splitlines()[2]
@@ -536,8 +537,8 @@ def test_a_missing_file_loads_as_none(tmp_path: Path) -> None:
     ],
 )
 def test_a_figure_that_is_not_finite_fails_naming_itself_and_the_end_table_still_renders(field, value, metric, note):
-    from gptcore.gate import Row
-    from gptcore.summary import gate_table
+    from gptcore.gate.session import Row
+    from gptcore.gate.summary import gate_table
 
     now = measured(**{field: value})
     verdict = verdict_of("c", now, BASE, CPU)  # a NaN compares false with any bound: it must not read as ok
@@ -554,8 +555,8 @@ def test_a_figure_that_is_not_finite_fails_naming_itself_and_the_end_table_still
 def test_a_nan_loss_is_never_recorded_and_fails_the_case_naming_itself(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from gptcore.gate import Gate
-    from gptcore.measure import Measurement
+    from gptcore.gate.session import Gate
+    from gptcore.measure.runner import Measurement
 
     gate = Gate(directory=tmp_path, update=True, strict=False, overrides={}, timing_override=(None,) * 3)
     node = SimpleNamespace(name="test_x[tiny-fp32]", nodeid="bench/x.py::test_x[tiny-fp32]")

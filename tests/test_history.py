@@ -1,4 +1,4 @@
-"""Change points over commits (gptcore.history): found at the noise levels benchmarks have, rare when there is
+"""Change points over commits (gptcore.hunt.history): found at the noise levels benchmarks have, rare when there is
 none, named by a commit range that holds the commit that made them; steps at the end of the history by HUD's rule;
 creeping slopes; exact metrics step at their commit; commit order by commit time; bad input is one line; the HTML
 history marks each change on its plot; and a real history of this project's CPU tier names the commit that planted
@@ -21,8 +21,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from gptcore import history
-from gptcore.history import Point
+from gptcore.hunt import history
+from gptcore.hunt.history import Point
 from tests.test_gate import ROOT, child_env
 
 pytestmark = pytest.mark.cpu
@@ -278,7 +278,7 @@ def test_bad_input_is_one_line_each_and_the_rest_goes_on(tmp_path: Path, capsys)
 
 def test_json_and_markdown_keep_each_change_and_the_command_that_hunts_it(tmp_path: Path, capsys):
     from gptcore.cli import main
-    from gptcore.summary import gate_markdown
+    from gptcore.gate.summary import gate_markdown
 
     run = json.loads((ROOT / "tests" / "data" / "cpu-report-run.json").read_text())
     case = "test_cpu_shape[cpu-small-ckpt-fp32]"
@@ -306,7 +306,7 @@ def test_json_and_markdown_keep_each_change_and_the_command_that_hunts_it(tmp_pa
 
 def test_the_html_history_marks_each_change_point_on_its_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     pytest.importorskip("matplotlib")
-    from gptcore.report_html import build_html
+    from gptcore.report.html import build_html
     from tests.test_report import saved_figures
 
     run_file = ROOT / "tests" / "data" / "cpu-report-run.json"

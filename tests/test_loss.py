@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from gptcore.config import GPTConfig, Recipe
-from gptcore.data import markov_source
 from gptcore.presets import MODELS
-from gptcore.train import Trainer
+from gptcore.training.data import markov_source
+from gptcore.training.trainer import Trainer
 from tests.helpers import batches, trainer
 
 pytestmark = pytest.mark.cpu

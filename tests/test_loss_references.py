@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from gptcore import baselines, identity, verdicts
-from gptcore.baselines import Entry, Tolerances
-from gptcore.verdicts import FAIL, OK
+from gptcore import identity
+from gptcore.gate import baselines, verdicts
+from gptcore.gate.baselines import Entry, Tolerances
+from gptcore.gate.verdicts import FAIL, OK
 
 pytestmark = pytest.mark.cpu
 XEON, EPYC, OTHER = "Intel(R) Xeon(R) Processor", "AMD EPYC", "Some ARM core"

@@ -1,4 +1,4 @@
-"""gptcore.measure: the peak-FLOPs table and MFU, the timer, tokens/s statistics, and run_case on CPU."""
+"""gptcore.measure.runner: the peak-FLOPs table and MFU, the timer, tokens/s statistics, and run_case on CPU."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from gptcore import measure
-from gptcore.measure import mfu, out_of_memory_in, peak_flops, run_case, throughput
+from gptcore.measure import runner as measure
+from gptcore.measure import timing
+from gptcore.measure.runner import out_of_memory_in, run_case
+from gptcore.measure.timing import mfu, peak_flops, throughput
 from gptcore.memory import track_training
 from gptcore.presets import MODELS, RECIPES
-from gptcore.train import Trainer
+from gptcore.training.trainer import Trainer
 from tests.helpers import TINY
 
 pytestmark = pytest.mark.cpu
@@ -56,10 +58,10 @@ def test_mfu_is_achieved_over_peak_flops_and_none_on_cpu() -> None:
 
 def test_cpu_timer_measures_the_block_on_the_host_clock_and_the_cpu_share(monkeypatch: pytest.MonkeyPatch) -> None:
     wall, cpu = iter([10.0, 12.5]), iter([1.0, 3.5])
-    monkeypatch.setattr(measure.time, "perf_counter", lambda: next(wall))
-    monkeypatch.setattr(measure.time, "process_time", lambda: next(cpu))
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: next(wall))
+    monkeypatch.setattr(timing.time, "process_time", lambda: next(cpu))
     monkeypatch.setattr(measure.torch, "get_num_threads", lambda: 2)
-    timer = measure.StepTimer("cpu")
+    timer = timing.StepTimer("cpu")
     with timer:
         pass
     assert timer.seconds == 2.5

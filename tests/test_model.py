@@ -10,8 +10,8 @@ from torch.testing import assert_close
 from torch.utils.flop_counter import FlopCounterMode
 
 from gptcore.config import Recipe
-from gptcore.model import GPT, attention_unsupported
 from gptcore.presets import MODELS
+from gptcore.training.model import GPT, attention_unsupported
 from tests.helpers import TINY, batches
 
 pytestmark = pytest.mark.cpu

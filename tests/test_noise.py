@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from gptcore import results
+from gptcore.gate import results
 from scripts.gpu_noise import compare, measured, round_up, summary
 from tests.test_gate import ROOT, child_env
 from tests.test_plan import gpu_session

@@ -77,7 +77,7 @@ def test_live_bytes_are_walked_in_graph_order_with_views_sharing_their_base():
 
 
 def test_the_peak_of_an_allocator_trace_and_what_was_live_at_it_by_line():
-    gpt = [{"filename": "/x/gptcore/model.py", "line": 7, "name": "forward"}, {"filename": "/t/torch/nn.py"}]
+    gpt = [{"filename": "/x/gptcore/training/model.py", "line": 7, "name": "forward"}, {"filename": "/t/torch/nn.py"}]
     opt = [{"filename": "/t/torch/optim/adamw.py", "line": 3, "name": "step"}]
     trace = [
         {"action": "alloc", "addr": 1, "size": 100, "frames": gpt},
@@ -94,5 +94,5 @@ def test_the_peak_of_an_allocator_trace_and_what_was_live_at_it_by_line():
     assert peak.oom == "requested 1,000 B with 20 B free, 350 B allocated"
     assert [(s.where, s.blocks, s.bytes) for s in peak.sites] == [
         ("optim/adamw.py:3 step", 1, 300),
-        ("gptcore/model.py:7 forward", 2, 110),
+        ("gptcore/training/model.py:7 forward", 2, 110),
     ]

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from gptcore import plan
+from gptcore.gate import plan
+from gptcore.gate.stages import ORDER, STAGES
 from gptcore.presets import MODELS, RECIPES
-from gptcore.stages import ORDER, STAGES
 from tests.test_gate import ROOT, child_env
 
 pytestmark = pytest.mark.cpu
 
 
 def test_the_analytic_flops_are_the_models_own_count():
-    from gptcore.model import GPT
+    from gptcore.training.model import GPT
 
     for model, recipe in (("cpu-small", "ckpt-fp32"), ("gpt2", "ladder-8"), ("char", "fp32")):
         cfg, r = MODELS[model], RECIPES[recipe]
@@ -68,7 +68,7 @@ def gpu_session(args: list[str], **env: str) -> subprocess.CompletedProcess:
 def test_a_stage_gets_what_is_left_of_its_call_and_none_below_a_minute(monkeypatch, capsys):
     import time
 
-    from gptcore.stages import CALL_END_ENV, stage_deadline
+    from gptcore.gate.stages import CALL_END_ENV, stage_deadline
     from scripts import gpu_stage
 
     ladder, smoke = STAGES["ladder"], STAGES["smoke"]

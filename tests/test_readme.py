@@ -302,7 +302,7 @@ REPO_PATH = re.compile(
 
 
 def test_every_repository_path_in_backticks_exists():
-    """`gptcore/work.py`, `scripts/gpu_session.sh`: a path the pages name in code is there."""
+    """`gptcore/measure/work.py`, `scripts/gpu_session.sh`: a path the pages name in code is there."""
     named = [(page.relative_to(ROOT), p) for page in PAGES for p in REPO_PATH.findall(page.read_text())]
     missing = [f"{page}: {p}" for page, p in named if not (ROOT / p).exists()]
     assert not missing, "\n".join(missing)

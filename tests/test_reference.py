@@ -74,7 +74,7 @@ def test_manual_attention_computes_the_same_reference(expected):
 @pytest.mark.parametrize("change", ["tanh GELU", "LayerNorm eps 1e-6"])
 def test_a_small_change_of_the_math_is_caught(change, expected, monkeypatch):
     # planted here, on a patched copy of the model's building blocks, never in gptcore: the reference must see it
-    import gptcore.model as model_module
+    import gptcore.training.model as model_module
 
     if change == "tanh GELU":
         gelu = torch.nn.GELU

@@ -1,8 +1,8 @@
-"""gptcore.report and `python -m gptcore report`: tables from a real CPU --benchmark-json run
+"""gptcore.report.tables and `python -m gptcore report`: tables from a real CPU --benchmark-json run
 (tests/data/cpu-run.json: `pytest bench -m cpu -k "test_cpu_shape and (cpu-small or cpu-layers2)" --bench-warmup 1
 --bench-rounds 3 --bench-steps 2 --benchmark-json ...`), the derived tables' definitions, bad input, the axis labels
 of every plot,
-and the HTML page (gptcore.report_html), opened in a real headless browser.
+and the HTML page (gptcore.report.html), opened in a real headless browser.
 
 HTML test data: tests/data/cpu-report-run.json and the two saved runs under tests/data/history/cpu/ are real (`pytest
 bench -m cpu -k "cpu-small-ckpt or cpu-layers2-ckpt-fp32 or cpu-small-fp32 or cpu-small-ladder-0 or
@@ -25,8 +25,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from gptcore import report
 from gptcore.cli import main
+from gptcore.report import tables as report
 
 pytestmark = pytest.mark.cpu
 
@@ -222,7 +222,7 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The pages of the real CPU run (with its history), of the synthetic ladder run, and of the real CPU run over
     a history with a planted change point (tests/test_history.py), built once."""
     pytest.importorskip("matplotlib")
-    from gptcore.report_html import write_html
+    from gptcore.report.html import write_html
     from tests.test_history import planted_history
 
     out = tmp_path_factory.mktemp("html")
@@ -246,7 +246,7 @@ def test_html_is_self_contained(pages: dict[str, Path]) -> None:
 
 
 def test_html_shows_each_case_against_its_baseline(pages: dict[str, Path]) -> None:
-    from gptcore import baselines
+    from gptcore.gate import baselines
 
     base = baselines.load(BASELINES / "cpu.json")
     doc = Elements(pages["cpu"].read_text())
@@ -274,7 +274,7 @@ def test_busy_flag_only_below_the_cpu_share_threshold(tmp_path: Path) -> None:
 
 
 def test_memory_breakdown_is_the_estimate_the_gate_recorded() -> None:
-    from gptcore.report_html import estimate_at_peak
+    from gptcore.report.html import estimate_at_peak
 
     for r in report.load_run(CPU_RUN) + report.load_run(LADDER_RUN):
         cats, phase = estimate_at_peak(r)
@@ -282,7 +282,7 @@ def test_memory_breakdown_is_the_estimate_the_gate_recorded() -> None:
 
 
 def test_ladder_waterfall_in_rung_order(pages: dict[str, Path]) -> None:
-    from gptcore.report_html import ladders
+    from gptcore.report.html import ladders
 
     rungs = ladders(report.load_run(LADDER_RUN))
     assert list(rungs) == ["gpt2"] and [n for n, _ in rungs["gpt2"]] == list(range(9))
@@ -293,7 +293,7 @@ def test_ladder_waterfall_in_rung_order(pages: dict[str, Path]) -> None:
 
 
 def test_history_reads_pytest_benchmark_saved_runs_oldest_first() -> None:
-    from gptcore.report_html import load_history
+    from gptcore.report.html import load_history
 
     runs = load_history(HISTORY)
     assert [r.number for r in runs] == ["0001", "0002"]
@@ -307,7 +307,7 @@ def test_html_plots_label_every_axis_with_error_bars_on_tokens_per_s(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("matplotlib")
-    from gptcore.report_html import build_html
+    from gptcore.report.html import build_html
 
     figures = saved_figures(monkeypatch)
     build_html(CPU_RUN, baselines_dir=BASELINES, history=HISTORY)
@@ -379,7 +379,8 @@ def test_a_real_browser_loads_the_page_runs_its_script_and_finds_every_case(
 
 
 def test_gate_says_where_pytest_benchmark_history_is_when_it_split_the_storage(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gptcore import gate, identity, plugin
+    from gptcore import identity, plugin
+    from gptcore.gate import session as gate
 
     monkeypatch.setattr(identity, "session_slug", lambda: "cpu")
     config = SimpleNamespace(
@@ -414,8 +415,8 @@ def test_gate_says_where_pytest_benchmark_history_is_when_it_split_the_storage(m
 def test_html_judges_each_expected_effect_as_the_gate_does(pages: dict[str, Path]) -> None:
     """The report's 'does each optimization still pay' comes from the gate's own rule: the same outcomes as
     Gate.expect on the same figures."""
-    from gptcore.gate import Gate
-    from gptcore.measure import Measurement
+    from gptcore.gate.session import Gate
+    from gptcore.measure.runner import Measurement
 
     text = pages["cpu"].read_text()
     shown = dict(re.findall(r'<tr data-expectation="([^"]+)">.*?<td class="[^"]*">([^<]+)</td></tr>', text))
@@ -444,10 +445,10 @@ def test_html_status_of_each_case_is_the_gates(tmp_path: Path) -> None:
     import itertools
     from types import SimpleNamespace
 
-    from gptcore import baselines, verdicts
-    from gptcore.measure import Measurement
-    from gptcore.report_html import build_html
-    from gptcore.summary import _pct
+    from gptcore.gate import baselines, verdicts
+    from gptcore.gate.summary import _pct
+    from gptcore.measure.runner import Measurement
+    from gptcore.report.html import build_html
 
     base = baselines.load(BASELINES / "cpu.json")
     tol = dataclasses.replace(base.tolerances, speed=0.05)
@@ -483,9 +484,9 @@ def test_html_plots_the_validation_curves_of_a_convergence_run_against_the_basel
     """A convergence case (extra_info as bench/harness.converge_case writes it) gets its group's validation-curve
     figure, and no memory figures (none is measured in a whole training run)."""
     pytest.importorskip("matplotlib")
-    from gptcore import baselines
-    from gptcore.convergence import Convergence
-    from gptcore.report_html import build_html
+    from gptcore.gate import baselines
+    from gptcore.measure.convergence import Convergence
+    from gptcore.report.html import build_html
 
     name = "test_convergence_cpu_shape_short[cpu-small-ckpt-fp32]"
     before = baselines.load(BASELINES / "cpu.json").entries[name].convergence
@@ -518,7 +519,7 @@ def test_html_plots_the_validation_curves_of_a_convergence_run_against_the_basel
 
 def test_a_nan_loss_and_an_inf_speed_are_named_in_the_report_and_its_page(tmp_path: Path, capsys) -> None:
     pytest.importorskip("matplotlib")
-    from gptcore.report_html import build_html
+    from gptcore.report.html import build_html
 
     run = json.loads(CPU_RUN.read_text())
     first, second = run["benchmarks"][0], run["benchmarks"][1]

@@ -12,8 +12,8 @@ from collections import Counter
 
 import pytest
 
-from gptcore import baselines, verdicts
-from gptcore.work import CompileStats
+from gptcore.gate import baselines, verdicts
+from gptcore.measure.work import CompileStats
 from tests.test_gate import ROOT
 
 pytestmark = pytest.mark.cpu

@@ -2,12 +2,12 @@
 
 ``tests/data/gate_render/`` holds what the gate printed for ``tests/data/cpu-run.json`` (10 CPU-shape cases) against
 a frozen copy of the CPU baselines of the run's vintage (``tests/data/baselines-frozen/cpu.json``) when it was one
-module; the split into gptcore.gate (judging), gptcore.summary (rendering) and gptcore.plugin (pytest wiring) did
-not change a byte. The run is moved so that every status shows: a case over its memory tolerance, one leaner, one
-faster with speed gated, an out-of-memory case, a case with no baseline under --baseline-strict, unmet expected
-effects, and a convergence run slower to its target. After a change meant to alter the output, rewrite the files
-with ``python -m tests.test_summary`` and review the diff (as when the gate stopped showing a speed delta against a
-busy recording, and began to fail an exact figure that went down under --baseline-strict).
+module; the split into gptcore.gate.session (judging), gptcore.gate.summary (rendering) and gptcore.plugin (pytest
+wiring) did not change a byte. The run is moved so that every status shows: a case over its memory tolerance, one
+leaner, one faster with speed gated, an out-of-memory case, a case with no baseline under --baseline-strict, unmet
+expected effects, and a convergence run slower to its target. After a change meant to alter the output, rewrite the
+files with ``python -m tests.test_summary`` and review the diff (as when the gate stopped showing a speed delta against
+a busy recording, and began to fail an exact figure that went down under --baseline-strict).
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ CPU_MODEL = "AMD EPYC (family 25, model 17)"
 
 def render_recorded_run() -> tuple[str, str]:
     """(the end table, its convergence and expectations tables and notes; the markdown verdict)."""
-    from gptcore import baselines
-    from gptcore.convergence import Convergence
-    from gptcore.gate import Gate
-    from gptcore.measure import Measurement
-    from gptcore.summary import convergence_table, expectations_table, gate_markdown, gate_table
+    from gptcore.gate import baselines
+    from gptcore.gate.session import Gate
+    from gptcore.gate.summary import convergence_table, expectations_table, gate_markdown, gate_table
+    from gptcore.measure.convergence import Convergence
+    from gptcore.measure.runner import Measurement
 
     run = json.loads((DATA / "cpu-run.json").read_text())
     gate = Gate(

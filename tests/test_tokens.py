@@ -9,11 +9,11 @@ import dataclasses
 import pytest
 import torch
 
-from gptcore import distributed
 from gptcore.config import GPTConfig, Parallel
-from gptcore.measure import CaseRunner
+from gptcore.measure.runner import CaseRunner
 from gptcore.presets import RECIPES
-from gptcore.train import Trainer, unsupported_reason
+from gptcore.training import distributed
+from gptcore.training.trainer import Trainer, unsupported_reason
 from tests.helpers import TINY
 
 pytestmark = pytest.mark.cpu

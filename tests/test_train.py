@@ -12,7 +12,7 @@ from torch.testing import assert_close
 
 import gptcore
 from gptcore.config import Recipe
-from gptcore.train import lr_at
+from gptcore.training.trainer import lr_at
 from tests.helpers import F32_EPS, TINY, batches, capture_grads, params, trainer
 
 pytestmark = pytest.mark.cpu
@@ -122,7 +122,7 @@ def test_sgd_cosine_learning_rate_equals_the_closed_form():
     for batch in data:
         t.step(batch)
 
-    def closed_form(s: int) -> float:  # nanoGPT's get_lr, written independently of gptcore.train.lr_at
+    def closed_form(s: int) -> float:  # nanoGPT's get_lr, written independently of gptcore.training.trainer.lr_at
         if s < 3:
             return 0.1 * (s + 1) / (3 + 1)
         if s > 10:

@@ -11,14 +11,14 @@ import dataclasses
 import pytest
 import torch
 
-from gptcore.baselines import Entry, Tolerances
 from gptcore.config import Recipe
-from gptcore.measure import run_case
-from gptcore.model import GPT
+from gptcore.gate.baselines import Entry, Tolerances
+from gptcore.gate.verdicts import verdict_of
+from gptcore.measure.runner import run_case
+from gptcore.measure.work import count_step
 from gptcore.presets import RECIPES
-from gptcore.train import Trainer
-from gptcore.verdicts import verdict_of
-from gptcore.work import count_step
+from gptcore.training.model import GPT
+from gptcore.training.trainer import Trainer
 from tests.helpers import TINY
 
 pytestmark = pytest.mark.cpu
@@ -34,7 +34,7 @@ def ledger_of(recipe: Recipe) -> dict:
 
 
 def entry(work: dict, peak: int | None = None) -> Entry:
-    from gptcore.work import WorkLedger
+    from gptcore.measure.work import WorkLedger
 
     return Entry(
         tokens_per_s=None,

@@ -2,10 +2,10 @@
 ``Question`` (what had to change to answer it is noted), ``estimate`` answers it by arithmetic alone.
 
 ``estimate`` (about a millisecond for GPT-2 XL) walks one steady-state training step (optimizer state already
-allocated) through the tensors that ``gptcore.model`` and ``gptcore.train`` create and free, op by op and in order
-(``tally_ops``), and keeps the peak of their sum, its phase and what was live at that moment. It does not see
-workspaces allocated inside one kernel (cuBLAS, flash-attention's fp32 dq accumulator) nor inside a compiled graph:
-compiled recipes are answered as their eager equivalent, and say so in their notes.
+allocated) through the tensors that ``gptcore.training.model`` and ``gptcore.training.trainer`` create and free, op by
+op and in order (``tally_ops``), and keeps the peak of their sum, its phase and what was live at that moment. It does
+not see workspaces allocated inside one kernel (cuBLAS, flash-attention's fp32 dq accumulator) nor inside a compiled
+graph: compiled recipes are answered as their eager equivalent, and say so in their notes.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def resolve(
         )
         recipe = dataclasses.replace(recipe, compile=False, compile_scope="model", memory_budget=None)
     if device == "cpu" and (recipe.precision == "tf32" or recipe.attention == "flash"):
-        from gptcore.train import unsupported_reason
+        from gptcore.training.trainer import unsupported_reason
 
         raise ValueError(unsupported_reason(recipe, "cpu"))
     if recipe.precision == "tf32":

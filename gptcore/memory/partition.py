@@ -164,7 +164,7 @@ def check_plannable(recipe: Recipe, name: str = "the recipe") -> None:
 def plan(cfg: GPTConfig, recipe: Recipe, device: torch.device | str = "cpu") -> PartitionPlan:
     """The partitioner's plan for one micro-batch of ``cfg`` under ``recipe`` (compile over the whole model) on
     ``device``: the Trainer's own model, autocast and memory budget, compiled until the partition and no further."""
-    from gptcore.train import Trainer
+    from gptcore.training.trainer import Trainer
 
     check_plannable(recipe)
     trainer = Trainer(cfg, recipe, device)

@@ -122,8 +122,8 @@ def _fake_run(cfg: GPTConfig, recipe: Recipe, cuda: bool) -> _SegmentTracker:
     """Two training iterations of a Trainer built and fed on fake tensors, tracked (``track_training``)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from gptcore.data import load_corpus
-    from gptcore.train import Trainer
+    from gptcore.training.data import load_corpus
+    from gptcore.training.trainer import Trainer
 
     with torch.random.fork_rng(devices=[]), FakeTensorMode() as mode:  # the Trainer seeds the global RNG
         with _swappable_fakes(mode):

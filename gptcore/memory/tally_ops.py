@@ -1,4 +1,4 @@
-"""The walk of the analytic estimate through ``gptcore.model``: the tensors GPT.forward (with the loss) and
+"""The walk of the analytic estimate through ``gptcore.training.model``: the tensors GPT.forward (with the loss) and
 loss.backward() create and free, op by op and in order, per block and per attention kernel, on a ``Tally``.
 
 Each forward returns what it saved for backward as a dict of handles named after the tensors they stand for

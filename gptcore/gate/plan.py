@@ -46,7 +46,7 @@ def compile_seconds(cfg: GPTConfig, recipe: Recipe) -> float:
 
 
 def flops_per_token(cfg: GPTConfig, recipe: Recipe) -> float:
-    """Training FLOPs per token, as gptcore.model.GPT.flops_per_token counts them (6 x matmul weights +
+    """Training FLOPs per token, as gptcore.training.model.GPT.flops_per_token counts them (6 x matmul weights +
     12 L d T), without building the model; checkpointing recomputes the blocks' forward (+1/3 of their work)."""
     d, layers = cfg.n_embd, cfg.n_layer
     blocks = 6 * 12 * d * d * layers + 12 * layers * d * cfg.block_size
@@ -57,7 +57,9 @@ def flops_per_token(cfg: GPTConfig, recipe: Recipe) -> float:
 
 def step_seconds(cfg: GPTConfig, recipe: Recipe, device: str, world: int = 1) -> float:
     """Assumed seconds of one optimizer step."""
-    from gptcore.measure import PEAK_TFLOPS  # a planning figure from the datasheet table (imports torch when called)
+    from gptcore.measure.runner import (
+        PEAK_TFLOPS,  # a planning figure from the datasheet table (imports torch when called)
+    )
 
     klass = "fp32" if recipe.precision == "fp32" else "tf32" if recipe.precision == "tf32" else "16-bit"
     if device == "cuda":

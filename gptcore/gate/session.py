@@ -1,7 +1,7 @@
 """The benchmark gate's state and judgment for one pytest session: :class:`Gate` holds the baseline files per
 device, judges each case against its baseline (:meth:`Gate.judge`, :meth:`Gate.judge_convergence`), keeps one
 :class:`Row` per case for the end table, and records cases as they end (:meth:`Gate.write_updates`). The pytest
-wiring is in :mod:`gptcore.plugin`, the end-of-run rendering in :mod:`gptcore.summary`."""
+wiring is in :mod:`gptcore.plugin`, the end-of-run rendering in :mod:`gptcore.gate.summary`."""
 
 from __future__ import annotations
 
@@ -12,15 +12,16 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from gptcore import baselines, expectations, identity, verdicts
-from gptcore.baselines import BaselineError, BaselineFile, Entry, Tolerances
-from gptcore.expectations import Figures
-from gptcore.verdicts import Verdict
+from gptcore import identity
+from gptcore.gate import baselines, expectations, verdicts
+from gptcore.gate.baselines import BaselineError, BaselineFile, Entry, Tolerances
+from gptcore.gate.expectations import Figures
+from gptcore.gate.verdicts import Verdict
 
 if TYPE_CHECKING:
-    from gptcore.convergence import Convergence
-    from gptcore.measure import Measurement
-    from gptcore.results import ResultsLog
+    from gptcore.gate.results import ResultsLog
+    from gptcore.measure.convergence import Convergence
+    from gptcore.measure.runner import Measurement
 
 __all__ = ["Gate", "Outcome", "Row"]
 
@@ -96,9 +97,9 @@ class Gate:
     history_note: str | None = None
     """Where pytest-benchmark's history of this device is, when the gate split its storage (shown when cases ran)."""
     expected: expectations.Session = field(default_factory=expectations.Session)
-    """Each optimization's declared effect, judged within the run (gptcore.expectations)."""
+    """Each optimization's declared effect, judged within the run (gptcore.gate.expectations)."""
     log: ResultsLog | None = None
-    """--results-log: one line per case, written as the case ends (gptcore.results)."""
+    """--results-log: one line per case, written as the case ends (gptcore.gate.results)."""
     cases: dict[str, dict] = field(default_factory=dict)
     """What judging each case leaves for its results-log line: nodeid -> slug, verdict, failures, entry, row."""
     recorded: dict[Path, list[int]] = field(default_factory=dict)
@@ -210,7 +211,7 @@ class Gate:
     def judge_convergence(
         self, node: pytest.Item, run: Convergence | None, *, device: str, precision: str, error: str | None = None
     ) -> Outcome:
-        """The hand-over of a convergence case (gptcore.convergence); ``run`` is None when it failed with
+        """The hand-over of a convergence case (gptcore.measure.convergence); ``run`` is None when it failed with
         ``error``."""
         measured = Entry.from_convergence(run, device=device, precision=precision, cpu_model=self.cpu_model)
         return self._outcome(node, device, error, self.judge_entry(node, measured, device, error=error), [])
@@ -310,7 +311,7 @@ class Gate:
         self.cases[node.nodeid]["row"] = row.cells()
 
     def _expect(self, model: str, recipe: str, m: Measurement, estimate: int | str | None, world: int = 1) -> list[str]:
-        """Judge the expectations this case completes (gptcore.expectations); the failures' lines."""
+        """Judge the expectations this case completes (gptcore.gate.expectations); the failures' lines."""
         figures = Figures(m.peak_allocated_bytes, m.tokens_per_s, m.tokens_per_s_iqr, estimate)
         judged = self.expected.record(model, recipe, m.device.split(":")[0], figures, world)
         return [o.line for o in judged if o.status == "FAIL"]

@@ -2,7 +2,7 @@
 as nvbench does: a round run below the GPU's clocks says nothing about the code.
 
 A round is flagged when its SM clock was below :data:`SLOW_CLOCK` of the default application clock, or when a
-thermal or power throttle reason was set while it ran. gptcore.measure samples each round while its work is still
+thermal or power throttle reason was set while it ran. gptcore.measure.runner samples each round while its work is still
 running (after the steps are queued, before the round's one sync), leaves flagged rounds out of the tokens/s
 median, and calls the case "machine unfit" when more than half were flagged. Without NVML (no GPU, no package, no
 permission) nothing is sampled and nothing changes. Tests hand in a fake NVML module.

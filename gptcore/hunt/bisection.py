@@ -14,13 +14,21 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gptcore.baselines import Tolerances
-from gptcore.compare import CompareError, DriverError, Options, compare_trees, run_driver, select_cases, write_driver
+from gptcore.gate.baselines import Tolerances
+from gptcore.gate.verdicts import Check, loss_check, memory_check
+from gptcore.hunt.compare import (
+    CompareError,
+    DriverError,
+    Options,
+    compare_trees,
+    run_driver,
+    select_cases,
+    write_driver,
+)
+from gptcore.hunt.revisions import commit_of, git, repo_root, subject, worktree
+from gptcore.hunt.significance import SLOWER
 from gptcore.identity import local_device
 from gptcore.presets import RECIPES
-from gptcore.revisions import commit_of, git, repo_root, subject, worktree
-from gptcore.significance import SLOWER
-from gptcore.verdicts import Check, loss_check, memory_check
 
 METRICS = ("tokens_per_s", "peak_memory", "loss")
 """What ``bisect`` can hunt: a drop in tokens/s, or a rise in peak memory or a change of the loss."""
@@ -175,7 +183,7 @@ def bisect(
             driver = tmp_path / "gptcore_bisect_step.py"
             here = Path(__file__).resolve().parents[1]
             driver.write_text(
-                f"import sys\nsys.path.insert(0, {str(here)!r})\nfrom gptcore.bisection import "
+                f"import sys\nsys.path.insert(0, {str(here)!r})\nfrom gptcore.hunt.bisection import "
                 f"bisect_step\nsys.exit(bisect_step({str(spec_path)!r}))\n"
             )
             git(bad_tree, "bisect", "start", bad_sha, good_sha)

@@ -1,5 +1,5 @@
 """Verdicts: a measurement's baseline entry against the recorded one, metric by metric, each check judged by the one
-rule of ``gptcore.rules``.
+rule of ``gptcore.gate.rules``.
 
 Gate rules (defaults per device type, stored in each file's ``tolerances`` and overridable per run):
 
@@ -13,8 +13,8 @@ Gate rules (defaults per device type, stored in each file's ``tolerances`` and o
   the loss is held to that reference with the same-CPU tolerances; on any other model, to the recorded loss
   within ``loss_other_cpu`` / ``loss_amp_other_cpu`` (see ``Tolerances.default_for``). ``--update-loss-references``
   adds this CPU model's references and changes nothing else;
-* every count of the work ledger (gptcore.work) fails above its baseline: they are exact;
-* a convergence case (a whole training run, gptcore.convergence) is judged on what it learned instead: its final
+* every count of the work ledger (gptcore.measure.work) fails above its baseline: they are exact;
+* a convergence case (a whole training run, gptcore.measure.convergence) is judged on what it learned instead: its final
   validation loss fails when worse than the baseline's by more than ``val_loss`` nats (what changing the seed
   moves it by), and its time-to-loss in steps fails when later than the baseline's (exactly on the CPU model that
   recorded it; by more than one evaluation interval on another);
@@ -26,18 +26,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gptcore.baselines import Entry, Tolerances
-from gptcore.rules import BUSY_SHARE, Status, delta, judge, non_finite
+from gptcore.gate.baselines import Entry, Tolerances
+from gptcore.gate.rules import BUSY_SHARE, Status, delta, judge, non_finite
 from gptcore.units import format_bytes
 
 if TYPE_CHECKING:
-    from gptcore.work import WorkLedger
+    from gptcore.measure.work import WorkLedger
 
 # -- checks --------------------------------------------------------------------------------------------------------
 
 OK, FAIL, BETTER, NOT_GATED, NO_BASELINE = Status.OK, Status.FAIL, Status.BETTER, Status.NOT_GATED, Status.NO_BASELINE
 CHANGED = Status.CHANGED
-#: the work ledger's gated counts (gptcore.work.WorkLedger.gated); their Check.delta is absolute
+#: the work ledger's gated counts (gptcore.measure.work.WorkLedger.gated); their Check.delta is absolute
 WORK_METRICS = (
     "flops",
     "op calls",
@@ -53,7 +53,8 @@ _PER_PHASE = {"flops": "flops", "op calls": "op_calls"}
 LEANER = "leaner than the baseline"
 """--baseline-strict: an exact figure that went down fails with this, since its baseline is stale."""
 COVERAGE = "flop coverage"
-"""The check that names operators torch's FlopCounterMode counts and ``gptcore.flops`` does not, when they change."""
+"""The check that names operators torch's FlopCounterMode counts and ``gptcore.measure.flops`` does not, when they
+change."""
 BY_OP = ("op calls", "allocations", "flops")
 """The counts the ledger keeps by operator, named in a verdict when they move (:func:`moved_ops`)."""
 
@@ -333,7 +334,7 @@ def _work_checks(now: WorkLedger | None, before: WorkLedger | None, tol: float, 
 
 
 def _coverage_check(now: dict[str, int], before: dict[str, int]) -> Check | None:
-    """The operators torch's FlopCounterMode counts and ``gptcore.flops`` does not, when they appear or vanish:
+    """The operators torch's FlopCounterMode counts and ``gptcore.measure.flops`` does not, when they appear or vanish:
     torch's counter changed (a release added or dropped a formula), not the work; named, never failed."""
     gained, lost = sorted(set(now) - set(before)), sorted(set(before) - set(now))
     if not gained and not lost:
@@ -346,7 +347,7 @@ def _coverage_check(now: dict[str, int], before: dict[str, int]) -> Check | None
         None,
         None,
         CHANGED,
-        f"the FLOP counter changed, not the work: {'; '.join(said)}; gptcore.flops has no formula for "
+        f"the FLOP counter changed, not the work: {'; '.join(said)}; gptcore.measure.flops has no formula for "
         "it, so the ledger's FLOPs did not move (add one to count it)",
     )
 

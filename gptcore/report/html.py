@@ -22,17 +22,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from gptcore import baselines, expectations, identity
-from gptcore.baselines import BaselineFile, Entry, Tolerances
-from gptcore.convergence import Convergence
-from gptcore.history import Finding, utc_time
-from gptcore.history import analyse as analyse_history
+from gptcore import identity
+from gptcore.gate import baselines, expectations
+from gptcore.gate.baselines import BaselineFile, Entry, Tolerances
+from gptcore.gate.rules import BUSY_SHARE, Status, delta_text
+from gptcore.gate.verdicts import Check, memory_check, speed_check, speed_incomparable
+from gptcore.hunt.history import Finding, utc_time
+from gptcore.hunt.history import analyse as analyse_history
+from gptcore.measure.convergence import Convergence
 from gptcore.memory import CATEGORIES, estimate, resolve
 from gptcore.presets import RECIPE_NOTES, get_model, get_recipe
-from gptcore.report import Record, load_run, number, recorded_busy
-from gptcore.rules import BUSY_SHARE, Status, delta_text
+from gptcore.report.tables import Record, load_run, number, recorded_busy
 from gptcore.units import common_unit, in_unit
-from gptcore.verdicts import Check, memory_check, speed_check, speed_incomparable
 
 LADDER_RUNG = re.compile(r"^ladder-(\d+)$")
 COLORS = {"now": "#1f77b4", "fail": "#d62728", "better": "#2ca02c", "base": "#9e9e9e", "band": "#2ca02c"}
@@ -313,7 +314,7 @@ def history_figure(
     group: str, recs: Sequence[Record], runs: Sequence[SavedRun], changes: Sequence[Finding] = ()
 ) -> str | None:
     """tokens/s (IQR error bars) and peak memory per case over the saved runs, oldest commit first; each change
-    point or creep of ``changes`` (gptcore.history) marked as a shaded commit range on its metric's plot."""
+    point or creep of ``changes`` (gptcore.hunt.history) marked as a shaded commit range on its metric's plot."""
     names = [r.name for r in recs if any(r.name in run.cases for run in runs)]
     if not names:
         return None
@@ -467,7 +468,7 @@ def _case_rows(recs: Sequence[Record], base: BaselineFile | None, tol: Tolerance
 
 def _expectation_rows(records: Sequence[Record]) -> str:
     """'Does each optimization still pay': every expected effect judged on this run's cases, by the gate's rule
-    (gptcore.expectations), with the estimate's prediction beside the measurement."""
+    (gptcore.gate.expectations), with the estimate's prediction beside the measurement."""
     session = expectations.Session()
     for r in records:
         session.record_info(r.info)

@@ -2,11 +2,11 @@
 
 * :func:`add_options`: the gate's command-line options;
 * :func:`configure`: --require-gpu, pytest-benchmark storage split per device, --benchmark-compare without a
-  saved run turned off with a note, and the session's :class:`~gptcore.gate.Gate`;
+  saved run turned off with a note, and the session's :class:`~gptcore.gate.session.Gate`;
 * :func:`preload`: the baseline files the collected benchmarks need, loaded before anything runs;
 * :func:`finish`: writes the recorded cases and collects pytest-benchmark's --benchmark-compare-fail regressions,
   which fail the run;
-* :func:`write_summary`: the end table and its notes (rendered by :mod:`gptcore.summary`), printed in every
+* :func:`write_summary`: the end table and its notes (rendered by :mod:`gptcore.gate.summary`), printed in every
   outcome, and the markdown verdict;
 * :func:`update_machine_info`: GPU name, compute capability and versions in pytest-benchmark's machine_info.
 """
@@ -22,12 +22,13 @@ from pathlib import Path
 import pytest
 from pytest_benchmark.session import PerformanceRegression
 
-from gptcore import identity, plan, results
-from gptcore.baselines import BaselineError, Entry
-from gptcore.gate import Gate, Row
-from gptcore.history import section as history_section
-from gptcore.results import Record, ResultsLog
-from gptcore.summary import CONVERGENCE, PAYS, convergence_table, expectations_table, gate_markdown, gate_table
+from gptcore import identity
+from gptcore.gate import plan, results
+from gptcore.gate.baselines import BaselineError, Entry
+from gptcore.gate.results import Record, ResultsLog
+from gptcore.gate.session import Gate, Row
+from gptcore.gate.summary import CONVERGENCE, PAYS, convergence_table, expectations_table, gate_markdown, gate_table
+from gptcore.hunt.history import section as history_section
 
 __all__ = [
     "GATE",
@@ -130,7 +131,7 @@ def add_options(parser: pytest.Parser, root: Path) -> None:
         default=_env_float(DEADLINE_ENV),
         help="start no case that would likely end more than SECONDS after pytest started (judged from "
         "the case's last time in the results log or its baseline, else from its FLOPs at an "
-        f"assumed throughput: gptcore/plan.py); skip those with the reason 'deadline'. "
+        f"assumed throughput: gptcore/gate/plan.py); skip those with the reason 'deadline'. "
         f"Default: ${DEADLINE_ENV}",
     )
     group.addoption(

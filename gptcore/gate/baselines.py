@@ -1,6 +1,6 @@
 """Baseline files: one per device (``baselines/<device-slug>.json``), their schema (an ``Entry`` per case, the
 device's ``Tolerances``), validation with errors that name the file and the field, and atomic updates that rewrite
-only the cases that ran. How a measurement is judged against its entry is ``gptcore.verdicts``."""
+only the cases that ran. How a measurement is judged against its entry is ``gptcore.gate.verdicts``."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gptcore.convergence import Convergence
+from gptcore.measure.convergence import Convergence
 
 if TYPE_CHECKING:
-    from gptcore.work import WorkLedger
+    from gptcore.measure.work import WorkLedger
 
 SCHEMA_VERSION = 2
 AMP_PRECISIONS = ("fp16", "bf16", "bf16-pure")
@@ -117,16 +117,16 @@ class Entry:
     speed_note: str | None = None
     """CPU: why tokens/s was not recorded ('speed not recorded: machine busy (share 0.33)'); its median is null."""
     clocks: dict[str, Any] | None = None
-    """GPU only: the clocks the timed rounds ran at (gptcore.clocks.summary), to tell a run at other clocks
+    """GPU only: the clocks the timed rounds ran at (gptcore.measure.clocks.summary), to tell a run at other clocks
     from a code change."""
 
     @classmethod
     def from_measurement(
         cls, m: Any, *, precision: str, cpu_model: str | None, estimate_by_category: dict[str, int] | None = None
     ) -> Entry:
-        """The entry of a ``gptcore.measure.Measurement`` (or anything with its fields, such as a run's
+        """The entry of a ``gptcore.measure.runner.Measurement`` (or anything with its fields, such as a run's
         extra_info as a namespace); ``cpu_model`` is recorded on CPU only."""
-        from gptcore.work import WorkLedger
+        from gptcore.measure.work import WorkLedger
 
         return cls(
             tokens_per_s=m.tokens_per_s,
@@ -260,7 +260,7 @@ def _categories(value: Any, where: str, path: str) -> dict[str, int] | None:
 
 
 def _work(data: Any, where: str) -> WorkLedger | None:
-    from gptcore.work import WorkLedger
+    from gptcore.measure.work import WorkLedger
 
     if data is None:
         return None

@@ -183,7 +183,7 @@ class History:
 
 def _metrics(info: dict) -> dict[str, tuple[float, bool]]:
     """A saved case's metrics: name -> (value, exact). tokens/s only on a GPU (on CPU the gate does not gate it)."""
-    from gptcore.baselines import Tolerances
+    from gptcore.gate.baselines import Tolerances
 
     device = str(info.get("device") or "cpu")
     cpu = device.startswith("cpu")
@@ -669,7 +669,7 @@ def changes(case: str, metric: str, points: list[Point], tolerance: float | None
 def analyse(storage: str | Path, select: str | None = None) -> History:
     """Every change point and creeping stretch in the saved runs under ``storage`` (``select``: a substring of the
     case names)."""
-    from gptcore.baselines import Tolerances
+    from gptcore.gate.baselines import Tolerances
 
     series, exact, history = read(storage, select)
     tol = Tolerances.default_for("cpu" if history.device == "cpu" else "cuda")

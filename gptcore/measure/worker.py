@@ -1,5 +1,5 @@
 """Benchmark cases on every rank of one torchrun job: ``python -m torch.distributed.run --nproc-per-node=2 -m
-gptcore.worker --model cpu-small --recipe ddp fsdp2 --out DIR``.
+gptcore.measure.worker --model cpu-small --recipe ddp fsdp2 --out DIR``.
 
 For each recipe in turn, each rank builds the case's Trainer (the first joins the process group), warms up, times
 rounds, and writes its Measurement to ``DIR/<recipe>/rank-<r>.json``. One launch for several cases pays torchrun's
@@ -16,10 +16,10 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from gptcore.distributed import max_over_ranks, this_rank
-from gptcore.measure import CaseRunner
+from gptcore.measure.runner import CaseRunner
 from gptcore.presets import get_model, get_recipe
-from gptcore.train import resolve_device
+from gptcore.training.distributed import max_over_ranks, this_rank
+from gptcore.training.trainer import resolve_device
 
 
 def run(
@@ -42,7 +42,7 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gptcore.worker", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m gptcore.measure.worker", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--recipe", required=True, nargs="+", help="one or more recipes, run in turn")
     parser.add_argument("--out", required=True, type=Path, help="directory for <recipe>/rank-<r>.json")

@@ -154,7 +154,7 @@ class GPT(nn.Module):
     def flops_per_token(self) -> int:
         """Training FLOPs per token (forward + backward = 3 x forward) counted over matmuls, as in PaLM's MFU:
         6 x (weights used in matmuls: every Linear, lm_head included) + 12 x n_layer x n_embd x T for the
-        attention scores and their product with V (the full T x T, as ``gptcore.flops`` counts every attention
+        attention scores and their product with V (the full T x T, as ``gptcore.measure.flops`` counts every attention
         kernel)."""
         matmul_weights = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
         cfg = self.cfg

@@ -1,6 +1,6 @@
 """The gate's end-of-run rendering: the end table (:func:`gate_table`), the "does it still learn" table
 (:func:`convergence_table`), the "does each optimization still pay" table (:func:`expectations_table`) and the same
-verdict as markdown (:func:`gate_markdown`). Text only: what is judged is decided in :mod:`gptcore.gate`."""
+verdict as markdown (:func:`gate_markdown`). Text only: what is judged is decided in :mod:`gptcore.gate.session`."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING
 
 from tabulate import tabulate
 
-from gptcore.rules import Status, delta, delta_text
+from gptcore.gate.rules import Status, delta, delta_text
 from gptcore.units import common_unit, format_bytes
 
 if TYPE_CHECKING:
-    from gptcore.expectations import EffectResult
-    from gptcore.gate import Gate, Row
+    from gptcore.gate.expectations import EffectResult
+    from gptcore.gate.session import Gate, Row
 
 __all__ = ["CONVERGENCE", "PAYS", "convergence_table", "expectations_table", "gate_markdown", "gate_table"]
 
@@ -24,7 +24,7 @@ PAYS = "does each optimization still pay (expected effects, judged within this r
 
 def gate_markdown(gate: Gate, notes: Sequence[str], history: str = "") -> str:
     """The verdict as GitHub-flavoured markdown: the failing cases first, one line each; then the table; then the
-    expected effects; then ``history`` (the change points in the saved runs, gptcore.history.markdown); then the
+    expected effects; then ``history`` (the change points in the saved runs, gptcore.hunt.history.markdown); then the
     notes."""
     failures = gate.failures + [line.removeprefix("FAIL: ") for line in gate.regressions]
     verdict = f"FAIL: {len(failures)} failure(s)" if failures else "ok"

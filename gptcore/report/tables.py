@@ -12,7 +12,7 @@ base default:
 0 means the shape change and the optimization combine additively; by construction dev is 0 on the base row and
 in the default column.
 
-``--html`` (gptcore.report_html) builds one self-contained page from the same records: each case against its
+``--html`` (gptcore.report.html) builds one self-contained page from the same records: each case against its
 baseline, the estimate's memory breakdown, the ladder as a waterfall, and the history of saved runs.
 """
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from gptcore.rules import BUSY_SHARE, non_finite
+from gptcore.gate.rules import BUSY_SHARE, non_finite
 from gptcore.units import in_unit
 
 #: metric key -> (title, how to read it from a benchmark's extra_info)

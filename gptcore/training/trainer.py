@@ -16,10 +16,10 @@ import torch
 import torch._functorch.config as functorch_config
 import torch.nn as nn
 
-from gptcore import distributed
 from gptcore.config import GPTConfig, Recipe
-from gptcore.data import Corpus, TokenBatches, check_vocab, load_corpus, make_loader
-from gptcore.model import GPT, attention_unsupported
+from gptcore.training import distributed
+from gptcore.training.data import Corpus, TokenBatches, check_vocab, load_corpus, make_loader
+from gptcore.training.model import GPT, attention_unsupported
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 EVAL_SEED = 20_000

@@ -28,8 +28,13 @@ def main(spec: dict) -> dict:
         from gptcore import presets
     except ImportError:  # a revision from before the presets moved out of gptcore.config
         from gptcore import config as presets
-    from gptcore.measure import StepTimer, cpu_peak_bytes
-    from gptcore.train import Trainer
+    try:  # the rooms (training/, measure/); a revision from before them has these at the top of gptcore
+        from gptcore.measure.runner import cpu_peak_bytes
+        from gptcore.measure.timing import StepTimer
+        from gptcore.training.trainer import Trainer
+    except ImportError:
+        from gptcore.measure import StepTimer, cpu_peak_bytes
+        from gptcore.train import Trainer
 
     cfg, recipe = presets.get_model(spec["model"]), presets.get_recipe(spec["recipe"])
     device = torch.device(spec["device"])
@@ -60,9 +65,12 @@ def main(spec: dict) -> dict:
         out["peak_memory"] = torch.cuda.max_memory_allocated(device)  # before the ledger's step allocates
     if spec["memory"]:  # the first round: the work ledger of one more step, where this revision has one
         try:
-            from gptcore.work import count_step
+            from gptcore.measure.work import count_step
         except ImportError:
-            count_step = None
+            try:
+                from gptcore.work import count_step
+            except ImportError:
+                count_step = None
         if count_step is not None:
             ledger = count_step(trainer).to_json()
             out["work"] = {

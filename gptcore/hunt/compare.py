@@ -1,12 +1,12 @@
 """Regression hunting on one machine: ``compare`` two git revisions, or one revision under two Python
 interpreters (two virtual environments: another torch, CUDA or driver stack), case by case, interleaved in fresh
-processes (``gptcore.bisection`` builds ``bisect`` on it).
+processes (``gptcore.hunt.bisection`` builds ``bisect`` on it).
 
-Each round runs one process per revision (A B, then B A, and so on): the driver (``gptcore/compare_driver.py``, run
+Each round runs one process per revision (A B, then B A, and so on): the driver (``gptcore/hunt/driver.py``, run
 as a script with the revision's checkout on PYTHONPATH) builds the revision's own Trainer, warms up, times K steps
 and prints one JSON line. It uses only what every revision with a benchmark tier has (``gptcore.config``,
-``gptcore.train.Trainer``, ``gptcore.measure.StepTimer`` and ``cpu_peak_bytes``; the work ledger where there is
-one).
+``gptcore.training.trainer.Trainer``, ``gptcore.measure.runner.StepTimer`` and ``cpu_peak_bytes``; the work ledger
+where there is one).
 
 Speed is judged on tokens/s per round: the ratio of the medians B/A, and a Hodges-Lehmann interval of the ratio
 with its Mann-Whitney test (exact for small samples, on log tokens/s). A case is slower or faster only when the
@@ -29,13 +29,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gptcore.baselines import Tolerances
-from gptcore.compare_driver import MARK
+from gptcore.gate.baselines import Tolerances
+from gptcore.gate.verdicts import Check, loss_check, memory_check, moved_ops
+from gptcore.hunt.driver import MARK
+from gptcore.hunt.revisions import commit_of, repo_root, snapshot, worktree
+from gptcore.hunt.significance import SLOWER, Speed, speed_verdict
 from gptcore.identity import local_device
 from gptcore.presets import RECIPES, STUDIES
-from gptcore.revisions import commit_of, repo_root, snapshot, worktree
-from gptcore.significance import SLOWER, Speed, speed_verdict
-from gptcore.verdicts import Check, loss_check, memory_check, moved_ops
 
 
 class CompareError(ValueError):
@@ -79,7 +79,7 @@ def select_cases(expr: str, device_type: str) -> list[tuple[str, str]]:
 
 # -- the driver ----------------------------------------------------------------------------------------------------
 
-DRIVER = Path(__file__).with_name("compare_driver.py")
+DRIVER = Path(__file__).with_name("driver.py")
 """The driver each round runs in a fresh process (copied out, then run with one revision's checkout first on
 PYTHONPATH, so that it imports that revision's gptcore)."""
 

@@ -3,11 +3,11 @@
 One steady-state optimizer step (after warm-up) runs under two dispatch modes, in a pass of its own that the timed
 rounds never see:
 
-* FLOPs per phase (forward, backward, optimizer), from the suite's own formulas (``gptcore.flops``), the same on
+* FLOPs per phase (forward, backward, optimizer), from the suite's own formulas (``gptcore.measure.flops``), the same on
   every torch release; what torch's FlopCounterMode would count for operators those formulas leave out is kept
   apart (``uncounted_flops_by_op``), so that a change in torch's counter is named as one;
 * aten operator calls per phase (a proxy for kernel launches), and per phase every operator overload called with
-  its count, so that a change names what moved (``gptcore.verdicts.moved_ops``);
+  its count, so that a change names what moved (``gptcore.gate.verdicts.moved_ops``);
 * host-device syncs: host reads of a tensor's value (``aten._local_scalar_dense``, which ``.item()`` and
   ``bool(tensor)`` dispatch) and copies from a GPU to the host, counted through the dispatcher so that they show
   on CPU too. The optimizers' own step counters, which PyTorch keeps on the host and reads there, are not syncs;
@@ -17,7 +17,7 @@ rounds never see:
   and inductor's generated kernels.
 
 Every figure is a count, the same on every CPU, thread count and instruction set, so the gate compares them
-exactly (see ``gptcore.baselines``).
+exactly (see ``gptcore.gate.baselines``).
 
 Compiled recipes: under a Python dispatch mode Dynamo runs the step's frames eagerly, so their FLOPs, operator
 calls and allocations are those of the eager step (measured: identical to the eager recipe's). What compilation
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gptcore import flops as formulas
+from gptcore.measure import flops as formulas
 from gptcore.memory.tracker import LiveBytes, phases
 
 PHASES: tuple[str, ...] = ("forward", "backward", "optimizer")
@@ -80,8 +80,8 @@ class WorkLedger:
     flops_by_op: dict[str, int] | None = None
     """FLOPs by operator overload."""
     uncounted_flops_by_op: dict[str, int] | None = None
-    """FLOPs torch's FlopCounterMode gives operators that ``gptcore.flops`` has no formula for (not in ``flops``,
-    never gated: when it moves, torch's counter changed, not the work)."""
+    """FLOPs torch's FlopCounterMode gives operators that ``gptcore.measure.flops`` has no formula for (not in
+    ``flops``, never gated: when it moves, torch's counter changed, not the work)."""
 
     def by_op(self, metric: str) -> dict[str, int] | None:
         """The per-operator counts behind a gated total: 'op calls' (summed over phases), 'allocations', 'flops';

@@ -70,7 +70,7 @@ def _interpreter(value: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from gptcore import bisection  # no torch: the choices of bisect --metric
+    from gptcore.hunt import bisection  # no torch: the choices of bisect --metric
 
     parser = _Parser(
         prog="python -m gptcore", description="gptcore: train, estimate and report GPT training recipes (see README.md)"
@@ -370,9 +370,10 @@ def cmd_list(_: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from gptcore.convergence import train_and_evaluate
-    from gptcore.measure import out_of_memory_in, process_peak_memory
-    from gptcore.train import Trainer, resolve_device
+    from gptcore.measure.convergence import train_and_evaluate
+    from gptcore.measure.runner import out_of_memory_in
+    from gptcore.measure.timing import process_peak_memory
+    from gptcore.training.trainer import Trainer, resolve_device
 
     cfg, recipe, label = _case(args)
     if args.batch is not None:
@@ -481,7 +482,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from gptcore.report import load_run, plot, render
+    from gptcore.report.tables import load_run, plot, render
 
     for flag, value in (("--plot", args.plot), ("--html", args.html)):
         if value is not None:
@@ -497,25 +498,25 @@ def cmd_report(args: argparse.Namespace) -> int:
         for path in plot(records, args.plot):
             print(f"wrote {path}")
     if args.html is not None:
-        from gptcore.report_html import write_html
+        from gptcore.report.html import write_html
 
         print(f"wrote {write_html(args.run, args.html, baselines_dir=args.baselines, history=args.history)}")
     return 0
 
 
-def _options(args: argparse.Namespace):  # (gptcore.compare.Options, imported here)
-    from gptcore.compare import Options, local_device
+def _options(args: argparse.Namespace):  # (gptcore.hunt.compare.Options, imported here)
+    from gptcore.hunt.compare import Options, local_device
 
     return Options(warmup=args.warmup, steps=args.steps, device=local_device())
 
 
-def _interval(speed) -> str:  # (gptcore.compare.Speed)
+def _interval(speed) -> str:  # (gptcore.hunt.compare.Speed)
     if speed.low is None:
         return "95% CI n/a: too few rounds"
     return f"95% CI {speed.low:.3f}-{speed.high:.3f}"
 
 
-def _exact_text(check) -> str:  # (gptcore.verdicts.Check: B measured against A)
+def _exact_text(check) -> str:  # (gptcore.gate.verdicts.Check: B measured against A)
     a, b = check.baseline, check.measured
     if a is None or b is None:
         return f"{check.metric} n/a"
@@ -529,10 +530,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """Interleaved rounds of BASE and HEAD per case; exit 1 when a case is slower or its memory/loss fails."""
     import json
 
-    from gptcore.compare import compare, to_json
-    from gptcore.rules import BUSY_SHARE
+    from gptcore.gate.rules import BUSY_SHARE
+    from gptcore.hunt.compare import compare, to_json
 
-    def progress(result, done: int, total: int) -> None:  # (gptcore.compare.CaseResult)
+    def progress(result, done: int, total: int) -> None:  # (gptcore.hunt.compare.CaseResult)
         a, b = result.tokens("a"), result.tokens("b")
         ratio = sorted(b)[len(b) // 2] / sorted(a)[len(a) // 2]
         print(
@@ -559,7 +560,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return 130
     seconds = time.perf_counter() - start
 
-    def side(rev) -> str:  # (gptcore.compare.Revision)
+    def side(rev) -> str:  # (gptcore.hunt.compare.Revision)
         where = f"{rev.label}" + (f" ({rev.sha[:10]})" if rev.sha else "")
         return where + (f", torch {rev.torch} ({rev.python})" if args.python_a or args.python_b else "")
 
@@ -603,7 +604,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_bisect(args: argparse.Namespace) -> int:
     """The first commit between GOOD and BAD that is worse than GOOD on --metric."""
-    from gptcore.bisection import bisect
+    from gptcore.hunt.bisection import bisect
 
     try:
         result = bisect(
@@ -630,7 +631,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
                 f"(B/A {figures['ratio']:.3f}, {figures['verdict']})"
             )
         else:
-            from gptcore.verdicts import Check
+            from gptcore.gate.verdicts import Check
 
             print(f"  {case}: {_exact_text(Check(**figures))} (GOOD -> first bad)")
     return 0
@@ -642,7 +643,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from gptcore import history
+    from gptcore.hunt import history
 
     if args.storage is None:
         from gptcore.identity import session_slug

@@ -3,8 +3,8 @@ training loss between them, time-to-loss and tokens/s. The convergence tier (``b
 ``python -m gptcore train --eval-every`` both run through :func:`train_and_evaluate`.
 
 The validation loss is ``Trainer.evaluate`` on fixed batches (the same tokens for every recipe and seed), in eval
-mode. Training seconds are timed per interval by ``measure.StepTimer`` (CUDA events on a GPU, the host clock on CPU)
-and exclude the evaluations; a compiled recipe's compile time falls in the first interval.
+mode. Training seconds are timed per interval by ``gptcore.measure.timing.StepTimer`` (CUDA events on a GPU, the host
+clock on CPU) and exclude the evaluations; a compiled recipe's compile time falls in the first interval.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from gptcore.config import GPTConfig, Recipe, Schedule
 if TYPE_CHECKING:  # loaded inside the functions: the result type is read by baselines, which must not load torch
     import torch
 
-    from gptcore.train import Trainer
+    from gptcore.training.trainer import Trainer
 
 
 @dataclass
@@ -128,7 +128,7 @@ def train_and_evaluate(
     between evaluations: the step losses stay on the device until the interval ends."""
     import torch
 
-    from gptcore.measure import StepTimer
+    from gptcore.measure.timing import StepTimer
 
     if trainer.step_count != 0:
         raise ValueError(f"train_and_evaluate needs a fresh Trainer, this one has taken {trainer.step_count} steps")
@@ -169,7 +169,7 @@ def converge(
 ) -> Convergence:
     """One case of the convergence tier: a fresh Trainer with the schedule's decay, trained and evaluated on
     ``threads`` intra-op threads (CPU: one per case, so that the run is bit-identical whatever else runs)."""
-    from gptcore.train import Trainer
+    from gptcore.training.trainer import Trainer
 
     with torch_threads(threads):
         trainer = Trainer(cfg, schedule_recipe(recipe, schedule), device)

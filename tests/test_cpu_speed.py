@@ -93,7 +93,7 @@ def test_no_delta_against_a_speed_from_another_cpu_model_or_an_old_busy_recordin
 
 
 def test_the_report_shows_no_delta_for_a_busy_entry():
-    from gptcore.report.html import case_checks
+    from gptcore.report.figures import case_checks
     from gptcore.report.tables import Record
 
     base = Entry(

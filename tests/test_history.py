@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gptcore.hunt import history
+from gptcore.hunt import changepoints, history
 from gptcore.hunt.history import Point
 from tests.test_gate import ROOT, child_env
 
@@ -74,7 +74,7 @@ def test_a_3pct_step_with_8_points_after_is_found_at_cv_0_6pct_in_its_commit_ran
         found += bool(hits)
         steps += any(f.kind == "step" for f in hits)
         assert len(hits) <= 1  # each change once
-        assert all(f.status in ("regression", "creeping") and f.relative < 0 and f.p < history.P_MAX for f in hits)
+        assert all(f.status in ("regression", "creeping") and f.relative < 0 and f.p < changepoints.P_MAX for f in hits)
     assert found >= 95 and steps >= 95
 
 

@@ -7,7 +7,9 @@ and the HTML page (gptcore.report.html), opened in a real headless browser.
 HTML test data: tests/data/cpu-report-run.json and the two saved runs under tests/data/history/cpu/ are real (`pytest
 bench -m cpu -k "cpu-small-ckpt or cpu-layers2-ckpt-fp32 or cpu-small-fp32 or cpu-small-ladder-0 or
 cpu-small-checkpoint" --bench-warmup 1 --bench-rounds 3 --bench-steps 2 --benchmark-json ... --benchmark-autosave
---benchmark-storage file://...`, twice, on a busy shared machine: every cpu_share is below 0.5);
+--benchmark-storage file://...`, twice, on a busy shared machine: every cpu_share is below 0.5). Both were saved
+from uncommitted changes to 8956c46; 0001 and 0002 have their "dirty" flag cleared so that they stand for committed
+runs, and 0003, a copy of 0002 with the flag kept, is the run that both readers of saved runs leave out;
 tests/data/gpu-ladder-synthetic.json is synthetic (the GPU tier has never run; its "note" says so)."""
 
 from __future__ import annotations
@@ -274,7 +276,7 @@ def test_busy_flag_only_below_the_cpu_share_threshold(tmp_path: Path) -> None:
 
 
 def test_memory_breakdown_is_the_estimate_the_gate_recorded() -> None:
-    from gptcore.report.html import estimate_at_peak
+    from gptcore.report.figures import estimate_at_peak
 
     for r in report.load_run(CPU_RUN) + report.load_run(LADDER_RUN):
         cats, phase = estimate_at_peak(r)
@@ -282,7 +284,7 @@ def test_memory_breakdown_is_the_estimate_the_gate_recorded() -> None:
 
 
 def test_ladder_waterfall_in_rung_order(pages: dict[str, Path]) -> None:
-    from gptcore.report.html import ladders
+    from gptcore.report.figures import ladders
 
     rungs = ladders(report.load_run(LADDER_RUN))
     assert list(rungs) == ["gpt2"] and [n for n, _ in rungs["gpt2"]] == list(range(9))
@@ -295,8 +297,9 @@ def test_ladder_waterfall_in_rung_order(pages: dict[str, Path]) -> None:
 def test_history_reads_pytest_benchmark_saved_runs_oldest_first() -> None:
     from gptcore.report.html import load_history
 
-    runs = load_history(HISTORY)
+    runs, left_out = load_history(HISTORY)
     assert [r.number for r in runs] == ["0001", "0002"]
+    assert len(left_out) == 1 and "0003_" in left_out[0] and "uncommitted changes" in left_out[0]
     assert all(set(case_names(CPU_RUN)) <= set(r.cases) for r in runs)
     assert all(r.commit.startswith("8956c46") for r in runs)
     tokens, iqr, peak, busy = runs[1].cases["test_cpu_shape[cpu-small-ckpt-fp32]"]

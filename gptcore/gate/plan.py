@@ -57,9 +57,7 @@ def flops_per_token(cfg: GPTConfig, recipe: Recipe) -> float:
 
 def step_seconds(cfg: GPTConfig, recipe: Recipe, device: str, world: int = 1) -> float:
     """Assumed seconds of one optimizer step."""
-    from gptcore.measure.runner import (
-        PEAK_TFLOPS,  # a planning figure from the datasheet table (imports torch when called)
-    )
+    from gptcore.measure.timing import PEAK_TFLOPS  # the datasheet table (imports torch when called)
 
     klass = "fp32" if recipe.precision == "fp32" else "tf32" if recipe.precision == "tf32" else "16-bit"
     if device == "cuda":

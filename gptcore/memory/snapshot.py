@@ -41,7 +41,10 @@ def site_of(frames: list[dict], prefer: str = "gptcore") -> str:
         return "(no stack recorded)"
     frame = next((f for f in frames if prefer in f.get("filename", "")), frames[0])
     filename = frame.get("filename", "?")
-    short = "/".join(filename.split("/")[-2:])
+    # from the package down where the file is one of ours (gptcore/training/model.py), else its folder and name
+    short = (
+        "gptcore/" + filename.rsplit("gptcore/", 1)[1] if "gptcore/" in filename else "/".join(filename.split("/")[-2:])
+    )
     return f"{short}:{frame.get('line', '?')} {frame.get('name', '?')}"
 
 

@@ -382,8 +382,9 @@ def test_a_real_browser_loads_the_page_runs_its_script_and_finds_every_case(
 
 
 def test_gate_says_where_pytest_benchmark_history_is_when_it_split_the_storage(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gptcore import identity, plugin
+    from gptcore import identity
     from gptcore.gate import session as gate
+    from gptcore.plugin import start as plugin
 
     monkeypatch.setattr(identity, "session_slug", lambda: "cpu")
     config = SimpleNamespace(

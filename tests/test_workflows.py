@@ -146,5 +146,5 @@ def test_torch_upgrade_writes_what_moved_to_the_job_summary() -> None:
     compare = next(s for s in steps(upgrade, "cpu") if "gptcore compare" in s.get("run", ""))
     assert '>> "$GITHUB_STEP_SUMMARY"' in compare["run"] and "cat compare.txt" in compare["run"]
     # the tier's verdict: --gate-markdown writes it, and the plugin appends it to $GITHUB_STEP_SUMMARY
-    plugin = (WORKFLOWS.parent.parent / "gptcore" / "plugin.py").read_text()
+    plugin = (WORKFLOWS.parent.parent / "gptcore" / "plugin" / "end.py").read_text()
     assert 'os.environ.get("GITHUB_STEP_SUMMARY"), "a"' in plugin

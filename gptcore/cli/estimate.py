@@ -1,0 +1,59 @@
+"""``estimate``: the memory breakdown of a training step, by arithmetic (``--simulate``: also on fake tensors)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from gptcore.cli.arguments import add_case_arguments, case, positive
+
+NAME = "estimate"
+HELP = "memory breakdown of a training step: analytic, optionally simulated"
+
+
+def setup_arguments(parser: argparse.ArgumentParser) -> None:
+    add_case_arguments(parser)
+    parser.add_argument(
+        "--batch", type=positive, default=None, help="sequences per optimizer step (default: the preset's)"
+    )
+    parser.add_argument("--seq", type=positive, default=None, help="context length (default: the preset's block_size)")
+    parser.add_argument("--checkpoint", action="store_true", help="add activation checkpointing to the recipe")
+    parser.add_argument("--simulate", action="store_true", help="also simulate two iterations on fake tensors")
+    parser.add_argument(
+        "--device", choices=("cuda", "cpu"), default="cuda", help="device to estimate for (default cuda)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the breakdown, the phase of the peak and the states per parameter."""
+    from gptcore.memory import estimate, resolve, simulate
+    from gptcore.units import common_unit, in_unit
+
+    cfg, recipe, label = case(args)
+    if args.checkpoint:
+        recipe = dataclasses.replace(recipe, checkpoint=True)
+        label += " + checkpoint"
+    question = resolve(cfg, recipe, batch=args.batch, seq=args.seq, device=args.device)
+    est = estimate(question)
+    sim = simulate(question) if args.simulate else None
+    cfg, recipe = question.cfg, question.recipe
+    batch, micro = recipe.batch_size(cfg), recipe.micro_batch(cfg)
+    batch_text = f"batch {batch}" + (f" ({recipe.grad_accum_steps} x {micro})" if micro != batch else "")
+    print(f"{label} on {args.device}: {est.num_params / 1e6:,.1f}M parameters, {batch_text}, seq {cfg.block_size}")
+    print(est.table(sim))
+    states, n = est.states, est.num_params
+    copies = states.get("weight copies", 0)
+    copies_text = f" (+ {copies / n:.1f} in autocast's weight copies)" if copies else ""
+    saved = est.at_forward_end
+    unit = common_unit([saved.get("activations", 0), saved.get("logits and loss", 0)])
+    print(
+        f"states: {est.bytes_per_param:.1f} bytes/parameter = parameters {states['parameters'] / n:.0f} + "
+        f"gradients {states['gradients'] / n:.0f} + optimizer state {states['optimizer state'] / n:.0f}"
+        f"{copies_text}; saved by the forward: activations {in_unit(saved.get('activations', 0), unit):,.2f} "
+        f"{unit}, logits and loss {in_unit(saved.get('logits and loss', 0), unit):,.2f} {unit}"
+    )
+    for note in est.notes:
+        print(f"note: {note}")
+    if sim:
+        print(f"note: simulation: {sim.method}" + "".join(f"; {n}" for n in sim.notes if n not in est.notes))
+    return 0

@@ -1,0 +1,56 @@
+"""``report``: tables (``--plot``: charts; ``--html``: one page) from a ``pytest --benchmark-json`` file."""
+
+from __future__ import annotations
+
+import argparse
+
+from gptcore.cli.arguments import UsageError
+
+NAME = "report"
+HELP = "tables (and --plot charts) from a pytest --benchmark-json file"
+
+
+def setup_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", metavar="RUN.json", help="a file written by pytest bench --benchmark-json=RUN.json")
+    parser.add_argument(
+        "--plot",
+        metavar="DIR",
+        default=None,
+        help="also write PNG charts into DIR (needs matplotlib: pip install 'gptcore-bench[plot]')",
+    )
+    parser.add_argument(
+        "--html",
+        metavar="OUT.html",
+        default=None,
+        help="also write one self-contained HTML page: each case vs its baseline, the memory "
+        "breakdown, the ladder, the history (needs matplotlib)",
+    )
+    parser.add_argument(
+        "--baselines", metavar="DIR", default="baselines", help="baseline files for --html (default baselines)"
+    )
+    parser.add_argument(
+        "--history", metavar="DIR", default=None, help="pytest-benchmark saved runs for --html, e.g. .benchmarks/cpu"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from gptcore.report.tables import load_run, plot, render
+
+    for flag, value in (("--plot", args.plot), ("--html", args.html)):
+        if value is not None:
+            try:
+                import matplotlib  # noqa: F401
+            except ImportError:
+                raise UsageError(
+                    f"{flag} needs matplotlib, which is not installed: pip install 'gptcore-bench[plot]'"
+                ) from None
+    records = load_run(args.run)
+    print(render(records))
+    if args.plot is not None:
+        for path in plot(records, args.plot):
+            print(f"wrote {path}")
+    if args.html is not None:
+        from gptcore.report.html import write_html
+
+        print(f"wrote {write_html(args.run, args.html, baselines_dir=args.baselines, history=args.history)}")
+    return 0

@@ -1,0 +1,169 @@
+"""The benchmark cases in a session: the baseline files they need loaded before anything runs, --resume and
+--recorded-only deselecting, the deadline before a case starts and its results-log line the moment it ends."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from gptcore import identity
+from gptcore.gate import plan, results
+from gptcore.gate.baselines import BaselineError, Entry
+from gptcore.gate.results import Record
+from gptcore.gate.session import Gate, Row
+from gptcore.plugin.options import GATE, under_xdist
+
+
+class CaseHooks:
+    """Per-case hooks of the benchmarks: the deadline before a case starts, and its results-log line the moment
+    it ends (outcome and wall time over setup, call and teardown)."""
+
+    def __init__(self, gate: Gate, deadline: float | None) -> None:
+        self.gate, self.deadline = gate, deadline
+        self.started = time.monotonic()
+        self.bench: set[str] = set()
+        self.history: dict[str, float] = {}
+        self.reports: dict[str, list[pytest.TestReport]] = {}
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        if self.deadline is None or item.nodeid not in self.bench:
+            return
+        planned = self.planned(item)
+        left = self.deadline - (time.monotonic() - self.started)
+        if planned.seconds > left:
+            self.gate.not_started.append(item.name)
+            pytest.skip(
+                f"deadline: {max(left, 0):.0f} s left of {self.deadline:.0f} s, the case would take about "
+                f"{planned.seconds:.0f} s ({planned.source})"
+            )
+
+    def planned(self, item: pytest.Item) -> plan.Estimate:
+        _, entry = _baseline_entry(self.gate, item)
+        return plan.estimate(item, self.history, self.gate.timing_override, entry.seconds if entry else None)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.nodeid in self.bench:
+            self.reports.setdefault(report.nodeid, []).append(report)
+
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        reports = self.reports.pop(nodeid, [])
+        if nodeid not in self.bench or not reports or self.gate.log is None:
+            return
+        failed = next((r for r in reports if r.failed), None)
+        skipped = next((r for r in reports if r.skipped), None)
+        outcome = "failed" if failed else "skipped" if skipped else "passed"
+        reason = None
+        if failed is not None:
+            reason = _first_line(failed.longreprtext)
+        elif skipped is not None and isinstance(skipped.longrepr, tuple):
+            reason = str(skipped.longrepr[2]).removeprefix("Skipped: ")
+        case = self.gate.cases.get(nodeid, {})
+        record = Record(
+            nodeid=nodeid,
+            name=nodeid.rsplit("::", 1)[-1],
+            outcome=outcome,
+            seconds=round(sum(r.duration for r in reports), 3),
+            reason=reason,
+            slug=case.get("slug"),
+            verdict=(case.get("row") or {}).get("verdict"),
+            failures=case.get("failures", []),
+            row=case.get("row"),
+            entry=case.get("entry"),
+            recorded=case.get("recorded", False),
+        )
+        try:
+            self.gate.log.write(record)
+        except OSError as err:
+            self.gate.notes.append(f"results log: NOT written to {self.gate.log.path}: {err}")
+            self.gate.log = None
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("E ")]
+    return (errors[0][1:].strip() if errors else lines[-1] if lines else "failed")[:300]
+
+
+def preload(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Load the baseline files the collected benchmarks need (a broken file stops the run before anything runs);
+    under xdist, skip the benchmarks with the reason (pytest-benchmark switches itself off there)."""
+    bench = [item for item in items if "gate" in getattr(item, "fixturenames", ())]
+    if not bench:
+        return
+    if under_xdist():
+        skip = pytest.mark.skip(reason="pytest-benchmark is disabled under xdist: run bench/ without -n")
+        for item in bench:
+            item.add_marker(skip)
+        return
+    gate = config.stash[GATE]
+    hooks = config.pluginmanager.get_plugin("gptcore-cases")
+    resume = config.getoption("resume")
+    if resume:
+        try:
+            records = results.read(resume)
+            done = _resume(gate, records, Path(resume))
+        except (results.LogError, BaselineError) as err:
+            raise pytest.UsageError(f"--resume: {err}") from None
+        _deselect(config, items, done)
+        bench = [item for item in bench if item.nodeid not in done]
+        if hooks is not None:
+            hooks.history = {r.nodeid: r.seconds for r in records if r.outcome in results.FINISHED}
+    if hooks is not None:
+        hooks.bench = {item.nodeid for item in bench}
+
+    def marked(*names: str) -> bool:
+        return any(item.get_closest_marker(name) for item in bench for name in names)
+
+    slugs = {"cpu"} if marked("cpu", "convergence") else set()
+    if identity.cuda_available() and marked("gpu", "convergence"):
+        slugs.add(identity.device_slug("cuda"))
+    try:
+        for slug in sorted(slugs):
+            gate.load(slug)
+    except BaselineError as err:
+        raise pytest.UsageError(f"baselines: {err}") from None
+    if config.getoption("recorded_only"):
+        # a case that cannot be looked up here (a GPU case on a CPU machine) stays, and skips itself with its reason
+        lookups = {item.nodeid: _baseline_entry(gate, item) for item in bench}
+        gone = {nodeid for nodeid, (known, entry) in lookups.items() if known and entry is None}
+        _deselect(config, items, gone)
+        if hooks is not None:
+            hooks.bench -= gone
+        gate.notes.append(f"--recorded-only: {len(gone)} case(s) with no baseline entry deselected")
+
+
+def _deselect(config: pytest.Config, items: list[pytest.Item], nodeids: set[str]) -> None:
+    """Take the items with these node ids out of the run, reported as deselected (as -k does)."""
+    dropped = [item for item in items if item.nodeid in nodeids]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if item.nodeid not in nodeids]
+
+
+def _baseline_entry(gate: Gate, item: pytest.Item) -> tuple[bool, Entry | None]:
+    """Whether ``item``'s device can be looked up here (a study case on the CPU, or on CUDA with CUDA present),
+    and its entry in that device's loaded baseline file (None when it has none)."""
+    case = plan.item_case(item)
+    if case is None or (case["device"] != "cpu" and not identity.cuda_available()):
+        return False, None
+    file = gate.files.get(identity.device_slug(case["device"]))
+    return True, file.entries.get(item.name) if file else None
+
+
+def _resume(gate: Gate, records: list[Record], log: Path) -> set[str]:
+    """Take the cases that ``records`` (a results log) finished into the end table as they were, and return their
+    node ids: --resume runs them no more. A resumed failure fails this run too (the verdict is the union's)."""
+    done = {nodeid: r for nodeid, r in results.latest(records).items() if r.outcome in results.FINISHED}
+    for nodeid, r in done.items():
+        file = gate.load(r.slug) if r.slug else None
+        baseline = file.entries.get(r.name) if file else None
+        measured = Entry.from_json(r.entry, f"{log}: {nodeid}") if r.entry else None
+        cells = r.row or {"verdict": r.verdict or r.outcome, "error": r.reason}
+        gate.rows.append(Row(r.name, measured, baseline, **cells))
+        gate.failures += r.failures or ([f"{r.name}: {r.reason}"] if r.outcome == "failed" else [])
+        gate.resumed_failed |= r.outcome == "failed"
+    gate.resumed = list(done)
+    return set(done)

@@ -1,7 +1,7 @@
 """Seed-to-seed spread of the convergence tier: train cases under several seeds (weights, dropout and batch order;
 the evaluation batches stay fixed) and write each run's validation curve and time-to-loss as JSON.
 
-The convergence gate's tolerance on the final validation loss (gptcore.gate.baselines.Tolerances.val_loss) comes from
+The convergence gate's tolerance on the final validation loss (gptcore.gate.schema.Tolerances.val_loss) comes from
 this spread. Each run uses one thread; ``--jobs`` runs go side by side.
 
     python scripts/convergence_spread.py --out spread.json --jobs 2

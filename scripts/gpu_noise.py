@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gptcore.gate import results  # noqa: E402
-from gptcore.gate.baselines import AMP_PRECISIONS  # noqa: E402
+from gptcore.gate.schema import AMP_PRECISIONS  # noqa: E402
 
 SIGMAS = 4.0
 WORST_TIMES = 2.0

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from gptcore.config import Recipe
-from gptcore.gate import verdicts
-from gptcore.gate.baselines import Entry, Tolerances
+from gptcore.gate import checks, verdicts
+from gptcore.gate.schema import Entry, Tolerances
 from gptcore.gate.session import Gate
 from gptcore.measure import clocks
 from gptcore.measure.runner import CaseRunner
@@ -93,7 +93,7 @@ def test_more_than_half_flagged_is_machine_unfit_and_never_a_regression(tmp_path
     assert verdicts.verdict_of("case", measured, baseline, tol).failed  # the planted slowdown, judged plainly
     verdict = verdicts.verdict_of("case", measured, baseline, tol, unfit=m.unfit)
     speed = next(c for c in verdict.checks if c.metric == "tokens/s")
-    assert not verdict.failed and speed.status == verdicts.NOT_GATED and speed.note == m.unfit
+    assert not verdict.failed and speed.status == checks.NOT_GATED and speed.note == m.unfit
     gate = Gate(directory=tmp_path, update=False, strict=False, overrides={}, timing_override=(None,) * 3)
     node = SimpleNamespace(name="test_x[tiny-fp32]", nodeid="bench/x.py::test_x[tiny-fp32]")
     gate.judge_entry(node, measured, "cpu", unfit=m.unfit)
@@ -113,10 +113,10 @@ def test_a_run_at_other_clocks_is_not_compared_for_speed():
     before = dataclasses.replace(now, tokens_per_s=1000.0, clocks={"sm_mhz": 1980})
     tol = Tolerances.default_for("cuda")
     speed = next(c for c in verdicts.verdict_of("c", now, before, tol).checks if c.metric == "tokens/s")
-    assert speed.status == verdicts.NOT_GATED and speed.note == "run at other clocks (SM 1,410 vs 1,980 MHz)"
+    assert speed.status == checks.NOT_GATED and speed.note == "run at other clocks (SM 1,410 vs 1,980 MHz)"
     same = dataclasses.replace(now, clocks={"sm_mhz": 1965})  # within 5%: the same clocks, a real slowdown
     speed = next(c for c in verdicts.verdict_of("c", same, before, tol).checks if c.metric == "tokens/s")
-    assert speed.status == verdicts.FAIL
+    assert speed.status == checks.FAIL
 
 
 def test_without_nvml_nothing_is_sampled(monkeypatch):

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from gptcore.cli import main
-from gptcore.gate.baselines import Tolerances
-from gptcore.gate.verdicts import loss_check, memory_check
+from gptcore.gate.checks import loss_check, memory_check
+from gptcore.gate.schema import Tolerances
 from gptcore.hunt.compare import CompareError, Options, keyword_match, run_driver, select_cases, write_driver
 from gptcore.hunt.significance import (
     FASTER,
@@ -354,7 +354,7 @@ def test_bisect_names_the_commit_that_planted_a_regression(repo, monkeypatch, ca
 
 
 def test_a_nan_loss_or_a_nan_speed_in_a_round_is_a_failed_case_that_names_itself():
-    from gptcore.gate.baselines import Tolerances
+    from gptcore.gate.schema import Tolerances
     from gptcore.hunt.compare import CaseResult, decide
 
     def rounds(tokens: float, loss: float) -> list[dict]:

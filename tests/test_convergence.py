@@ -14,8 +14,8 @@ import torch
 from bench.test_cpu_shape import TIMING as CPU_TIMING
 from gptcore import identity
 from gptcore.config import Schedule
-from gptcore.gate import baselines
-from gptcore.gate.baselines import BaselineError, Entry, Tolerances
+from gptcore.gate import baselines, schema
+from gptcore.gate.schema import BaselineError, Entry, Tolerances
 from gptcore.gate.verdicts import verdict_of
 from gptcore.measure.convergence import Convergence, converge, schedule_recipe, torch_threads
 from gptcore.presets import CPU_SHAPE_SHORT, get_model, get_recipe
@@ -77,10 +77,10 @@ def test_the_val_loss_tolerance_is_three_standard_deviations_of_a_reseed_as_meas
     }  # fp32, small batch, accumulation, SGD, bf16
     squares = sum((x - sum(v) / len(v)) ** 2 for v in finals.values() for x in v)
     pooled = (squares / sum(len(v) - 1 for v in finals.values())) ** 0.5
-    assert baselines.VAL_LOSS_TOLERANCE == pytest.approx(3 * pooled * 2**0.5, abs=1e-3)
-    assert all(max(v) - min(v) < baselines.VAL_LOSS_TOLERANCE for v in finals.values())
-    assert Tolerances.default_for("cpu").val_loss == baselines.VAL_LOSS_TOLERANCE
-    assert baselines.load(ROOT / "baselines" / "cpu.json").tolerances.val_loss == baselines.VAL_LOSS_TOLERANCE
+    assert schema.VAL_LOSS_TOLERANCE == pytest.approx(3 * pooled * 2**0.5, abs=1e-3)
+    assert all(max(v) - min(v) < schema.VAL_LOSS_TOLERANCE for v in finals.values())
+    assert Tolerances.default_for("cpu").val_loss == schema.VAL_LOSS_TOLERANCE
+    assert baselines.load(ROOT / "baselines" / "cpu.json").tolerances.val_loss == schema.VAL_LOSS_TOLERANCE
 
 
 def test_time_to_loss_is_the_first_evaluation_at_or_below_the_target():

@@ -12,7 +12,7 @@ import torch
 
 from gptcore.config import Recipe
 from gptcore.gate import baselines, verdicts
-from gptcore.gate.baselines import Entry, Tolerances
+from gptcore.gate.schema import Entry, Tolerances
 from gptcore.gate.session import Gate
 from gptcore.gate.summary import gate_table
 from gptcore.measure import runner as measure

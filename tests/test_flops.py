@@ -14,8 +14,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gptcore.gate import verdicts
-from gptcore.gate.baselines import Entry, Tolerances
+from gptcore.gate import checks, verdicts
+from gptcore.gate.schema import Entry, Tolerances
 from gptcore.measure import flops
 from gptcore.measure.work import WorkLedger, count_step
 from gptcore.presets import MODELS, RECIPES
@@ -151,9 +151,9 @@ def test_a_formula_torch_adds_or_drops_moves_no_flops_and_is_named_as_the_counte
             "c", entry, dataclasses.replace(entry, work=before), Tolerances.default_for("cpu"), strict=True
         )
         coverage = next(c for c in verdict.checks if c.metric == "flop coverage")
-        assert not verdict.failed and coverage.status == verdicts.CHANGED
+        assert not verdict.failed and coverage.status == checks.CHANGED
         assert verdict.summary().startswith("ok (the FLOP counter changed, not the work")
-        assert any(c.metric == "work" and c.status == verdicts.OK for c in verdict.checks)  # the end table's "="
+        assert any(c.metric == "work" and c.status == checks.OK for c in verdict.checks)  # the end table's "="
         assert coverage.note.startswith(
             "the FLOP counter changed, not the work: torch's FlopCounterMode now counts aten.add.Tensor"
         )

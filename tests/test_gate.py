@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from gptcore import identity
-from gptcore.gate import baselines, verdicts
-from gptcore.gate.baselines import BaselineError, Entry, Tolerances
+from gptcore.gate import baselines, schema, verdicts
+from gptcore.gate.schema import BaselineError, Entry, Tolerances
 from gptcore.gate.verdicts import verdict_of
 
 pytest_plugins = ["pytester"]
@@ -95,7 +95,7 @@ def entry(data: dict) -> dict:
 
 
 def test_first_run_with_update_baselines_records_the_case(recorded: dict) -> None:
-    assert recorded["schema_version"] == baselines.SCHEMA_VERSION
+    assert recorded["schema_version"] == schema.SCHEMA_VERSION
     assert recorded["device"]["slug"] == "cpu"
     e = entry(recorded)
     assert e["peak_allocated_bytes"] > 0 and e["peak_reserved_bytes"] is None

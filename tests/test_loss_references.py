@@ -8,9 +8,9 @@ import json
 import pytest
 
 from gptcore import identity
-from gptcore.gate import baselines, verdicts
-from gptcore.gate.baselines import Entry, Tolerances
-from gptcore.gate.verdicts import FAIL, OK
+from gptcore.gate import baselines, schema, verdicts
+from gptcore.gate.checks import FAIL, OK
+from gptcore.gate.schema import Entry, Tolerances
 
 pytestmark = pytest.mark.cpu
 XEON, EPYC, OTHER = "Intel(R) Xeon(R) Processor", "AMD EPYC", "Some ARM core"
@@ -92,7 +92,7 @@ def test_a_malformed_reference_is_a_clear_error(tmp_path):
     data = json.loads(path.read_text())
     data["benchmarks"]["a"]["loss"]["by_cpu"] = {EPYC: "3.0"}
     path.write_text(json.dumps(data))
-    with pytest.raises(baselines.BaselineError, match=r"loss\.by_cpu: expected an object"):
+    with pytest.raises(schema.BaselineError, match=r"loss\.by_cpu: expected an object"):
         baselines.load(path, "cpu")
 
 

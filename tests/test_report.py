@@ -449,7 +449,7 @@ def test_html_status_of_each_case_is_the_gates(tmp_path: Path) -> None:
     import itertools
     from types import SimpleNamespace
 
-    from gptcore.gate import baselines, verdicts
+    from gptcore.gate import baselines, schema, verdicts
     from gptcore.gate.summary import _pct
     from gptcore.measure.runner import Measurement
     from gptcore.report.html import build_html
@@ -471,7 +471,7 @@ def test_html_status_of_each_case_is_the_gates(tmp_path: Path) -> None:
     blank = {f.name: None for f in dataclasses.fields(Measurement)}
     for bench in run["benchmarks"]:
         info, name = bench["extra_info"], bench["name"]
-        measured = baselines.Entry.from_measurement(
+        measured = schema.Entry.from_measurement(
             SimpleNamespace(**(blank | info)), precision=info["precision"], cpu_model=None
         )
         baseline = base.entries[name]

@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from gptcore.gate import baselines, verdicts
+from gptcore.gate import baselines, checks, schema, verdicts
 from gptcore.measure.work import CompileStats
 from tests.test_gate import ROOT
 
@@ -24,7 +24,7 @@ COMPILE_COUNTS = ("graphs", "graph breaks", "recompiles", "kernels")
 OTHER_CPU = "Another CPU (family 0, model 0)"
 
 
-def raise_count(entry: baselines.Entry, metric: str) -> None:
+def raise_count(entry: schema.Entry, metric: str) -> None:
     """Make ``metric`` of ``entry`` higher than measured (so that the measurement reads lower than it)."""
     work = entry.work
     if metric == "peak memory":
@@ -46,7 +46,7 @@ def raise_count(entry: baselines.Entry, metric: str) -> None:
         setattr(work.compile, field, getattr(work.compile, field) + 1)
 
 
-@pytest.mark.parametrize("metric", ("peak memory", *verdicts.WORK_METRICS))
+@pytest.mark.parametrize("metric", ("peak memory", *checks.WORK_METRICS))
 def test_a_count_below_its_baseline_fails_strict_as_leaner_on_any_cpu_model(metric: str) -> None:
     recorded = baselines.load(ROOT / "baselines" / "cpu.json", "cpu")
     case = COMPILED if metric in COMPILE_COUNTS else EAGER
@@ -57,18 +57,18 @@ def test_a_count_below_its_baseline_fails_strict_as_leaner_on_any_cpu_model(metr
     raise_count(base, metric)
     strict = verdicts.verdict_of(case, measured, base, recorded.tolerances, strict=True)
     [check] = [c for c in strict.checks if c.metric == metric]
-    assert strict.failed and check.status == verdicts.FAIL and verdicts.LEANER in check.note
+    assert strict.failed and check.status == checks.FAIL and checks.LEANER in check.note
     lenient = verdicts.verdict_of(case, measured, base, recorded.tolerances)
     [check] = [c for c in lenient.checks if c.metric == metric]
     # a count passes with the refresh note; 8 bytes of memory are within the memory tolerance (2%): plain ok
-    assert not lenient.failed and check.status == (verdicts.OK if metric == "peak memory" else verdicts.BETTER)
+    assert not lenient.failed and check.status == (checks.OK if metric == "peak memory" else checks.BETTER)
     # the same figures pass either way: nothing but the planted count moved
     assert not verdicts.verdict_of(case, measured, recorded.entries[case], recorded.tolerances, strict=True).failed
 
 
 def test_a_cpu_file_counts_the_models_that_recorded_its_entries(tmp_path) -> None:
     path = tmp_path / "cpu.json"
-    entry = baselines.Entry(
+    entry = schema.Entry(
         tokens_per_s=1.0,
         tokens_per_s_iqr=0.0,
         peak_allocated_bytes=1,

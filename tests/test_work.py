@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gptcore.config import Recipe
-from gptcore.gate.baselines import Entry, Tolerances
+from gptcore.gate.schema import Entry, Tolerances
 from gptcore.gate.verdicts import verdict_of
 from gptcore.measure.runner import run_case
 from gptcore.measure.work import count_step

@@ -111,7 +111,7 @@ def interval(speed) -> str:  # (gptcore.hunt.compare.Speed)
     return f"95% CI {speed.low:.3f}-{speed.high:.3f}"
 
 
-def exact_text(check) -> str:  # (gptcore.gate.verdicts.Check: B measured against A)
+def exact_text(check) -> str:  # (gptcore.gate.checks.Check: B measured against A)
     a, b = check.baseline, check.measured
     if a is None or b is None:
         return f"{check.metric} n/a"

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
                 f"(B/A {figures['ratio']:.3f}, {figures['verdict']})"
             )
         else:
-            from gptcore.gate.verdicts import Check
+            from gptcore.gate.checks import Check
 
             print(f"  {case}: {exact_text(Check(**figures))} (GOOD -> first bad)")
     return 0

@@ -40,7 +40,7 @@ class Record:
     row: dict[str, Any] | None = None
     """The end table's cells of the case (estimate, error, statuses, work, MFU)."""
     entry: dict[str, Any] | None = None
-    """The measured figures as a baseline entry (gptcore.gate.baselines.Entry.to_json): what --update-baselines
+    """The measured figures as a baseline entry (gptcore.gate.schema.Entry.to_json): what --update-baselines
     records."""
     recorded: bool = False
     """Whether this run wrote the entry into its baseline file."""

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING
 import pytest
 
 from gptcore import identity
-from gptcore.gate import baselines, expectations, verdicts
-from gptcore.gate.baselines import BaselineError, BaselineFile, Entry, Tolerances
+from gptcore.gate import baselines, checks, expectations, verdicts
+from gptcore.gate.baselines import BaselineFile
 from gptcore.gate.expectations import Figures
+from gptcore.gate.schema import BaselineError, Entry, Tolerances
 from gptcore.gate.verdicts import Verdict
 
 if TYPE_CHECKING:
@@ -269,14 +270,14 @@ class Gate:
             what = "recorded" if self.update else f"loss reference of {self.cpu_model} recorded"
             self.cases[node.nodeid]["recorded"] = True
             # no speed delta against a speed that is not comparable (another CPU model, a busy machine)
-            apart = baseline is not None and verdicts.speed_incomparable(measured.cpu_model, baseline)
+            apart = baseline is not None and checks.speed_incomparable(measured.cpu_model, baseline)
             status = {"tokens/s": verdicts.Status.NO_FIGURE} if apart else {}
             self._row(node, Row(node.name, measured, baseline, what, estimate, status=status))
             return None
         verdict = verdicts.verdict_of(
             node.name, measured, baseline, self.tolerances(file, device_type), unfit, strict=self.strict
         )
-        if any(c.failed and c.note.startswith(verdicts.LEANER) for c in verdict.checks):
+        if any(c.failed and c.note.startswith(checks.LEANER) for c in verdict.checks):
             self.leaner.append(node.nodeid)
         if baseline is not None and device_type == "cpu" and measured.convergence is None:  # a step loss held
             model = baseline.loss_reference(measured.cpu_model)[1]
@@ -288,7 +289,7 @@ class Gate:
             summary += " (strict: FAIL)" if self.strict else ""
             self.missing.append(node.nodeid)
         for c in verdict.checks:
-            if c.status == verdicts.NOT_GATED and c.delta is not None:
+            if c.status == checks.NOT_GATED and c.delta is not None:
                 reason = f"{c.metric} not gated: {c.note}"
                 self.not_gated[reason] = self.not_gated.get(reason, 0) + 1
         self._row(
@@ -362,8 +363,8 @@ def _mfu_cell(m: Measurement) -> str:
 
 
 def _work_cell(verdict: Verdict) -> str:
-    moved = [c for c in verdict.checks if c.metric in verdicts.WORK_METRICS]
+    moved = [c for c in verdict.checks if c.metric in checks.WORK_METRICS]
     if moved:
         return ", ".join(f"{c.metric} {int(c.delta):+,}" for c in moved)
     work = next((c for c in verdict.checks if c.metric == "work"), None)
-    return "=" if work is not None and work.status == verdicts.OK else "—"
+    return "=" if work is not None and work.status == checks.OK else "—"

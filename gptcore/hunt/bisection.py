@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gptcore.gate.baselines import Tolerances
-from gptcore.gate.verdicts import Check, loss_check, memory_check
+from gptcore.gate.checks import Check, loss_check, memory_check
+from gptcore.gate.schema import Tolerances
 from gptcore.hunt.compare import (
     CompareError,
     DriverError,

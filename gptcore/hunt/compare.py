@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gptcore.gate.baselines import Tolerances
-from gptcore.gate.verdicts import Check, loss_check, memory_check, moved_ops
+from gptcore.gate.checks import Check, loss_check, memory_check, moved_ops
+from gptcore.gate.schema import Tolerances
 from gptcore.hunt.driver import MARK
 from gptcore.hunt.revisions import commit_of, repo_root, snapshot, worktree
 from gptcore.hunt.significance import SLOWER, Speed, speed_verdict

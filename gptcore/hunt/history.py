@@ -42,7 +42,7 @@ from gptcore.storage import read as read_saved
 
 def _metrics(info: dict) -> dict[str, tuple[float, bool]]:
     """A saved case's metrics: name -> (value, exact). tokens/s only on a GPU (on CPU the gate does not gate it)."""
-    from gptcore.gate.baselines import Tolerances
+    from gptcore.gate.schema import Tolerances
 
     device = str(info.get("device") or "cpu")
     cpu = device.startswith("cpu")
@@ -306,7 +306,7 @@ def changes(case: str, metric: str, points: list[Point], tolerance: float | None
 def analyse(storage: str | Path, select: str | None = None) -> History:
     """Every change point and creeping stretch in the saved runs under ``storage`` (``select``: a substring of the
     case names)."""
-    from gptcore.gate.baselines import Tolerances
+    from gptcore.gate.schema import Tolerances
 
     series, exact, history = read(storage, select)
     tol = Tolerances.default_for("cpu" if history.device == "cpu" else "cuda")

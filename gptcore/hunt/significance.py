@@ -1,6 +1,6 @@
 """The statistics of an A/B comparison, pure functions: Mann-Whitney U (exact for small samples without ties),
 the Hodges-Lehmann interval of the ratio B/A on log tokens/s and the speed verdict. (Memory and loss of two runs
-are judged by the gate's own checks, ``verdicts.memory_check`` and ``verdicts.loss_check``.) Deterministic: no
+are judged by the gate's own checks, ``checks.memory_check`` and ``checks.loss_check``.) Deterministic: no
 random numbers.
 
 Written here rather than taken from scipy.stats.mannwhitneyu on purpose: the project does not depend on scipy

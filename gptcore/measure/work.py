@@ -7,7 +7,7 @@ rounds never see:
   every torch release; what torch's FlopCounterMode would count for operators those formulas leave out is kept
   apart (``uncounted_flops_by_op``), so that a change in torch's counter is named as one;
 * aten operator calls per phase (a proxy for kernel launches), and per phase every operator overload called with
-  its count, so that a change names what moved (``gptcore.gate.verdicts.moved_ops``);
+  its count, so that a change names what moved (``gptcore.gate.checks.moved_ops``);
 * host-device syncs: host reads of a tensor's value (``aten._local_scalar_dense``, which ``.item()`` and
   ``bool(tensor)`` dispatch) and copies from a GPU to the host, counted through the dispatcher so that they show
   on CPU too. The optimizers' own step counters, which PyTorch keeps on the host and reads there, are not syncs;

@@ -3,7 +3,7 @@
 - ``categories``: the shared vocabulary (CATEGORIES, PeakReport, the breakdown of live bytes at one event).
 - ``tracker``: LiveBytes, a storage tracker for real or fake tensors, and ``track_training``.
 - ``analytic``: ``resolve`` (a model, a recipe and a device into a Question) and the analytic ``estimate``;
-  its bookkeeping is in ``tally``, its op-by-op walk through the model in ``tally_ops``.
+  its bookkeeping is in ``tally``, its op-by-op walk through the model in ``tally_forward`` and ``tally_backward``.
 - ``simulation``: ``simulate``, two iterations of the real Trainer on fake tensors under the tracker.
 
 ``question = resolve(cfg, recipe, device="cpu")``, then ``estimate(question)`` (arithmetic) and

@@ -3,9 +3,9 @@
 
 ``estimate`` (about a millisecond for GPT-2 XL) walks one steady-state training step (optimizer state already
 allocated) through the tensors that ``gptcore.training.model`` and ``gptcore.training.trainer`` create and free, op by
-op and in order (``tally_ops``), and keeps the peak of their sum, its phase and what was live at that moment. It does
-not see workspaces allocated inside one kernel (cuBLAS, flash-attention's fp32 dq accumulator) nor inside a compiled
-graph: compiled recipes are answered as their eager equivalent, and say so in their notes.
+op and in order (``tally_forward``, ``tally_backward``), and keeps the peak of their sum, its phase and what was live
+at that moment. It does not see workspaces allocated inside one kernel (cuBLAS, flash-attention's fp32 dq accumulator)
+nor inside a compiled graph: compiled recipes are answered as their eager equivalent, and say so in their notes.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from gptcore.memory.categories import (
     ordered,
 )
 from gptcore.memory.tally import Gradients, Run, Tally, step_temporaries
-from gptcore.memory.tally_ops import gpt_backward, gpt_forward
+from gptcore.memory.tally_backward import gpt_backward
+from gptcore.memory.tally_forward import gpt_forward
 from gptcore.units import common_unit, in_unit
 
 

@@ -1,7 +1,8 @@
 """The bookkeeping of the analytic estimate: the tally of live bytes by category through a symbolic training step,
 what the step is (shapes, element sizes, switches), the parameters' gradients as autograd accumulates them, the
-optimizer step's temporaries, and the small ops the walk of ``tally_ops`` is made of (autocast's weight copies,
-LayerNorm's statistics, dropout, and the backward of Linear, LayerNorm and dropout). Arithmetic only.
+optimizer step's temporaries, and the small ops the walk of ``tally_forward`` and ``tally_backward`` is made of
+(autocast's weight copies, LayerNorm's statistics, dropout, and the backward of Linear, LayerNorm and dropout).
+Arithmetic only.
 
 A tensor is a handle from ``Tally.new``; ``None`` stands for a tensor that is not there (no bias, no dropout) or
 one that is another's view, and ``Tally.free`` ignores it.

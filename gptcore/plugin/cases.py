@@ -10,8 +10,8 @@ import pytest
 
 from gptcore import identity
 from gptcore.gate import plan, results
-from gptcore.gate.baselines import BaselineError, Entry
 from gptcore.gate.results import Record
+from gptcore.gate.schema import BaselineError, Entry
 from gptcore.gate.session import Gate, Row
 from gptcore.plugin.options import GATE, under_xdist
 

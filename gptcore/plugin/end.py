@@ -9,7 +9,7 @@ import platform
 import pytest
 
 from gptcore import identity
-from gptcore.gate.baselines import BaselineError
+from gptcore.gate.schema import BaselineError
 from gptcore.gate.summary import CONVERGENCE, PAYS, convergence_table, expectations_table, gate_markdown, gate_table
 from gptcore.hunt.history import section as history_section
 from gptcore.plugin.options import GATE

@@ -12,9 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gptcore.gate.baselines import BaselineFile, Entry, Tolerances
+from gptcore.gate.baselines import BaselineFile
+from gptcore.gate.checks import Check, memory_check, speed_check, speed_incomparable
 from gptcore.gate.rules import Status
-from gptcore.gate.verdicts import Check, memory_check, speed_check, speed_incomparable
+from gptcore.gate.schema import Entry, Tolerances
 from gptcore.hunt.findings import Finding
 from gptcore.measure.convergence import Convergence
 from gptcore.memory import CATEGORIES, estimate, resolve
@@ -66,7 +67,7 @@ def _pyplot() -> Any:
 
 
 def case_checks(r: Record, e: Entry | None, tol: Tolerances) -> tuple[Check, Check]:
-    """The case's tokens/s and peak memory checks, made by the gate's own rules (``verdicts.speed_check`` and
+    """The case's tokens/s and peak memory checks, made by the gate's own rules (``checks.speed_check`` and
     ``memory_check``), so that the page cannot disagree with the gate; 'no baseline' without an entry."""
     if e is None:
         return (

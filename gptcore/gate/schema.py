@@ -1,0 +1,263 @@
+"""The schema of a baseline entry: the device's ``Tolerances`` and an ``Entry`` per case (its figures, its loss
+references per CPU model, its work ledger, a convergence run), each read with errors that name the file and the
+field. The files that hold them are ``gptcore.gate.baselines``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gptcore.measure.convergence import Convergence
+
+if TYPE_CHECKING:
+    from gptcore.measure.work import WorkLedger
+
+SCHEMA_VERSION = 2
+AMP_PRECISIONS = ("fp16", "bf16", "bf16-pure")
+VAL_LOSS_TOLERANCE = 0.025
+"""How much worse than its baseline a convergence case's final validation loss may be (nats): what reseeding moves
+it by. Measured (scripts/convergence_spread.py, kept in tests/data/convergence_spread_cpu.json): cpu-small under
+the five CPU-shape recipes at 2,000 steps and ckpt-fp32 at CI's 400, 3 seeds each (weights, dropout and batch
+order; the evaluation batches fixed): ranges 0.0018-0.0195, pooled standard deviation 0.0058 (12 degrees of
+freedom). Two runs of different seeds then differ with a standard deviation of 0.0058 x sqrt(2) = 0.0082: 3 of
+those is 0.0245. On the CPU model that recorded a case the run is bit-identical (one thread), so only a change of
+the arithmetic moves it; another CPU model's rounding moves it by less than a reseed."""
+
+
+class BaselineError(ValueError):
+    """A baseline file that cannot be used; the message names the file and the field."""
+
+
+# -- schema ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    """Relative tolerances for memory and speed, absolute (nats) for the loss."""
+
+    memory: float = 0.02
+    """Peak allocated bytes fail above baseline x (1 + memory)."""
+    speed: float | None = 0.05
+    """tokens/s fail below baseline x (1 - speed); None: reported, not gated (the CPU default)."""
+    loss: float = 1e-3
+    """|loss - baseline| for fp32/tf32 recipes."""
+    loss_amp: float = 2e-2
+    """|loss - baseline| for fp16/bf16 recipes."""
+    loss_other_cpu: float | None = None
+    """|loss - baseline| for fp32 when the baseline was recorded on another CPU model (None: ``loss``)."""
+    loss_amp_other_cpu: float | None = None
+    """|loss - baseline| for fp16/bf16 when the baseline was recorded on another CPU model (None: ``loss_amp``)."""
+    work: float = 0.0
+    """Relative tolerance of the work ledger's counts: 0, exact (they are the same on every CPU, thread count and
+    instruction set)."""
+    val_loss: float = VAL_LOSS_TOLERANCE
+    """A convergence case's final validation loss fails above baseline + this (nats); see VAL_LOSS_TOLERANCE."""
+
+    @classmethod
+    def default_for(cls, device_type: str) -> Tolerances:
+        """CPU: memory exact (2% kept as the one memory rule); tokens/s not gated (a shared 2-core machine varies
+        1.5-2x with no sign of it inside the process; opt in with --speed-tol); the loss from what runs actually
+        differ by. On one CPU model, repeated runs are bit-identical and 1 vs 2 threads moved fp32 by at most
+        2.4e-7 (1 ulp) and bf16 by 1.6e-4: 1e-6 and 5e-4. Between CPU models (AMD EPYC vs an AMX Xeon) fp32 moved
+        by up to 2.9e-5 and bf16 by 5.3e-3: 1e-4 and 2e-2."""
+        if device_type == "cpu":
+            return cls(memory=0.02, speed=None, loss=1e-6, loss_amp=5e-4, loss_other_cpu=1e-4, loss_amp_other_cpu=2e-2)
+        return cls()
+
+    def loss_tolerance(self, precision: str, other_cpu: bool) -> float:
+        """The loss tolerance for a recipe precision, wider when the baseline comes from another CPU model."""
+        amp = precision in AMP_PRECISIONS
+        wide = self.loss_amp_other_cpu if amp else self.loss_other_cpu
+        return wide if other_cpu and wide is not None else self.loss_amp if amp else self.loss
+
+    def validate(self, where: str) -> None:
+        for name in ("memory", "speed", "loss", "loss_amp", "loss_other_cpu", "loss_amp_other_cpu", "work", "val_loss"):
+            value = getattr(self, name)
+            if value is None and name in ("speed", "loss_other_cpu", "loss_amp_other_cpu"):
+                continue
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+                raise BaselineError(f"{where}: tolerances.{name}: must be a number >= 0, got {value!r}")
+        if self.speed is not None and self.speed > 1:
+            raise BaselineError(f"{where}: tolerances.speed: must be in [0, 1], got {self.speed}")
+
+
+@dataclass
+class Entry:
+    """One benchmark's figures (measured now, or recorded in a baseline file)."""
+
+    tokens_per_s: float | None
+    tokens_per_s_iqr: float | None
+    peak_allocated_bytes: int | None
+    peak_reserved_bytes: int | None
+    loss: float | None
+    loss_step: int
+    precision: str = "fp32"
+    cpu_model: str | None = None
+    cpu_share: float | None = None
+    work: WorkLedger | None = None
+    recorded_at: str | None = None
+    commit: str | None = None
+    loss_by_cpu: dict[str, float] = field(default_factory=dict)
+    """The loss at ``loss_step`` on other CPU models (the recording model's is ``loss``)."""
+    peak_by_category: dict[str, int] | None = None
+    """What was live at the peak by category (the CPU tracker's), to say where a memory change is."""
+    estimate_by_category: dict[str, int] | None = None
+    """The memory estimate's peak by category (any device), the same where the device has no tracker."""
+    convergence: Convergence | None = None
+    """A convergence case's whole run (validation curve, time-to-loss); None for a benchmark case."""
+    seconds: float | None = None
+    """Wall time of the case (warm-up, timed rounds, the ledger pass): how --deadline plans it."""
+    speed_note: str | None = None
+    """CPU: why tokens/s was not recorded ('speed not recorded: machine busy (share 0.33)'); its median is null."""
+    clocks: dict[str, Any] | None = None
+    """GPU only: the clocks the timed rounds ran at (gptcore.measure.clocks.summary), to tell a run at other clocks
+    from a code change."""
+
+    @classmethod
+    def from_measurement(
+        cls, m: Any, *, precision: str, cpu_model: str | None, estimate_by_category: dict[str, int] | None = None
+    ) -> Entry:
+        """The entry of a ``gptcore.measure.runner.Measurement`` (or anything with its fields, such as a run's
+        extra_info as a namespace); ``cpu_model`` is recorded on CPU only."""
+        from gptcore.measure.work import WorkLedger
+
+        return cls(
+            tokens_per_s=m.tokens_per_s,
+            tokens_per_s_iqr=m.tokens_per_s_iqr,
+            peak_allocated_bytes=m.peak_allocated_bytes,
+            peak_reserved_bytes=m.peak_reserved_bytes,
+            loss=m.loss,
+            loss_step=m.loss_step,
+            precision=precision,
+            cpu_model=cpu_model if m.device.startswith("cpu") else None,
+            cpu_share=m.cpu_share,
+            work=WorkLedger.from_json(m.work) if m.work else None,
+            peak_by_category=m.peak_by_category,
+            estimate_by_category=estimate_by_category,
+            seconds=getattr(m, "case_seconds", None) or None,
+            clocks=getattr(m, "clocks", None),
+            speed_note=getattr(m, "speed_note", None) if m.device.startswith("cpu") else None,
+        )
+
+    @classmethod
+    def from_convergence(cls, run: Convergence | None, *, device: str, precision: str, cpu_model: str | None) -> Entry:
+        """The entry of a convergence run (``run`` None: the case failed); ``cpu_model`` is recorded on CPU only.
+        No step loss nor memory: such a case is judged on what it learned."""
+        return cls(
+            tokens_per_s=run and run.tokens_per_s,
+            tokens_per_s_iqr=None,
+            peak_allocated_bytes=None,
+            peak_reserved_bytes=None,
+            loss=None,
+            loss_step=run.steps[-1] if run else 0,
+            precision=precision,
+            cpu_model=cpu_model if device.startswith("cpu") else None,
+            convergence=run,
+        )
+
+    def loss_reference(self, cpu_model: str | None) -> tuple[float | None, str | None]:
+        """The loss to hold a run on ``cpu_model`` to, and the CPU model it was measured on: that model's own
+        reference when there is one, else the recorded loss (and the model that recorded it)."""
+        if cpu_model is not None and cpu_model in self.loss_by_cpu:
+            return self.loss_by_cpu[cpu_model], cpu_model
+        return self.loss, self.cpu_model
+
+    def to_json(self) -> dict:
+        return {
+            "tokens_per_s": {"median": self.tokens_per_s, "iqr": self.tokens_per_s_iqr}
+            | ({"not_recorded": self.speed_note} if self.speed_note else {}),
+            "peak_allocated_bytes": self.peak_allocated_bytes,
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "loss": {"value": self.loss, "step": self.loss_step}
+            | ({"by_cpu": dict(sorted(self.loss_by_cpu.items()))} if self.loss_by_cpu else {}),
+            "precision": self.precision,
+            "cpu_model": self.cpu_model,
+            "cpu_share": self.cpu_share,
+            "work": self.work.to_json() if self.work else None,
+            **({"peak_by_category": self.peak_by_category} if self.peak_by_category else {}),
+            **({"estimate_by_category": self.estimate_by_category} if self.estimate_by_category else {}),
+            **({"convergence": self.convergence.to_json()} if self.convergence else {}),
+            **({"seconds": round(self.seconds, 2)} if self.seconds is not None else {}),
+            **({"clocks": self.clocks} if self.clocks else {}),
+            "recorded_at": self.recorded_at,
+            "commit": self.commit,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> Entry:
+        def get(obj: Any, key: str, types: tuple, path: str, nullable: bool = True) -> Any:
+            if not isinstance(obj, dict):
+                raise BaselineError(f"{where}: {path.rsplit('.', 1)[0]}: must be an object")
+            if key not in obj:
+                raise BaselineError(f"{where}: {path}: missing")
+            value = obj[key]
+            if value is None and nullable:
+                return None
+            if isinstance(value, bool) or not isinstance(value, types):
+                raise BaselineError(
+                    f"{where}: {path}: expected {' or '.join(t.__name__ for t in types)}"
+                    f"{' or null' if nullable else ''}, got {value!r}"
+                )
+            return value
+
+        num = (int, float)
+        speed = get(data, "tokens_per_s", (dict,), "tokens_per_s", nullable=False)
+        loss = get(data, "loss", (dict,), "loss", nullable=False)
+        by_cpu = loss.get("by_cpu", {})
+        if not isinstance(by_cpu, dict) or not all(
+            isinstance(k, str) and isinstance(v, num) and not isinstance(v, bool) for k, v in by_cpu.items()
+        ):
+            raise BaselineError(f"{where}: loss.by_cpu: expected an object of CPU model -> number, got {by_cpu!r}")
+        return cls(
+            tokens_per_s=get(speed, "median", num, "tokens_per_s.median"),
+            tokens_per_s_iqr=get(speed, "iqr", num, "tokens_per_s.iqr"),
+            speed_note=get(speed, "not_recorded", (str,), "tokens_per_s.not_recorded")
+            if "not_recorded" in speed
+            else None,
+            peak_allocated_bytes=get(data, "peak_allocated_bytes", (int,), "peak_allocated_bytes"),
+            peak_reserved_bytes=get(data, "peak_reserved_bytes", (int,), "peak_reserved_bytes"),
+            loss=get(loss, "value", num, "loss.value"),
+            loss_step=get(loss, "step", (int,), "loss.step", nullable=False),
+            precision=get(data, "precision", (str,), "precision", nullable=False),
+            cpu_model=get(data, "cpu_model", (str,), "cpu_model"),
+            cpu_share=get(data, "cpu_share", num, "cpu_share"),
+            work=_work(data.get("work"), where),
+            recorded_at=data.get("recorded_at"),
+            commit=data.get("commit"),
+            loss_by_cpu=dict(by_cpu),
+            peak_by_category=_categories(data.get("peak_by_category"), where, "peak_by_category"),
+            estimate_by_category=_categories(data.get("estimate_by_category"), where, "estimate_by_category"),
+            convergence=_convergence(data.get("convergence"), where),
+            seconds=get(data, "seconds", num, "seconds") if "seconds" in data else None,
+            clocks=get(data, "clocks", (dict,), "clocks") if "clocks" in data else None,
+        )
+
+
+def _convergence(value: Any, where: str) -> Convergence | None:
+    if value is None:
+        return None
+    try:
+        return Convergence.from_json(value, where)
+    except ValueError as err:
+        raise BaselineError(str(err)) from None
+
+
+def _categories(value: Any, where: str, path: str) -> dict[str, int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in value.items()
+    ):
+        raise BaselineError(f"{where}: {path}: expected an object of category -> bytes, got {value!r}")
+    return dict(value)
+
+
+def _work(data: Any, where: str) -> WorkLedger | None:
+    from gptcore.measure.work import WorkLedger
+
+    if data is None:
+        return None
+    try:
+        return WorkLedger.from_json(data)
+    except (KeyError, TypeError, AttributeError) as err:
+        raise BaselineError(f"{where}: work: not a work ledger ({type(err).__name__}: {err})") from None

@@ -4,50 +4,23 @@ baselines) and ``converge_case`` (a whole training run of the convergence tier, 
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import pytest
 import torch
 
 from gptcore import memory
-from gptcore.config import Recipe, Schedule, Study
+from gptcore.config import Recipe, Schedule, Study, Timing
 from gptcore.gate.session import Outcome
 from gptcore.measure.convergence import Convergence, converge
-from gptcore.measure.runner import Measurement, out_of_memory_in, run_case
+from gptcore.measure.runner import Measurement, cannot_fit, out_of_memory_in, run_case
 from gptcore.presets import MODELS, RECIPES
 from gptcore.training.trainer import unsupported_reason
 
 
 class BaselineMissing(UserWarning):
     """A benchmark ran but its device's baseline file has no entry for it."""
-
-
-@dataclass(frozen=True)
-class Timing:
-    """How a study's cases are timed: warm-up steps (compile and optimizer state happen there), timed rounds, and
-    optimizer steps per round."""
-
-    warmup: int
-    rounds: int
-    steps_per_round: int
-    loss_step: int | None = None
-    """The optimizer step after which the loss is read, however many rounds are timed (None: the last one)."""
-    speed_rounds: int | None = None
-    """CPU: the rounds ``--cpu-speed`` times, for a median worth reading; ``rounds`` is what the exact checks need."""
-
-    def on(self, recipe: Recipe, device: str) -> Timing:
-        """The timing of one case: a bf16 case on CPU times one round and reads its loss at the end of it (step 4
-        where the study reads step 8). A CPU without native bf16 (no AVX512-BF16: a Zen 3 EPYC, GitHub's hosted
-        runners) emulates bf16 matmuls about 23x slower than fp32, and every check keeps its meaning in fewer
-        steps: the peak (the two tracked warm-up steps), the loss (bf16 forward, backward and three optimizer
-        updates), the work ledger (one steady step). Speed is not gated on CPU; ``--cpu-speed`` still times
-        ``speed_rounds``."""
-        if device != "cpu" or not recipe.precision.startswith("bf16") or self.loss_step is None:
-            return self
-        return dataclasses.replace(self, rounds=1, loss_step=self.warmup + self.steps_per_round)
 
 
 def run_if(
@@ -101,18 +74,6 @@ def estimate_of(model: str, recipe: Recipe, device: str) -> tuple[int | str, dic
         return "err", None
 
 
-def skip_if_it_cannot_fit(estimate: int | str, device: str) -> None:
-    """Skip, with the estimate, a GPU case that cannot fit in the device's memory instead of crashing into OOM."""
-    if device != "cuda" or not isinstance(estimate, int):
-        return
-    total = torch.cuda.get_device_properties(0).total_memory
-    if estimate > total:
-        pytest.skip(
-            f"estimated peak {estimate / 2**30:.1f} GiB exceeds the {total / 2**30:.1f} GiB of "
-            f"{torch.cuda.get_device_name()}"
-        )
-
-
 def benchmark_case(
     benchmark, gate, request: pytest.FixtureRequest, study: Study, model: str, recipe_name: str, timing: Timing
 ) -> Measurement:
@@ -126,7 +87,9 @@ def benchmark_case(
     rounds = timing.speed_rounds if gate.cpu_speed and timing.speed_rounds else timing.rounds
     warmup, rounds, steps_per_round = gate.timing(timing.warmup, rounds, timing.steps_per_round)
     estimate, estimate_by_category = estimate_of(model, recipe, device)
-    skip_if_it_cannot_fit(estimate, device)
+    reason = cannot_fit(estimate, device)  # a GPU case the estimate says cannot fit: skipped, not an OOM
+    if reason:
+        pytest.skip(reason)
 
     def timed_loop(round_fn: Callable[[], None], n: int, between: Callable[[], None]) -> None:
         benchmark.pedantic(round_fn, setup=between, rounds=n, iterations=1, warmup_rounds=0)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from bench.harness import Timing, benchmark_case, grid
+from bench.harness import benchmark_case, grid
 from gptcore.presets import STUDIES
 
 STUDY = STUDIES["char-shape"]
-TIMING = Timing(warmup=5, rounds=10, steps_per_round=10)
+TIMING = STUDY.timing
 
 pytestmark = pytest.mark.gpu
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from bench.harness import Timing, benchmark_case, grid
+from bench.harness import benchmark_case, grid
 from gptcore.presets import STUDIES
 
 STUDY = STUDIES["cpu-recipe"]
 # compile happens in the warm-up, outside the timing
-TIMING = Timing(warmup=2, rounds=3, steps_per_round=2, loss_step=8, speed_rounds=5)
+TIMING = STUDY.timing
 
 pytestmark = pytest.mark.cpu
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from bench.harness import Timing, benchmark_case, grid
+from bench.harness import benchmark_case, grid
 from gptcore.presets import STUDIES
 
 STUDY = STUDIES["cpu-shape"]
-TIMING = Timing(warmup=2, rounds=3, steps_per_round=2, loss_step=8, speed_rounds=11)
+TIMING = STUDY.timing
 
 pytestmark = pytest.mark.cpu
 

@@ -13,25 +13,18 @@ torchrun's start and two imports of torch). GPU tier: gpt2 on 2 GPUs, skipped wi
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from bench.harness import Timing, conclude, needs_of, run_if
-from gptcore.measure.runner import Measurement
+from bench.harness import conclude, needs_of, run_if
+from gptcore.config import Timing
+from gptcore.measure.launch import Launches, LaunchFailed, combine
 from gptcore.memory import resolve
 from gptcore.memory.parallel import estimate_per_rank
 from gptcore.presets import MODELS, RECIPES
 
-ROOT = Path(__file__).resolve().parents[1]
 TIMING = {"cpu": Timing(warmup=2, rounds=5, steps_per_round=2), "cuda": Timing(warmup=5, rounds=10, steps_per_round=5)}
-LAUNCH_TIMEOUT_S = 300
 WORLD = 2
 
 CASES = [
@@ -53,56 +46,8 @@ CASES = [
 ]
 
 
-class LaunchFailed(Exception):
-    """torchrun exited non-zero or ran past its timeout (the message says which, with the end of its output)."""
-
-
-def launch(
-    model: str, recipes: list[str], world: int, device: str, out: Path, counts: tuple[int, int, int]
-) -> dict[str, list[dict]]:
-    """Run the cases on ``world`` ranks in one torchrun job; for each recipe, each rank's Measurement as a dict
-    (with rank, world_size)."""
-    warmup, rounds, steps = counts
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={world}",
-        "-m",
-        "gptcore.measure.worker",
-        "--model",
-        model,
-        "--recipe",
-        *recipes,
-        "--out",
-        str(out),
-        "--device",
-        device,
-        "--warmup",
-        str(warmup),
-        "--rounds",
-        str(rounds),
-        "--steps",
-        str(steps),
-    ]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    with subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    ) as proc:
-        try:
-            output, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its workers
-            proc.communicate()
-            raise LaunchFailed(f"torchrun did not finish within {LAUNCH_TIMEOUT_S} s") from None
-    if proc.returncode != 0:
-        raise LaunchFailed(f"torchrun exited {proc.returncode} (cases {', '.join(recipes)}):\n{output[-3000:]}")
-    return {name: [json.loads((out / name / f"rank-{r}.json").read_text()) for r in range(world)] for name in recipes}
-
-
-#: The launches of this session: (model, world, device, counts) -> each recipe's ranks, or why the launch failed.
-_LAUNCHED: dict[tuple, dict[str, list[dict]] | str] = {}
+#: The torchrun jobs of this session.
+LAUNCHES = Launches()
 
 
 def sharing(request: pytest.FixtureRequest, model: str, world: int, device: str) -> list[str]:
@@ -130,36 +75,12 @@ def ranks_of(
     device: str,
     counts: tuple[int, int, int],
 ) -> list[dict]:
-    """This case's ranks: from the session's launch that holds it, launching it (with every selected case that
-    shares its model, world size and device) the first time; a failed launch fails the case with its message."""
-    key = (model, world, device, counts)
-    if key not in _LAUNCHED:
-        recipes = list(dict.fromkeys([recipe, *sharing(request, model, world, device)]))
-        try:
-            _LAUNCHED[key] = launch(model, recipes, world, device, out, counts)
-        except LaunchFailed as err:
-            _LAUNCHED[key] = str(err)
-    held = _LAUNCHED[key]
-    if isinstance(held, str):
-        pytest.fail(held, pytrace=False)
-    return held[recipe]  # every selected case was in the launch: sharing() lists them all
-
-
-def combine(ranks: list[dict]) -> Measurement:
-    """One Measurement for the job: rank 0's (the round times are already the slowest rank's and the loss the
-    mean over ranks), with the peak memory the max over ranks (and that rank's breakdown)."""
-    names = {f.name for f in dataclasses.fields(Measurement)}
-    m = Measurement(**{k: v for k, v in ranks[0].items() if k in names})
-    for key in ("peak_allocated_bytes", "peak_reserved_bytes"):
-        values = [r[key] for r in ranks if r[key] is not None]
-        setattr(m, key, max(values) if values else None)
-    if m.peak_allocated_bytes is not None:  # the breakdown of the rank whose peak is the job's
-        m.peak_by_category = next(
-            r.get("peak_by_category") for r in ranks if r["peak_allocated_bytes"] == m.peak_allocated_bytes
-        )
-    errors = [f"rank {r['rank']}: {r['error']}" for r in ranks if r["error"]]
-    m.error = "; ".join(errors) or None
-    return m
+    """This case's ranks from the session's job that holds it (gptcore.measure.launch); a failed launch fails the
+    case with its message."""
+    try:
+        return LAUNCHES.ranks(model, recipe, world, device, out, counts, sharing(request, model, world, device))
+    except LaunchFailed as err:
+        pytest.fail(str(err), pytrace=False)
 
 
 @pytest.mark.benchmark(group="distributed")

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from bench.harness import Timing, benchmark_case, grid
+from bench.harness import benchmark_case, grid
 from gptcore.presets import STUDIES
 
 STUDY = STUDIES["ladder"]
-TIMING = Timing(warmup=5, rounds=7, steps_per_round=5)
+TIMING = STUDY.timing
 
 pytestmark = pytest.mark.gpu
 

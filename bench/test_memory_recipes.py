@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from bench.harness import Timing, benchmark_case, grid
+from bench.harness import benchmark_case, grid
 from gptcore.presets import STUDIES
 
 STUDY = STUDIES["memory-recipe"]
 # compile (the budget recipes) happens in the warm-up, outside the timing
-TIMING = Timing(warmup=3, rounds=5, steps_per_round=3)
+TIMING = STUDY.timing
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 

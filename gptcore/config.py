@@ -4,6 +4,7 @@ Parallel), Study and its Schedule; the named values are in gptcore.presets. Froz
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -332,6 +333,31 @@ class Schedule:
 
 
 @dataclass(frozen=True)
+class Timing:
+    """How a study's benchmark cases are timed: warm-up steps (compile and optimizer state happen there), timed rounds,
+    and optimizer steps per round."""
+
+    warmup: int
+    rounds: int
+    steps_per_round: int
+    loss_step: int | None = None
+    """The optimizer step after which the loss is read, however many rounds are timed (None: the last one)."""
+    speed_rounds: int | None = None
+    """CPU: the rounds ``--cpu-speed`` times, for a median worth reading; ``rounds`` is what the exact checks need."""
+
+    def on(self, recipe: Recipe, device: str) -> Timing:
+        """The timing of one case: a bf16 case on CPU times one round and reads its loss at the end of it (step 4
+        where the study reads step 8). A CPU without native bf16 (no AVX512-BF16: a Zen 3 EPYC, GitHub's hosted
+        runners) emulates bf16 matmuls about 23x slower than fp32, and every check keeps its meaning in fewer
+        steps: the peak (the two tracked warm-up steps), the loss (bf16 forward, backward and three optimizer
+        updates), the work ledger (one steady step). Speed is not gated on CPU; ``--cpu-speed`` still times
+        ``speed_rounds``."""
+        if device != "cpu" or not recipe.precision.startswith("bf16") or self.loss_step is None:
+            return self
+        return dataclasses.replace(self, rounds=1, loss_step=self.warmup + self.steps_per_round)
+
+
+@dataclass(frozen=True)
 class Study:
     """One experiment the suite reproduces: which models it varies under which recipes, and where it runs."""
 
@@ -347,3 +373,5 @@ class Study:
     """Where its benchmark cases run: the CPU tier or the GPU tier."""
     schedule: Schedule | None = None
     """The study's full training run (the convergence tier); None where the study has no quality figure."""
+    timing: Timing | None = None
+    """How its benchmark cases are timed (None: a study with convergence cases only)."""

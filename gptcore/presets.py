@@ -12,7 +12,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from gptcore.config import CHAR_VOCAB, DDPOptions, FSDP2Options, GPTConfig, Parallel, Recipe, Schedule, Study
+from gptcore.config import CHAR_VOCAB, DDPOptions, FSDP2Options, GPTConfig, Parallel, Recipe, Schedule, Study, Timing
 
 GPT2_VOCAB = 50257
 
@@ -245,6 +245,7 @@ STUDIES: dict[str, Study] = {
             ("fp32", "sgd-cosine", "fp16", "bf16", "small-batch", "grad-accum"),
             "cuda",
             Schedule(steps=5000, eval_every=250, eval_batches=20, target_loss=1.6),
+            Timing(warmup=5, rounds=10, steps_per_round=10),
         ),
         Study(
             "cpu-shape",
@@ -253,11 +254,25 @@ STUDIES: dict[str, Study] = {
             ("ckpt-fp32", "ckpt-half-batch", "ckpt-grad-accum-2", "ckpt-sgd-cosine", "ckpt-bf16"),
             "cpu",
             Schedule(steps=2000, eval_every=100, eval_batches=20, target_loss=2.1),
+            # 2 warm-up steps (tracked: the peak), 3 rounds of 2, the loss after step 8; --cpu-speed: 11 rounds
+            Timing(warmup=2, rounds=3, steps_per_round=2, loss_step=8, speed_rounds=11),
         ),
         Study(
-            "memory-recipe", "a 1.6B model under eleven memory-saving recipes", ("deep-1.6b",), MEMORY_RECIPES, "cuda"
+            "memory-recipe",
+            "a 1.6B model under eleven memory-saving recipes",
+            ("deep-1.6b",),
+            MEMORY_RECIPES,
+            "cuda",
+            timing=Timing(warmup=3, rounds=5, steps_per_round=3),
         ),
-        Study("ladder", "GPT-2 124M up the optimization ladder, one switch per rung", ("gpt2",), LADDER, "cuda"),
+        Study(
+            "ladder",
+            "GPT-2 124M up the optimization ladder, one switch per rung",
+            ("gpt2",),
+            LADDER,
+            "cuda",
+            timing=Timing(warmup=5, rounds=7, steps_per_round=5),
+        ),
         Study(
             "cpu-recipe",
             "nanoGPT's CPU model under every memory recipe, regional compilation and the ladder's "
@@ -265,6 +280,7 @@ STUDIES: dict[str, Study] = {
             ("cpu-small",),
             MEMORY_RECIPES + ("compile-blocks", "ladder-0"),
             "cpu",
+            timing=Timing(warmup=2, rounds=3, steps_per_round=2, loss_step=8, speed_rounds=5),
         ),
     )
 }

@@ -11,14 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.test_cpu_shape import TIMING as CPU_TIMING
 from gptcore import identity
 from gptcore.config import Schedule
 from gptcore.gate import baselines, schema
 from gptcore.gate.schema import BaselineError, Entry, Tolerances
 from gptcore.gate.verdicts import verdict_of
 from gptcore.measure.convergence import Convergence, converge, schedule_recipe, torch_threads
-from gptcore.presets import CPU_SHAPE_SHORT, get_model, get_recipe
+from gptcore.presets import CPU_SHAPE_SHORT, STUDIES, get_model, get_recipe
 from gptcore.training import trainer as train
 from gptcore.training.trainer import Trainer
 
@@ -27,6 +26,7 @@ pytestmark = pytest.mark.cpu
 ROOT = Path(__file__).resolve().parent.parent
 SHORT_CASE = "test_convergence_cpu_shape_short[cpu-small+ckpt-fp32]"
 # the last step the CPU-shape benchmark case runs, with --cpu-speed's rounds: warm-up, timed rounds, ledger step
+CPU_TIMING = STUDIES["cpu-shape"].timing
 BENCH_HORIZON = CPU_TIMING.warmup + CPU_TIMING.speed_rounds * CPU_TIMING.steps_per_round + 1
 
 

@@ -132,14 +132,13 @@ def test_out_of_memory_is_reported_with_the_case_failed_not_raised(monkeypatch: 
 def test_a_gpu_case_the_estimate_says_cannot_fit_is_skipped_with_the_estimate(monkeypatch):
     from types import SimpleNamespace
 
-    from bench.harness import skip_if_it_cannot_fit
+    from gptcore.measure.runner import cannot_fit
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: SimpleNamespace(total_memory=80 * 2**30))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "NVIDIA H100 80GB HBM3")
-    skip_if_it_cannot_fit(79 * 2**30, "cuda")  # fits: nothing happens
-    skip_if_it_cannot_fit(200 * 2**30, "cpu")  # CPU memory is not the GPU's
-    with pytest.raises(pytest.skip.Exception, match=r"estimated peak 120\.0 GiB exceeds the 80\.0 GiB"):
-        skip_if_it_cannot_fit(120 * 2**30, "cuda")
+    assert cannot_fit(79 * 2**30, "cuda") is None  # fits
+    assert cannot_fit(200 * 2**30, "cpu") is None  # CPU memory is not the GPU's
+    assert cannot_fit(120 * 2**30, "cuda") == "estimated peak 120.0 GiB exceeds the 80.0 GiB of NVIDIA H100 80GB HBM3"
 
 
 def test_out_of_memory_while_compiling_is_a_failed_case_too(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -166,7 +165,7 @@ def test_an_error_that_is_not_out_of_memory_is_raised() -> None:
 
 
 def test_a_cpu_bf16_case_reads_its_loss_after_one_round_and_every_other_case_keeps_its_study_timing() -> None:
-    from bench.harness import Timing
+    from gptcore.config import Timing
 
     study = Timing(warmup=2, rounds=3, steps_per_round=2, loss_step=8, speed_rounds=11)
     bf16 = study.on(RECIPES["ckpt-bf16"], "cpu")

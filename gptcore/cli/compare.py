@@ -55,8 +55,8 @@ def run(args: argparse.Namespace) -> int:
     """Interleaved rounds of BASE and HEAD per case; exit 1 when a case is slower or its memory/loss fails."""
     import json
 
-    from gptcore.gate.rules import BUSY_SHARE
     from gptcore.hunt.compare import compare, to_json
+    from gptcore.measure.clocks import BUSY_SHARE
 
     def progress(result, done: int, total: int) -> None:  # (gptcore.hunt.compare.CaseResult)
         a, b = result.tokens("a"), result.tokens("b")

@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gptcore.gate.baselines import Entry, Tolerances
-from gptcore.gate.rules import BUSY_SHARE, Status, delta, judge, non_finite
+from gptcore.gate.rules import Status, delta, judge, non_finite
+from gptcore.gate.schema import Entry, Tolerances
+from gptcore.measure.clocks import BUSY_SHARE
 from gptcore.units import format_bytes
 
 if TYPE_CHECKING:

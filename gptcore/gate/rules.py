@@ -27,10 +27,6 @@ class Status(enum.StrEnum):
     """The case has no recorded reference."""
 
 
-BUSY_SHARE = 0.9
-"""Below this share of the CPU the process got while timed, a CPU tokens/s figure says little: flagged as busy, and
-never recorded into a baseline."""
-
 Worse = Literal["higher", "lower", "either"]
 
 

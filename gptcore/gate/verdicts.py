@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gptcore.gate.baselines import Entry, Tolerances
+from gptcore.gate.schema import Entry, Tolerances
 
 if TYPE_CHECKING:
     pass

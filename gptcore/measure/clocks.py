@@ -1,5 +1,6 @@
-"""GPU clocks and throttling around every timed round, read through NVML (nvidia-ml-py, the optional ``gpu`` extra),
-as nvbench does: a round run below the GPU's clocks says nothing about the code.
+"""Why a timed round is flagged: on a GPU its clocks and throttling, read through NVML (nvidia-ml-py, the optional
+``gpu`` extra) as nvbench does, since a round run below the GPU's clocks says nothing about the code; on CPU the share
+of the cores the process got (:data:`BUSY_SHARE`).
 
 A round is flagged when its SM clock was below :data:`SLOW_CLOCK` of the default application clock, or when a
 thermal or power throttle reason was set while it ran. gptcore.measure.runner samples each round while its work is still
@@ -14,7 +15,11 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["Clocks", "Sample", "SLOW_CLOCK", "open_clocks", "summary"]
+__all__ = ["BUSY_SHARE", "Clocks", "Sample", "SLOW_CLOCK", "open_clocks", "summary"]
+
+BUSY_SHARE = 0.9
+"""Below this share of the CPU the process got while timed, a CPU tokens/s figure says little: flagged as busy, and
+never recorded into a baseline."""
 
 SLOW_CLOCK = 0.75
 """A round whose SM clock is below this share of the default application clock is flagged."""

@@ -23,8 +23,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from gptcore.config import GPTConfig, Recipe
-from gptcore.gate.rules import BUSY_SHARE
-from gptcore.measure.clocks import Clocks, Sample, open_clocks
+from gptcore.measure.clocks import BUSY_SHARE, Clocks, Sample, open_clocks
 from gptcore.measure.clocks import summary as clock_summary
 from gptcore.measure.timing import (
     CALIBRATION_SPREAD,
@@ -362,3 +361,17 @@ def run_case(
     m = runner.finish()  # outside the except: the traceback (and the tensors its frames hold) is gone
     m.case_seconds = time.perf_counter() - t0
     return m
+
+
+def cannot_fit(estimate: int | str, device: str) -> str | None:
+    """Why a GPU case cannot fit in the device's memory by its estimated peak (bytes), so that it is skipped with the
+    estimate instead of crashing into OOM; None where it fits, or on CPU (the GPU's memory is not the host's)."""
+    if device != "cuda" or not isinstance(estimate, int):
+        return None
+    total = torch.cuda.get_device_properties(0).total_memory
+    if estimate <= total:
+        return None
+    return (
+        f"estimated peak {estimate / 2**30:.1f} GiB exceeds the {total / 2**30:.1f} GiB of "
+        f"{torch.cuda.get_device_name()}"
+    )

@@ -20,9 +20,10 @@ from typing import Any
 from gptcore import identity, storage
 from gptcore.gate import baselines, expectations
 from gptcore.gate.baselines import BaselineFile
-from gptcore.gate.rules import BUSY_SHARE, Status, delta_text
+from gptcore.gate.rules import Status, delta_text
 from gptcore.gate.schema import Tolerances
 from gptcore.hunt.history import analyse as analyse_history
+from gptcore.measure.clocks import BUSY_SHARE
 from gptcore.report.figures import (
     SavedRun,
     breakdown_figure,

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from gptcore.gate.rules import BUSY_SHARE, non_finite
+from gptcore.gate.rules import non_finite
+from gptcore.measure.clocks import BUSY_SHARE
 from gptcore.units import in_unit
 
 #: metric key -> (title, how to read it from a benchmark's extra_info)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gptcore.config import Recipe
-from gptcore.gate import baselines, verdicts
+from gptcore.gate import baselines, rules, verdicts
 from gptcore.gate.schema import Entry, Tolerances
 from gptcore.gate.session import Gate
 from gptcore.gate.summary import gate_table
@@ -115,7 +115,7 @@ def test_the_report_shows_no_delta_for_a_busy_entry():
         info={"cpu_model": CPU, "peak_allocated_bytes": 10},
     )
     speed, memory = case_checks(record, base, Tolerances.default_for("cpu"))
-    assert speed.delta is None and speed.status == verdicts.Status.NO_FIGURE and memory.delta == 0
+    assert speed.delta is None and speed.status == rules.Status.NO_FIGURE and memory.delta == 0
 
 
 @pytest.mark.parametrize("mode", ["update", "update_loss"])

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from gptcore import identity
-from gptcore.gate import baselines, checks, expectations, verdicts
+from gptcore.gate import baselines, checks, expectations, rules, verdicts
 from gptcore.gate.baselines import BaselineFile
 from gptcore.gate.expectations import Figures
 from gptcore.gate.schema import BaselineError, Entry, Tolerances
@@ -271,7 +271,7 @@ class Gate:
             self.cases[node.nodeid]["recorded"] = True
             # no speed delta against a speed that is not comparable (another CPU model, a busy machine)
             apart = baseline is not None and checks.speed_incomparable(measured.cpu_model, baseline)
-            status = {"tokens/s": verdicts.Status.NO_FIGURE} if apart else {}
+            status = {"tokens/s": rules.Status.NO_FIGURE} if apart else {}
             self._row(node, Row(node.name, measured, baseline, what, estimate, status=status))
             return None
         verdict = verdicts.verdict_of(
@@ -351,7 +351,7 @@ def _not_finite(measured: Entry) -> str | None:
     said = [
         f"{label} is {bad}"
         for label, value in (("the loss", measured.loss), ("tokens/s", measured.tokens_per_s))
-        if (bad := verdicts.non_finite(value))
+        if (bad := rules.non_finite(value))
     ]
     return (
         f"{' and '.join(said)} (the run diverged or its timing broke): nothing recorded or compared" if said else None

@@ -331,6 +331,50 @@ def test_compare_head_with_the_working_tree(repo, tmp_path, monkeypatch, capsys)
     assert git(repo, "worktree", "list").count("\n") == 0  # the temporary worktree is gone
 
 
+PRE_ROOMS = "7205ef1f67ff3f758e22508bcbc789fe87037648"
+"""The last commit of gptcore as one flat package (gptcore/train.py, gptcore/measure.py), before the rooms."""
+
+
+@pytest.fixture
+def across_the_move(tmp_path: Path) -> tuple[Path, str]:
+    """A git repository whose first commit holds gptcore as it was before the rooms (PRE_ROOMS) and whose second
+    holds it as committed in this checkout; returns it and the first commit."""
+    if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode:
+        pytest.skip("needs a git checkout of gptcore-bench")
+    shallow = git(ROOT, "rev-parse", "--is-shallow-repository") == "true"
+    if (
+        shallow
+        and subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", PRE_ROOMS], capture_output=True).returncode
+    ):
+        pytest.skip(f"a shallow clone: {PRE_ROOMS[:7]} is not in it (clone without --depth to run this)")
+    path = tmp_path / "repo"
+    path.mkdir()
+    git(path, "init", "-q")
+    for rev in (PRE_ROOMS, "HEAD"):
+        shutil.rmtree(path / "gptcore", ignore_errors=True)
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "gptcore"], capture_output=True, check=True)
+        subprocess.run(["tar", "-x"], input=archive.stdout, cwd=path, check=True)
+        if rev == PRE_ROOMS:
+            assert (path / "gptcore" / "train.py").is_file() and not (path / "gptcore" / "training").exists()
+            old = commit(path, "gptcore before the rooms")
+    commit(path, "gptcore in rooms")
+    return path, old
+
+
+@pytest.mark.slow  # 4 worker processes: ~30 s on 2 idle cores
+def test_compare_runs_a_revision_from_before_the_rooms_against_this_one(across_the_move, tmp_path, monkeypatch, capsys):
+    repo, old = across_the_move
+    monkeypatch.chdir(repo)
+    out_json = tmp_path / "run.json"
+    assert main(["compare", old, "-k", CASE, "--rounds", "2", *QUICK, "--json", str(out_json)]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith(f"{CASE}: "))
+    # the same model and step on both sides of the move: the exact figures agree, every count of the ledger too
+    assert " ok; loss " in line and line.endswith(" ok; work =")
+    case = json.loads(out_json.read_text())["cases"][0]
+    assert case["memory"]["status"] == case["loss"]["status"] == "ok" and case["work"] == []
+    assert case["rounds_a"][0]["work"]["op_calls"]["backward"] > 0  # the old revision's own ledger was read
+
+
 @pytest.mark.slow  # 5 worker processes and git bisect: ~20 s on 2 idle cores
 def test_bisect_names_the_commit_that_planted_a_regression(repo, monkeypatch, capsys):
     good = git(repo, "rev-parse", "HEAD")

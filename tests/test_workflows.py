@@ -62,6 +62,12 @@ def test_ci_takes_the_cpu_torch_wheel_and_runs_ci_run_on_python_311() -> None:
     assert "bash .ci/run" in [s.get("run") for s in steps(ci, "cpu")]
 
 
+def test_ci_checks_out_the_whole_history_that_compare_across_the_rooms_needs() -> None:
+    # tests/test_compare.py compares this tree with a commit from before the rooms: a shallow clone lacks it
+    checkout = next(s for s in steps(load("ci.yml"), "cpu") if s.get("uses", "").startswith("actions/checkout"))
+    assert checkout["with"]["fetch-depth"] == 0
+
+
 def test_ci_keeps_inductors_compile_cache_where_ci_run_compiles_into_it() -> None:
     ci = load("ci.yml")
     cache = next(s for s in steps(ci, "cpu") if s.get("uses", "").startswith("actions/cache"))

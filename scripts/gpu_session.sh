@@ -1,22 +1,39 @@
 #!/usr/bin/env bash
-# A GPU session in stages, each made to fit one 10-minute call (gptcore/gate/stages.py says what each runs). Every
-# pytest stage runs with a deadline (no case starts that would end after it), writes a results log line and its
-# baseline entry the moment each case ends, and resumes from out/gpu/STAGE.jsonl when an earlier call's log was
-# brought back there: a killed call costs only the case it was in.
-#   plan         on CPU, no GPU: every stage's cases with a planned H100 time, cut into calls
+# A GPU run in stages, for a time-limited or preemptible job: a Slurm allocation with --time, a spot instance, a CI
+# job with a timeout (gptcore/gate/stages.py says what each stage runs). Every pytest stage runs with a deadline when
+# the job has a limit (no case starts that would end after it), writes a results log line and its baseline entry the
+# moment each case ends, and resumes from OUT_DIR/STAGE.jsonl when an earlier job left it there: a job killed at its
+# limit, or preempted, costs only the case it was in.
+#   plan         on CPU, no GPU: every stage's cases with a planned H100 time (cut into jobs under --time-limit)
 #   smoke        one case of each kind, in order, stopping at the first failure (3 minutes at most)
 #   ladder       GPT-2 124M up the ladder, recorded            memory   deep-1.6b x the 11 memory recipes, recorded
-#   char         the char-shape study, recorded                convergence  the convergence tier that fits a call
+#   char         the char-shape study, recorded                convergence  the convergence tier's shorter runs
 #   verify       the GPU tier's recorded cases again: a false failure shows here; then the GPU noise (noise.json)
 #   budget       why a compile memory budget runs out of memory: the partitioner's plan, the allocator's history
 #   profile      device facts, the bf16 matmul peak, the top ladder rung under torch.profiler, the report
-# Usage: bash scripts/gpu_session.sh STAGE[,STAGE...] [OUT_DIR]   (OUT_DIR defaults to $OUT, else out/gpu)
-# Stages named together run one after another in one call and share its time: no stage or case starts that would
-# end after $GPTCORE_CALL_END (set here to the call's start + 540 s unless given). A failed smoke stops the rest.
-# A first session: smoke,ladder, then memory, then verify (`plan` prints them with their planned times).
+# Usage: bash scripts/gpu_session.sh STAGE[,STAGE...] [OUT_DIR] [--time-limit SECONDS] [--resume-from DIR]
+#   OUT_DIR        where everything is written as it ends (default $OUT, else out/gpu)
+#   --time-limit   the job's seconds, e.g. 3600 for Slurm's --time=1:00:00 (default $GPTCORE_TIME_LIMIT; none: no
+#                  job-wide deadline); stages named together run one after another and share it: no stage or case
+#                  starts that would end after $GPTCORE_JOB_END (the job's start + the limit - 60 s, unless given)
+#   --resume-from  a folder of an earlier job's STAGE.jsonl logs, where OUT_DIR starts empty on each job
+# A failed smoke stops the rest.
 set -uo pipefail
 stages=${1:?stage: plan, smoke, ladder, memory, char, convergence, verify, budget or profile (several: smoke,ladder)}
-out=${2:-${OUT:-out/gpu}}
+shift
+out=${OUT:-out/gpu}
+limit=${GPTCORE_TIME_LIMIT:-}
+resume_from=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --time-limit) limit=${2:?--time-limit: seconds}; shift 2 ;;
+    --time-limit=*) limit=${1#*=}; shift ;;
+    --resume-from) resume_from=${2:?--resume-from: a folder}; shift 2 ;;
+    --resume-from=*) resume_from=${1#*=}; shift ;;
+    -*) echo "unknown option $1: --time-limit SECONDS, --resume-from DIR" >&2; exit 2 ;;
+    *) out=$1; shift ;;
+  esac
+done
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 py=${PYTHON:-$(command -v python3 || command -v python)}  # the GPU image's torch is its python3's
@@ -37,7 +54,10 @@ if [[ -n "$missing" ]]; then
     "after the CUDA torch), or name another interpreter with PYTHON=" >&2
   exit 2
 fi
-export GPTCORE_CALL_END=${GPTCORE_CALL_END:-$("$py" scripts/gpu_stage.py call-end)}
+if [ -z "${GPTCORE_JOB_END:-}" ]; then
+  GPTCORE_JOB_END=$("$py" scripts/gpu_stage.py job-end ${limit:+--time-limit "$limit"}) || exit 2
+fi
+export GPTCORE_JOB_END
 
 setup() {  # gptcore from this checkout, for the scripts too (the GPU image has every dependency; nothing to install)
   mkdir -p "$out"
@@ -57,12 +77,12 @@ budget() {
 noise() {  # after verify: what the figures differ by between the recording runs and verify (scripts/gpu_noise.py)
   local logs=() name dir device
   for name in ladder memory char convergence; do
-    for dir in "$out" out/gpu; do
+    for dir in "$out" ${resume_from:+"$resume_from"}; do
       if [ -f "$dir/$name.jsonl" ]; then logs+=("$dir/$name.jsonl"); break; fi
     done
   done
   if [ "${#logs[@]}" -eq 0 ] || [ ! -f "$out/verify.jsonl" ]; then
-    echo "noise: no recording run's log in $out or out/gpu beside verify.jsonl: nothing to compare"
+    echo "noise: no recording run's log in $out${resume_from:+ or $resume_from} beside verify.jsonl: nothing to compare"
     return 0
   fi
   device=$("$py" -c "import torch; print(torch.cuda.get_device_name(), 'torch', torch.__version__)" 2>/dev/null)
@@ -83,8 +103,10 @@ profile() {
 rc=0
 for stage in ${stages//,/ }; do
   case "$stage" in
-    plan) "$py" scripts/gpu_stage.py plan ;;
-    smoke|ladder|memory|char|convergence|verify) setup; "$py" scripts/gpu_stage.py run "$stage" --out "$out" ;;
+    plan) "$py" scripts/gpu_stage.py plan ${limit:+--time-limit "$limit"} ;;
+    smoke|ladder|memory|char|convergence|verify)
+      setup
+      "$py" scripts/gpu_stage.py run "$stage" --out "$out" ${resume_from:+--resume "$resume_from/$stage.jsonl"} ;;
     budget|profile) if "$py" scripts/gpu_stage.py fits "$stage"; then setup; "$stage"; fi ;;
   esac
   code=$?

@@ -1,16 +1,16 @@
-"""Run one stage of a GPU session so that a 10-minute call cannot waste it, or plan every stage on CPU.
+"""Run one stage of a GPU run in a time-limited or preemptible job, or plan every stage on CPU.
 
-    python scripts/gpu_stage.py plan                       # every stage, its cases, an estimated H100 time
+    python scripts/gpu_stage.py plan [--time-limit S]      # every stage, its cases, an estimated H100 time
     python scripts/gpu_stage.py run STAGE --out DIR        # one stage, everything written under DIR as it ends
-    python scripts/gpu_stage.py fits STAGE                 # exit 0 if a script stage fits what is left of the call
-    python scripts/gpu_stage.py call-end                   # the Unix time a call started now must be done by
+    python scripts/gpu_stage.py fits STAGE                 # exit 0 if a script stage fits what is left of the job
+    python scripts/gpu_stage.py job-end [--time-limit S]   # the Unix time a job started now must be done by
 
-``run`` passes pytest the stage's cases and options (gptcore/gate/stages.py) with ``--deadline`` (no case starts that
-would end after it, nor after $GPTCORE_CALL_END: several stages can share one call), a results log
-``DIR/STAGE.jsonl`` (a line per case as it ends) and baselines recorded into ``DIR/baselines`` case by case, so
-that a call killed at its limit still returns what ran. It resumes from ``--resume LOG`` (default:
-``out/gpu/STAGE.jsonl`` when a previous call's log was brought back there), and ends with one line per failed
-case: what broke and the command that reruns just that case.
+``run`` passes pytest the stage's cases and options (gptcore/gate/stages.py) with ``--deadline`` where the stage or
+the job has a limit (no case starts that would end after it, nor after $GPTCORE_JOB_END: several stages can share
+one job), a results log ``DIR/STAGE.jsonl`` (a line per case as it ends) and baselines recorded into
+``DIR/baselines`` case by case, so that a job killed at its limit, or preempted, keeps what ran. It resumes from
+``DIR/STAGE.jsonl`` when an earlier job left it there, or from ``--resume LOG`` (an earlier job's log brought in
+from elsewhere), and ends with one line per failed case: what broke and the command that reruns just that case.
 """
 
 from __future__ import annotations
@@ -31,13 +31,14 @@ sys.path.insert(0, str(ROOT))
 
 from gptcore.gate import plan, results  # noqa: E402
 from gptcore.gate.stages import (  # noqa: E402
-    CALL_END_ENV,
-    CALL_SECONDS,
-    FIRST_SESSION,
+    JOB_END_ENV,
+    MARGIN_SECONDS,
     MIN_STAGE_SECONDS,
     ORDER,
     STAGES,
+    TIME_LIMIT_ENV,
     Stage,
+    job_end,
     stage_deadline,
 )
 
@@ -69,12 +70,12 @@ def collect(stage: Stage) -> list:
     return Items.items
 
 
-def calls(estimates: list[float], deadline: float) -> list[list[int]]:
-    """The cases (indices, in order) that each call of a stage runs under its deadline."""
+def jobs(estimates: list[float], limit: float | None) -> list[list[int]]:
+    """The cases (indices, in order) that each job of a stage runs under ``limit`` seconds (None: one job)."""
     out: list[list[int]] = [[]]
     used = 0.0
     for i, seconds in enumerate(estimates):
-        if out[-1] and used + seconds > deadline:
+        if out[-1] and limit is not None and used + seconds > limit:
             out.append([])
             used = 0.0
         out[-1].append(i)
@@ -82,100 +83,109 @@ def calls(estimates: list[float], deadline: float) -> list[list[int]]:
     return out if out[0] else []
 
 
-def plan_all() -> int:
-    """Print each stage's cases with the planned time on an H100 and the calls they need; 1 when a case cannot
-    fit one call."""
+def plan_all(time_limit: float | None) -> int:
+    """Print each stage's cases with the planned time on an H100 and, under ``time_limit``, the jobs they need; 1
+    when a case cannot fit one job."""
     from tabulate import tabulate
 
+    usable = None if time_limit is None else time_limit - MARGIN_SECONDS
     print(
-        f"Plan of a GPU session on an {plan.PLAN_GPU} at an assumed MFU of {plan.ASSUMED_MFU:.0%} "
-        f"(gptcore/gate/plan.py states every assumption); a stage is cut into calls of at most its deadline,"
-        f" each resuming the last.\n"
+        f"Plan of a GPU run on an {plan.PLAN_GPU} at an assumed MFU of {plan.ASSUMED_MFU:.0%} "
+        f"(gptcore/gate/plan.py states every assumption)"
+        + (
+            f"; jobs of {time_limit:.0f} s ({usable:.0f} s for cases), each resuming the last.\n"
+            if usable is not None
+            else "; no time limit given (--time-limit or $" + TIME_LIMIT_ENV + "): each stage in one job.\n"
+        )
     )
-    unfit, summary, totals = [], [], {}
+    unfit, summary = [], []
     for name in ORDER:
         stage = STAGES[name]
+        limit = min(x for x in (stage.deadline, usable, float("inf")) if x is not None)
+        limit = None if limit == float("inf") else limit
         if not stage.pytest:
             print(
                 f"== {name}: {stage.what}\n   a script stage, planned at {stage.script_seconds:.0f} s "
                 f"(stated); writes {stage.writes}\n"
             )
             summary.append([name, "—", f"{stage.script_seconds:.0f}", 1, f"{stage.script_seconds:.0f}"])
-            totals[name] = stage.script_seconds
-            unfit += [name] if stage.script_seconds > stage.deadline else []
+            unfit += [name] if limit is not None and stage.script_seconds > limit else []
             continue
         items = collect(stage)
         planned = [plan.estimate(item, {}, _overrides(stage.options)) for item in items]
-        cut = calls([p.seconds for p in planned], stage.deadline)
-        call_of = {i: k + 1 for k, call in enumerate(cut) for i in call}
+        cut = jobs([p.seconds for p in planned], limit)
+        job_of = {i: k + 1 for k, job in enumerate(cut) for i in job}
         rows = [
-            [item.nodeid, f"{p.seconds:,.0f}", p.source, call_of[i]] for i, (item, p) in enumerate(zip(items, planned))
+            [item.nodeid, f"{p.seconds:,.0f}", p.source, job_of[i]] for i, (item, p) in enumerate(zip(items, planned))
         ]
-        longest = max((sum(planned[i].seconds for i in call) for call in cut), default=0.0)
-        print(f"== {name}: {stage.what}\n   deadline {stage.deadline:.0f} s a call; writes {stage.writes}")
-        print(tabulate(rows, headers=["case", "planned s", "from", "call"], disable_numparse=True))
+        longest = max((sum(planned[i].seconds for i in job) for job in cut), default=0.0)
+        own = f"its own limit {stage.deadline:.0f} s; " if stage.deadline is not None else ""
+        print(f"== {name}: {stage.what}\n   {own}writes {stage.writes}")
+        print(tabulate(rows, headers=["case", "planned s", "from", "job"], disable_numparse=True))
         print()
-        totals[name] = sum(p.seconds for p in planned)
-        summary.append([name, len(items), f"{totals[name]:,.0f}", len(cut), f"{longest:,.0f}"])
-        unfit += [f"{name}: {items[i].nodeid}" for i, p in enumerate(planned) if p.seconds > stage.deadline]
-    print(tabulate(summary, headers=["stage", "cases", "planned s", "calls", "longest call s"], disable_numparse=True))
+        total = sum(p.seconds for p in planned)
+        summary.append([name, len(items), f"{total:,.0f}", len(cut), f"{longest:,.0f}"])
+        unfit += [
+            f"{name}: {items[i].nodeid}" for i, p in enumerate(planned) if limit is not None and p.seconds > limit
+        ]
+    print(tabulate(summary, headers=["stage", "cases", "planned s", "jobs", "longest job s"], disable_numparse=True))
     if unfit:
-        print("\nDOES NOT FIT one call: " + "; ".join(unfit))
+        print("\nDOES NOT FIT one job: " + "; ".join(unfit))
         return 1
-    longest = max(s.deadline for s in STAGES.values())
-    print(f"\nEvery call fits its deadline by this estimate (at most {longest:.0f} s).")
-    print(first_session(totals))
+    if usable is not None:
+        print(f"\nEvery job fits its time limit by this estimate ({usable:.0f} s for cases).")
+    print(f"\nA first run, in order: bash scripts/gpu_session.sh {','.join(ORDER)} OUT_DIR [--time-limit S]")
     return 0
 
 
-def first_session(totals: dict[str, float]) -> str:
-    """The calls of a first GPU session with their planned seconds; its verify runs what the session recorded."""
-    lines = [
-        f"\nA first session, {len(FIRST_SESSION)} calls; the stages of a call share its {CALL_SECONDS} s "
-        f"(${CALL_END_ENV}), and what a deadline leaves resumes in a later call:"
-    ]
-    recorded: list[str] = []
-    for k, call in enumerate(FIRST_SESSION, 1):
-        names = call.split(",")
-        seconds = sum(sum(totals[n] for n in recorded) if n == "verify" else totals[n] for n in names)
-        recorded += [n for n in names if "--update-baselines" in STAGES[n].options]
-        what = " (what this session recorded, run again)" if "verify" in names else ""
-        lines.append(f"  call {k}: bash scripts/gpu_session.sh {call:<14} planned {seconds:,.0f} s{what}")
-    return "\n".join(lines)
-
-
-def call_end() -> float | None:
-    """$GPTCORE_CALL_END as a number (None when unset); SystemExit with one line when it is not one."""
-    value = os.environ.get(CALL_END_ENV)
+def job_end_now() -> float | None:
+    """$GPTCORE_JOB_END as a number (None when unset or empty); SystemExit with one line when it is not one."""
+    value = os.environ.get(JOB_END_ENV)
     try:
         return float(value) if value else None
     except ValueError:
-        sys.exit(f"gpu_stage: ${CALL_END_ENV}: {value!r} is not a Unix time")
+        sys.exit(f"gpu_stage: ${JOB_END_ENV}: {value!r} is not a Unix time")
 
 
-def seconds_left(stage: Stage) -> float | None:
-    """The stage's deadline now, or None (printed, with the reason) when too little of the call is left."""
-    deadline = stage_deadline(stage, time.time(), call_end())
-    if deadline < MIN_STAGE_SECONDS:
+def time_limit(given: str | None) -> float | None:
+    """The job's time limit in seconds: ``given`` (--time-limit), else $GPTCORE_TIME_LIMIT, else None; SystemExit
+    with one line when it is not a number of seconds above the margin."""
+    text = given if given is not None else os.environ.get(TIME_LIMIT_ENV) or None
+    if text is None:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        sys.exit(f"gpu_stage: time limit {text!r} is not a number of seconds")
+    if seconds <= MARGIN_SECONDS + MIN_STAGE_SECONDS:
+        sys.exit(f"gpu_stage: time limit {seconds:.0f} s leaves no stage {MIN_STAGE_SECONDS:.0f} s")
+    return seconds
+
+
+def seconds_left(stage: Stage) -> tuple[bool, float | None]:
+    """Whether to start the stage now, and its deadline (None: no limit); too little left of the job is said in one
+    line, and the stage is not started."""
+    deadline = stage_deadline(stage, time.time(), job_end_now())
+    if deadline is not None and deadline < MIN_STAGE_SECONDS:
         print(
-            f"stage {stage.name} not started: {max(deadline, 0):.0f} s left of this call (${CALL_END_ENV}), less "
-            f"than {MIN_STAGE_SECONDS:.0f} s; run it in the next call",
+            f"stage {stage.name} not started: {max(deadline, 0):.0f} s left of this job (${JOB_END_ENV}), less "
+            f"than {MIN_STAGE_SECONDS:.0f} s; run it in the next job",
             flush=True,
         )
-        return None
-    return deadline
+        return False, deadline
+    return True, deadline
 
 
 def fits(name: str) -> int:
-    """Exit status 0 when script stage ``name`` fits what is left of the call (printed otherwise), else 1."""
+    """Exit status 0 when script stage ``name`` fits what is left of the job (printed otherwise), else 1."""
     stage = STAGES[name]
-    deadline = seconds_left(stage)
-    if deadline is None:
+    start, deadline = seconds_left(stage)
+    if not start:
         return 1
-    if stage.script_seconds > deadline:
+    if deadline is not None and stage.script_seconds > deadline:
         print(
             f"stage {name} not started: planned at {stage.script_seconds:.0f} s, {deadline:.0f} s left of this "
-            f"call; run it in the next call",
+            f"job; run it in the next job",
             flush=True,
         )
         return 1
@@ -185,20 +195,19 @@ def fits(name: str) -> int:
 def run(name: str, out: Path, resume: Path | None) -> int:
     """Run a pytest stage with its deadline, results log and baselines under ``out``; 1-line diagnoses at the end."""
     stage = STAGES[name]
-    deadline = seconds_left(stage)
-    if deadline is None:
+    start, deadline = seconds_left(stage)
+    if not start:
         return 0
     out.mkdir(parents=True, exist_ok=True)
     log = out / f"{name}.jsonl"
     baselines = out / "baselines"
     baselines.mkdir(exist_ok=True)
-    # the GPU files recorded so far, each case merges into its own (not cpu.json: a call brings back 8 files at most)
+    # the GPU files recorded so far, each case merges into its own (not cpu.json: a GPU job records GPU files)
     for path in (ROOT / "baselines").glob("*.json"):
         if path.stem != "cpu" and not (baselines / path.name).exists():
             shutil.copy2(path, baselines / path.name)
-    resume = resume or (ROOT / "out" / "gpu" / f"{name}.jsonl")
-    if resume.exists() and resume.resolve() != log.resolve():
-        shutil.copy2(resume, log)
+    if resume is not None and resume.exists() and resume.resolve() != log.resolve() and not log.exists():
+        shutil.copy2(resume, log)  # an earlier job's log brought in from elsewhere
     args = [
         sys.executable,
         "-m",
@@ -208,8 +217,7 @@ def run(name: str, out: Path, resume: Path | None) -> int:
         "-p",
         "no:cacheprovider",
         "-rs",
-        "--deadline",
-        f"{deadline:.0f}",
+        *(["--deadline", f"{deadline:.0f}"] if deadline is not None else []),
         "--results-log",
         str(log),
         "--baselines-dir",
@@ -238,21 +246,26 @@ def run(name: str, out: Path, resume: Path | None) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("plan", help="every stage with its cases and planned time (no GPU needed)")
+    plan_p = sub.add_parser("plan", help="every stage with its cases and planned time (no GPU needed)")
+    plan_p.add_argument("--time-limit", default=None, help=f"the job's seconds (default ${TIME_LIMIT_ENV})")
     run_p = sub.add_parser("run", help="run one stage")
     run_p.add_argument("stage", choices=[n for n in ORDER if STAGES[n].pytest])
     run_p.add_argument("--out", type=Path, required=True, help="where everything is written as it ends")
-    run_p.add_argument("--resume", type=Path, default=None, help="a results log of an earlier call of this stage")
-    fits_p = sub.add_parser("fits", help="exit 0 if a script stage fits what is left of the call")
+    run_p.add_argument("--resume", type=Path, default=None, help="a results log of an earlier job of this stage")
+    fits_p = sub.add_parser("fits", help="exit 0 if a script stage fits what is left of the job")
     fits_p.add_argument("stage", choices=[n for n in ORDER if not STAGES[n].pytest])
-    sub.add_parser("call-end", help=f"the Unix time a call started now must be done by (now + {CALL_SECONDS} s)")
+    end_p = sub.add_parser(
+        "job-end", help=f"the Unix time a job started now must be done by (now + limit - {MARGIN_SECONDS:.0f} s)"
+    )
+    end_p.add_argument("--time-limit", default=None, help=f"the job's seconds (default ${TIME_LIMIT_ENV})")
     args = parser.parse_args(argv)
     if args.command == "plan":
-        return plan_all()
+        return plan_all(time_limit(args.time_limit))
     if args.command == "fits":
         return fits(args.stage)
-    if args.command == "call-end":
-        print(int(time.time() + CALL_SECONDS))
+    if args.command == "job-end":
+        limit = time_limit(args.time_limit)
+        print("" if limit is None else int(job_end(time.time(), limit)))  # empty: no limit
         return 0
     return run(args.stage, args.out, args.resume)
 

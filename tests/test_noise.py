@@ -123,9 +123,9 @@ def test_the_verify_stage_ends_with_the_noise_of_the_recording_run_and_itself(tm
 
     out = tmp_path / "out"
     out.mkdir()
-    write(out / "ladder.jsonl", FIRST)  # the recording run's log, brought back from an earlier call
-    write(out / "verify.jsonl", SECOND)  # verify's own, from an earlier call: this one has no time left to run it
-    run = gpu_session(["verify", str(out)], GPTCORE_CALL_END=str(int(time.time()) + 30))
+    write(out / "ladder.jsonl", FIRST)  # the recording run's log, from an earlier job
+    write(out / "verify.jsonl", SECOND)  # verify's own, from an earlier job: this one has no time left to run it
+    run = gpu_session(["verify", str(out)], GPTCORE_JOB_END=str(int(time.time()) + 30))
     assert run.returncode == 0, run.stdout + run.stderr
     assert "stage verify not started" in run.stdout and "3 case(s) measured in both runs" in run.stdout
     evidence = json.loads((out / "noise.json").read_text())

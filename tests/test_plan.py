@@ -1,4 +1,5 @@
-"""The session plan: each stage's cases planned before a GPU is at hand, cut into calls that fit the deadline."""
+"""The GPU plan: each stage's cases planned before a GPU is at hand, cut into jobs that fit a time limit; the stages
+of a time-limited job share its time, from --time-limit or the environment."""
 
 from __future__ import annotations
 
@@ -31,30 +32,35 @@ def test_the_analytic_flops_are_the_models_own_count():
     assert ckpt - head == pytest.approx((plain - head) * 4 / 3)  # the blocks' forward again
 
 
-def test_calls_cut_a_stage_at_its_deadline_and_keep_an_oversized_case_alone():
-    from scripts.gpu_stage import calls
+def test_jobs_cut_a_stage_at_its_limit_and_keep_an_oversized_case_alone():
+    from scripts.gpu_stage import jobs
 
-    assert calls([100, 200, 300, 50], 540) == [[0, 1], [2, 3]]
-    assert calls([600, 10], 540) == [[0], [1]]
-    assert calls([], 540) == []
+    assert jobs([100, 200, 300, 50], 540) == [[0, 1], [2, 3]]
+    assert jobs([600, 10], 540) == [[0], [1]]
+    assert jobs([600, 10], None) == [[0, 1]]  # no time limit: one job
+    assert jobs([], 540) == []
 
 
 @pytest.mark.slow  # collects every GPU stage: ~5 s
-def test_the_plan_prints_every_stage_and_every_call_fits():
+def test_the_plan_prints_every_stage_cut_into_jobs_of_the_time_limit():
     env = child_env()
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # the script's `python` is this one
     done = subprocess.run(
-        ["bash", "scripts/gpu_session.sh", "plan"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        ["bash", "scripts/gpu_session.sh", "plan", "--time-limit", "3600"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     for name in ORDER:
         assert f"== {name}: " in done.stdout
     for node in STAGES["smoke"].pytest:
         assert node in done.stdout  # every smoke case is a collected test
-    assert "Every call fits its deadline by this estimate" in done.stdout
-    first = done.stdout.split("A first session, 3 calls", 1)[1]
-    for k, call in enumerate(("smoke,ladder", "memory", "verify"), 1):
-        assert f"call {k}: bash scripts/gpu_session.sh {call} " in first
+    assert "jobs of 3600 s (3540 s for cases)" in done.stdout
+    assert "Every job fits its time limit by this estimate (3540 s for cases)" in done.stdout
+    assert f"bash scripts/gpu_session.sh {','.join(ORDER)} OUT_DIR" in done.stdout
 
 
 def gpu_session(args: list[str], **env: str) -> subprocess.CompletedProcess:
@@ -65,36 +71,40 @@ def gpu_session(args: list[str], **env: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_a_stage_gets_what_is_left_of_its_call_and_none_below_a_minute(monkeypatch, capsys):
+def test_a_stage_gets_what_is_left_of_its_job_and_none_below_a_minute(monkeypatch, capsys):
     import time
 
-    from gptcore.gate.stages import CALL_END_ENV, stage_deadline
+    from gptcore.gate.stages import JOB_END_ENV, TIME_LIMIT_ENV, job_end, stage_deadline
     from scripts import gpu_stage
 
     ladder, smoke = STAGES["ladder"], STAGES["smoke"]
-    assert stage_deadline(ladder, now=1000.0, call_end=None) == ladder.deadline == 540
-    assert stage_deadline(ladder, now=1000.0, call_end=1300.0) == 300.0  # the call's end comes first
-    assert stage_deadline(smoke, now=1000.0, call_end=1500.0) == smoke.deadline == 180  # the stage's own comes first
-    monkeypatch.setenv(CALL_END_ENV, str(time.time() + 30))
-    assert gpu_stage.seconds_left(ladder) is None
-    assert gpu_stage.run("ladder", Path("unused"), None) == 0  # nothing started: the next call runs it
+    assert stage_deadline(ladder, now=1000.0, job_end=None) is None and ladder.deadline is None  # no limit at all
+    assert stage_deadline(ladder, now=1000.0, job_end=1300.0) == 300.0  # the job's end
+    assert stage_deadline(smoke, now=1000.0, job_end=1500.0) == smoke.deadline == 180  # the stage's own comes first
+    assert job_end(1000.0, 3600) == 4540.0  # the limit less the margin for the start and the end table
+    monkeypatch.setenv(JOB_END_ENV, str(time.time() + 30))
+    assert gpu_stage.seconds_left(ladder)[0] is False
+    assert gpu_stage.run("ladder", Path("unused"), None) == 0  # nothing started: the next job runs it
     assert gpu_stage.fits("budget") == 1
     said = capsys.readouterr().out
-    assert said.count("stage ladder not started: ") == 2 and "less than 60 s; run it in the next call" in said
-    monkeypatch.setenv(CALL_END_ENV, "soon")
-    with pytest.raises(SystemExit, match="GPTCORE_CALL_END: 'soon' is not a Unix time"):
-        gpu_stage.call_end()
+    assert said.count("stage ladder not started: ") == 2 and "less than 60 s; run it in the next job" in said
+    monkeypatch.setenv(JOB_END_ENV, "soon")
+    with pytest.raises(SystemExit, match="GPTCORE_JOB_END: 'soon' is not a Unix time"):
+        gpu_stage.job_end_now()
+    monkeypatch.setenv(TIME_LIMIT_ENV, "1800")  # the limit from the environment where --time-limit is not given
+    assert gpu_stage.time_limit(None) == 1800.0 and gpu_stage.time_limit("900") == 900.0
+    with pytest.raises(SystemExit, match="time limit 'an hour' is not a number of seconds"):
+        gpu_stage.time_limit("an hour")
 
 
-def test_stages_named_together_share_the_call_and_a_failed_smoke_stops_the_rest(tmp_path):
-    import time
-
-    # ladder then budget, 100 s left of the call: ladder's pytest gets a 100 s deadline (and refuses: no GPU); the
-    # budget stage, planned at 420 s, is not started; the run ends with ladder's exit status
-    done = gpu_session(["ladder,budget", str(tmp_path / "a")], GPTCORE_CALL_END=str(int(time.time()) + 100))
+def test_stages_named_together_share_the_job_and_a_failed_smoke_stops_the_rest(tmp_path):
+    # ladder then budget in a job of 220 s: 160 s for the stages after the margin; ladder's pytest gets that as its
+    # deadline (and refuses: no GPU); the budget stage, planned at 420 s, is not started; the run ends with
+    # ladder's exit status
+    done = gpu_session(["ladder,budget", str(tmp_path / "a"), "--time-limit", "220"])
     assert done.returncode == 4, done.stdout + done.stderr
     deadline = float(done.stdout.split("--deadline ", 1)[1].split()[0])
-    assert 80 <= deadline <= 100
+    assert 140 <= deadline <= 160
     assert "stage budget not started: planned at 420 s" in done.stdout
     assert (tmp_path / "a" / "ladder.log").exists() and not (tmp_path / "a" / "budget.log").exists()
 
@@ -102,6 +112,11 @@ def test_stages_named_together_share_the_call_and_a_failed_smoke_stops_the_rest(
     assert stopped.returncode == 4, stopped.stdout + stopped.stderr
     assert "smoke failed (exit 4): the stages after it are not run" in stopped.stderr
     assert (tmp_path / "b" / "smoke.log").exists() and not (tmp_path / "b" / "ladder.log").exists()
+
+    no_limit = gpu_session(["ladder", str(tmp_path / "d")])  # no time limit anywhere: no deadline is passed
+    assert no_limit.returncode == 4 and "--deadline" not in no_limit.stdout, no_limit.stdout + no_limit.stderr
+    bad = gpu_session(["ladder", str(tmp_path / "e"), "--time-limit", "soon"])
+    assert bad.returncode == 2 and bad.stderr.strip() == "gpu_stage: time limit 'soon' is not a number of seconds"
 
     unknown = gpu_session(["ladder,ladr", str(tmp_path / "c")])
     assert unknown.returncode == 2 and not (tmp_path / "c").exists()  # nothing ran

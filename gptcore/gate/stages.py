@@ -1,30 +1,33 @@
-"""The stages of a GPU session, each made to fit one 9-minute call: what each runs, in which order, with which
-options. ``scripts/gpu_stage.py`` runs a stage (with a deadline, a results log and resume, everything written
-under the output folder as it ends) and plans them all on CPU; ``scripts/gpu_session.sh STAGE`` is the way in.
+"""The stages of a GPU run in a time-limited or preemptible job (a Slurm allocation with ``--time``, a spot instance,
+a CI job with a timeout): what each runs, in which order, with which options. ``scripts/gpu_stage.py`` runs a stage
+(with a deadline, a results log and resume, everything written under the output folder as it ends) and plans them
+all on CPU; ``scripts/gpu_session.sh STAGE[,STAGE...] [OUT_DIR] [--time-limit SECONDS]`` is the way in.
 
-A first GPU session runs them in :data:`ORDER`: ``smoke`` first (one case of each kind, stopping at the first
-failure), then the recording stages, then ``verify`` against what they recorded.
+A job that is killed at its limit, or preempted, loses only the case it was in: the next job resumes from the
+results logs in the output folder. A first run goes in :data:`ORDER`: ``smoke`` first (one case of each kind,
+stopping at the first failure), then the recording stages, then ``verify`` against what they recorded.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-CALL_SECONDS = 540
-"""The deadline of a stage: a 10-minute call less a minute for the start, the imports and the end table."""
-CALL_END_ENV = "GPTCORE_CALL_END"
-"""Unix time by which a call's stages are done. ``scripts/gpu_session.sh`` sets it once per call (its start plus
-:data:`CALL_SECONDS`), so that stages run one after another in one call (``smoke,ladder``) share the call's time."""
+TIME_LIMIT_ENV = "GPTCORE_TIME_LIMIT"
+"""The job's time limit in seconds, where ``--time-limit`` is not given (e.g. the seconds of Slurm's ``--time``)."""
+JOB_END_ENV = "GPTCORE_JOB_END"
+"""Unix time by which the job's stages are done. ``scripts/gpu_session.sh`` sets it once per job from the time limit
+(its start plus the limit, less :data:`MARGIN_SECONDS`), so that stages run one after another in one job
+(``smoke,ladder``) share the job's time. Unset: no limit but each stage's own."""
+MARGIN_SECONDS = 60.0
+"""What a job keeps back from its time limit: the interpreter's start, the imports and the end table of the stage
+that runs last."""
 MIN_STAGE_SECONDS = 60.0
-"""A stage with less than this left of its call is not started (its imports and end table alone take ~20 s)."""
-FIRST_SESSION = ("smoke,ladder", "memory", "verify")
-"""The three calls of a first GPU session (30 minutes of device time, the machine's start included): does anything
-break on CUDA, then the ladder recorded; the memory study recorded; what was recorded, run again."""
+"""A stage with less than this left of its job is not started (its imports and end table alone take ~20 s)."""
 
 
 @dataclass(frozen=True)
 class Stage:
-    """One call's worth of work."""
+    """One stage: a study recorded, the recorded cases verified, or a script's measurement."""
 
     name: str
     what: str
@@ -32,7 +35,8 @@ class Stage:
     """pytest's arguments (node ids are run in the order given); empty for a stage that runs scripts."""
     options: list[str] = field(default_factory=list)
     """Further pytest options of the stage (--update-baselines, -x, timing overrides)."""
-    deadline: float = CALL_SECONDS
+    deadline: float | None = None
+    """The stage's own limit in seconds (None: the job's limit alone)."""
     script_seconds: float = 0.0
     """A script stage's planned time (stated: it has no cases to plan)."""
     writes: str = ""
@@ -49,9 +53,9 @@ SMOKE = [
     "tests/test_estimate_gpu.py::test_the_estimate_matches_the_cuda_allocator",
 ]
 RECORD = ["--require-gpu", "--update-baselines"]
-CONVERGENCE_IN_A_CALL = "not (ctx2 or layers2 or embd2) or fp16 or bf16 or small-batch"
-"""The convergence cases that fit one call by the plan: 5,000 steps of a doubled char model in fp32 (TF32 off) are
-planned at 10-11 minutes each on an H100."""
+CONVERGENCE_SHORT = "not (ctx2 or layers2 or embd2) or fp16 or bf16 or small-batch"
+"""The convergence cases planned at under 10 minutes each on an H100; 5,000 steps of a doubled char model in fp32
+(TF32 off) are planned at 10-11 minutes each, and gpu.yml runs them."""
 
 STAGES: dict[str, Stage] = {
     s.name: s
@@ -87,13 +91,13 @@ STAGES: dict[str, Stage] = {
         ),
         Stage(
             "convergence",
-            "the GPU convergence tier that fits a call, recorded (several calls: each resumes the "
-            "last); the doubled char models in fp32, SGD and accumulation take longer than a call (gpu.yml runs them)",
+            "the GPU convergence tier's shorter runs, recorded (each job resumes the last); the doubled char "
+            "models in fp32, SGD and accumulation take 10-11 minutes each (gpu.yml runs them)",
             [
                 "bench/test_convergence_char_shape.py",
                 "bench/test_convergence_memory_recipes.py",
                 "-k",
-                CONVERGENCE_IN_A_CALL,
+                CONVERGENCE_SHORT,
             ],
             RECORD,
             writes="convergence.jsonl, convergence.log, convergence.json, baselines/<gpu>.json",
@@ -124,6 +128,13 @@ STAGES: dict[str, Stage] = {
 ORDER = ("smoke", "ladder", "memory", "char", "convergence", "verify", "budget", "profile")
 
 
-def stage_deadline(stage: Stage, now: float, call_end: float | None) -> float:
-    """The deadline of ``stage`` started at ``now`` (Unix time): its own, or what is left of the call if less."""
-    return stage.deadline if call_end is None else min(stage.deadline, call_end - now)
+def stage_deadline(stage: Stage, now: float, job_end: float | None) -> float | None:
+    """The deadline of ``stage`` started at ``now`` (Unix time): its own, or what is left of the job if less; None
+    where neither limits it."""
+    limits = [x for x in (stage.deadline, None if job_end is None else job_end - now) if x is not None]
+    return min(limits) if limits else None
+
+
+def job_end(start: float, time_limit: float) -> float:
+    """The Unix time by which a job started at ``start`` with ``time_limit`` seconds must have its stages done."""
+    return start + time_limit - MARGIN_SECONDS

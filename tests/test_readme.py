@@ -184,9 +184,10 @@ def check_script(words: list[str]) -> list[str]:
         return [f"no such script: {script}"]
     problems = []
     if script == "scripts/gpu_session.sh":
-        stage = words[2] if len(words) > 2 else None
-        if stage not in gpu_session_stages():
-            problems.append(f"scripts/gpu_session.sh has no stage {stage!r}: {sorted(gpu_session_stages())}")
+        stages = words[2].split(",") if len(words) > 2 else [None]  # stages named together: smoke,ladder
+        for stage in stages:
+            if stage not in gpu_session_stages():
+                problems.append(f"scripts/gpu_session.sh has no stage {stage!r}: {sorted(gpu_session_stages())}")
     return problems + preset_problems(*named_presets(words[2:]))
 
 
@@ -328,7 +329,7 @@ def test_the_checks_catch_planted_wrong_commands_and_links(tmp_path):
                 "python -m gptcore train --model cpu-small --set no_such_field=1",  # 9
                 "pytest tests -n 2 && pytest bench/test_no_such_study.py::test_x -m cpu",  # 10
                 "pytest bench -m 'cpu and not no_such_marker'",  # 11
-                "bash scripts/gpu_session.sh no-such-stage",  # 12
+                "bash scripts/gpu_session.sh smoke,no-such-stage",  # 12
                 "python scripts/no_such_script.py",  # 13
                 "torchrun --nproc-per-node=2 \\",  # 14, continued
                 "  -m gptcore train --model gpt2 --recipe no-such-recipe",

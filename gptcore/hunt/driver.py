@@ -1,4 +1,4 @@
-"""The driver of one ``compare`` round: run as a script (``python compare_driver.py SPEC_JSON``) in a fresh process
+"""The driver of one ``compare`` round: run as a script (``python driver.py SPEC_JSON``) in a fresh process
 whose PYTHONPATH starts with one revision's checkout, it measures one case with that revision's code and prints one
 line, ``GPTCORE-COMPARE {json}``. It imports only what every revision with a benchmark tier has (the named models
 and recipes, from gptcore.presets or, before they moved there, gptcore.config; Trainer, StepTimer, cpu_peak_bytes),
@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-MARK = "GPTCORE-COMPARE "  # gptcore.compare.MARK (this file runs apart from the package: no import of it)
+MARK = "GPTCORE-COMPARE "  # gptcore.hunt.compare.MARK (this file runs apart from the package: no import of it)
 
 
 def main(spec: dict) -> dict:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from gptcore.gate.rules import non_finite
 from gptcore.hunt.changepoints import MIN_STEP
 
 WORSE = {"tokens/s": "lower"}
@@ -60,7 +61,7 @@ class Finding:
     def size(self) -> str:
         """The change as text: '+8,915,712 (+43.2%)', '-0.111657 (-3.0%)'; 'NaN' or 'inf' where it became that."""
         if not math.isfinite(self.change):
-            return "NaN" if math.isnan(self.change) else f"{self.change:+}"
+            return non_finite(self.change) or ""
         number = f"{self.change:+,.0f}" if abs(self.change) >= 1000 else f"{self.change:+.6g}"
         return number + (f" ({self.relative:+.1%})" if self.relative is not None else "")
 

@@ -32,6 +32,7 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
+from gptcore.gate.rules import non_finite as spelled
 from gptcore.hunt import changepoints as detect
 from gptcore.hunt.changepoints import MIN_SIZE, STEP_OR_LINE
 from gptcore.hunt.findings import WORSE, Finding, History, Point, markdown
@@ -181,7 +182,7 @@ def non_finite(case: str, metric: str, points: list[Point]) -> Finding:
         (p.commit for p in reversed(points[:first]) if p.commit != points[first].commit), points[first].commit
     )
     value = points[first].value
-    what = "NaN" if math.isnan(value) else "inf" if value > 0 else "-inf"
+    what = (spelled(value) or "").lstrip("+")  # NaN, inf, -inf
     after = sum(1 for p in points[first:] if not math.isfinite(p.value))
     name = "loss" if metric.startswith("loss@") else metric
     return Finding(

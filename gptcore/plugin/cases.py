@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gptcore import identity
-from gptcore.gate import plan, results
+from gptcore.gate import plan, results, shards
 from gptcore.gate.results import Record
 from gptcore.gate.schema import BaselineError, Entry
 from gptcore.gate.session import Gate, Row
@@ -26,6 +26,11 @@ class CaseHooks:
         self.bench: set[str] = set()
         self.history: dict[str, float] = {}
         self.reports: dict[str, list[pytest.TestReport]] = {}
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        if config.getoption("shard"):
+            shard(config, items, self)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
@@ -133,6 +138,27 @@ def preload(config: pytest.Config, items: list[pytest.Item]) -> None:
         if hooks is not None:
             hooks.bench -= gone
         gate.notes.append(f"--recorded-only: {len(gone)} case(s) with no baseline entry deselected")
+
+
+def shard(config: pytest.Config, items: list[pytest.Item], hooks: CaseHooks) -> None:
+    """--shard K/N: keep the benchmarks of shard K (gptcore.gate.shards), deselect the rest. Called after every other
+    selection (-m, -k, --resume, --recorded-only), so that the shards split what would run."""
+    k, n = shards.parse(config.getoption("shard"))
+    bench = [item for item in items if item.nodeid in hooks.bench]
+    seconds = {item.nodeid: hooks.planned(item).seconds for item in bench}
+    unit_of = {}
+    for item in bench:  # the cases of one torchrun job: every recipe of a model, world size and device at once
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if "world" in params:
+            unit_of[item.nodeid] = f"{item.path}::{params.get('model')}-x{params['world']}-{params.get('device')}"
+    mine = shards.split(seconds, unit_of, n)[k - 1]
+    gone = set(seconds) - set(mine)
+    _deselect(config, items, gone)
+    hooks.bench -= gone
+    hooks.gate.notes.append(
+        f"--shard {k}/{n}: {len(mine)} of {len(bench)} case(s), planned {sum(seconds[c] for c in mine):,.0f} s of "
+        f"{sum(seconds.values()):,.0f} s"
+    )
 
 
 def _deselect(config: pytest.Config, items: list[pytest.Item], nodeids: set[str]) -> None:

@@ -101,6 +101,13 @@ def add_options(parser: pytest.Parser, root: Path) -> None:
         f"Default: ${DEADLINE_ENV}",
     )
     group.addoption(
+        "--shard",
+        metavar="K/N",
+        help="run shard K of N of the selected benchmarks (1 <= K <= N), balanced by each case's known duration "
+        "(its results-log or baseline seconds, else its planned FLOPs time); the same split on every runner, the "
+        "cases of one torchrun job together",
+    )
+    group.addoption(
         "--recorded-only",
         action="store_true",
         help="run only the cases that have an entry in their device's baseline file, and deselect the "

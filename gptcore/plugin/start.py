@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from gptcore import identity
+from gptcore.gate import shards
 from gptcore.gate.results import ResultsLog
 from gptcore.gate.session import Gate
 from gptcore.plugin.cases import CaseHooks
@@ -36,6 +37,11 @@ def configure(config: pytest.Config) -> Gate:
         deadline = config.getoption("deadline")
         if deadline is not None and deadline <= 0:
             raise pytest.UsageError(f"--deadline: {deadline} is not a positive number of seconds")
+        if config.getoption("shard"):
+            try:
+                shards.parse(config.getoption("shard"))
+            except ValueError as err:
+                raise pytest.UsageError(str(err)) from None
         resume = config.getoption("resume")
         asked = config.getoption("results_log") or resume
         if asked:  # a GPU job that asked for durable results must not lose them at the first case

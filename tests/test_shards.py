@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -73,3 +74,104 @@ def test_a_bad_shard_stops_the_run_before_anything_runs():
     bad = collect("--shard", "4/3")
     assert bad.returncode == 4 and "Traceback" not in bad.stderr
     assert "--shard 4/3: expected K/N with 1 <= K <= N, e.g. 2/4" in bad.stderr
+
+
+# -- merge ---------------------------------------------------------------------------------------------------------
+
+FOUR = "cpu-small-fp32 or cpu-small-checkpoint or cpu-small-ckpt-fp32 or cpu-small-ckpt-half-batch"
+TIMING = ["--bench-warmup", "2", "--bench-rounds", "1", "--bench-steps", "1"]
+
+
+def bench(where: Path, *args: str) -> subprocess.CompletedProcess:
+    """The four cases, recorded into ``where``/baselines, their results log ``where``/run.jsonl."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", str(ROOT / "bench"), "-m", "cpu", "-k", FOUR, "-p", "no:cacheprovider",
+         *TIMING, "--update-baselines", "--baselines-dir", str(where / "baselines"),
+         "--results-log", str(where / "run.jsonl"), *args],
+        cwd=where, env=child_env(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+def merge_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gptcore", "merge", *args],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture(scope="module")
+def one_and_three(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Path]]:
+    """Four CPU cases run once, and as three shards (each recording into its own folder, as on its own runner)."""
+    root = tmp_path_factory.mktemp("shards")
+    runs = [root / "one", *(root / f"shard-{k}" for k in (1, 2, 3))]
+    for k, where in enumerate(runs):
+        where.mkdir()
+        done = bench(where, *(["--shard", f"{k}/3"] if k else []))
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr
+        (where / "stdout.txt").write_text(done.stdout)
+    return runs[0], runs[1:]
+
+
+@pytest.mark.slow  # four runs of four CPU cases: ~40 s
+def test_three_shards_merged_give_the_verdicts_and_the_exact_figures_of_one_run(one_and_three, tmp_path):
+    from gptcore.gate import baselines, results
+
+    one, shards_ = one_and_three
+    logs = [str(s / "run.jsonl") for s in shards_]
+    merged = merge_cli(*logs, "--baselines-dir", str(tmp_path), "--gate-markdown", str(tmp_path / "verdict.md"))
+    assert merged.returncode == 0, merged.stdout + merged.stderr
+    single = results.latest(results.read(one / "run.jsonl"))
+    assert sum(len(results.read(log)) for log in logs) == len(single) == 4  # each case in exactly one shard
+    for record in single.values():  # the merged end table has every case, with the single run's verdict
+        line = next(line for line in merged.stdout.splitlines() if line.strip().startswith(record.name))
+        assert line.rstrip().endswith(record.verdict)
+    recorded = baselines.load(tmp_path / "cpu.json", expect_slug="cpu")
+    alone = baselines.load(one / "baselines" / "cpu.json", expect_slug="cpu")
+    assert set(recorded.entries) == set(alone.entries) == {r.name for r in single.values()}
+    for name, entry in alone.entries.items():  # the exact figures, to the byte and to the last count
+        other = recorded.entries[name]
+        assert (other.peak_allocated_bytes, other.loss, other.loss_step) == (
+            entry.peak_allocated_bytes,
+            entry.loss,
+            entry.loss_step,
+        )
+        assert other.work.to_json() == entry.work.to_json()
+    effects = [line for line in merged.stdout.splitlines() if line.startswith("cpu-small ") and " vs " in line]
+    assert len(effects) == 2 and all(line.rstrip().endswith("ok") for line in effects)
+    for line in effects:  # judged again over the shards, as the single run judged them: the same line
+        assert line in (one / "stdout.txt").read_text().splitlines()
+    assert "merged 3 of 3 shard(s): 4 case(s)" in merged.stdout
+    assert (tmp_path / "verdict.md").read_text().startswith("## gptcore benchmark gate: ok (4 cases)")
+
+
+@pytest.mark.slow  # reads the module's shards
+def test_a_missing_or_cut_shard_fails_and_is_named_and_foreign_logs_are_refused(one_and_three, tmp_path):
+    import json
+
+    one, shards_ = one_and_three
+    logs = [s / "run.jsonl" for s in shards_]
+    missing = merge_cli(str(logs[0]), str(logs[1]), "--baselines-dir", str(tmp_path))
+    assert missing.returncode == 1 and "FAIL: shard 3 of 3: no results" in missing.stdout
+    cut = tmp_path / "cut.jsonl"
+    lines = logs[0].read_text().splitlines()
+    cut.write_text("\n".join(lines[:-1]) + "\n")  # the shard's last case never written: its job was killed
+    short = merge_cli(str(cut), str(logs[1]), str(logs[2]), "--baselines-dir", str(tmp_path))
+    assert short.returncode == 1 and "FAIL: shard 1 of 3: cut short: 1 of " in short.stdout
+    twice = tmp_path / "twice.jsonl"
+    twice.write_text(logs[1].read_text() + lines[-1] + "\n")  # shard 2's log also holds a case of shard 1
+    both = merge_cli(str(logs[0]), str(twice), str(logs[2]), "--baselines-dir", str(tmp_path))
+    name = json.loads(lines[-1])["name"]
+    assert both.returncode == 1 and f"FAIL: {name}: ran in shards 1 and 2 of 3" in both.stdout
+    other = tmp_path / "other.jsonl"
+    plan = json.loads(lines[0])
+    plan["plan"]["commit"] = "0" * 40
+    other.write_text(json.dumps(plan) + "\n" + "\n".join(lines[1:]) + "\n")
+    foreign = merge_cli(str(other), str(logs[1]), str(logs[2]))
+    assert foreign.returncode == 2 and foreign.stderr.count("\n") == 1 and "Traceback" not in foreign.stderr
+    assert "logs of different commits" in foreign.stderr
+    alone = merge_cli(str(one / "run.jsonl"))
+    assert alone.returncode == 2 and "not a shard's results log" in alone.stderr

@@ -1,4 +1,4 @@
-"""The command line: ``python -m gptcore {list, train, estimate, report, compare, bisect, history}``.
+"""The command line: ``python -m gptcore {list, train, estimate, report, compare, bisect, history, merge}``.
 
 One module per command (as asv keeps its commands): each has its ``NAME``, ``HELP``, ``setup_arguments(parser)`` and
 ``run(args) -> exit code``. Every command's arguments are parsed with no torch imported until a command runs
@@ -13,12 +13,12 @@ import sys
 import warnings
 from collections.abc import Sequence
 
-from gptcore.cli import bisect, compare, estimate, history, listing, report, train
+from gptcore.cli import bisect, compare, estimate, history, listing, merge, report, train
 from gptcore.cli.arguments import Parser, UsageError
 from gptcore.overrides import OverrideError, apply_assignments
 from gptcore.presets import get_model, get_recipe
 
-COMMANDS = (listing, train, estimate, report, compare, bisect, history)
+COMMANDS = (listing, train, estimate, report, compare, bisect, history, merge)
 """In the order ``--help`` lists them."""
 
 __all__ = ["COMMANDS", "OverrideError", "UsageError", "apply_assignments", "get_model", "get_recipe", "main"]

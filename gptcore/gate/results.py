@@ -4,6 +4,10 @@ a log has finished and show them in the end table) and for ``--deadline`` (how l
 
 A line holds what the end table needs (the measured entry, the verdict, the statuses), the failure lines, the
 outcome pytest gave the case, and its wall time. It is JSON Lines, so ``jq``, pandas or a text editor read it.
+
+A shard's log (``--shard K/N``) starts with one more line, ``{"plan": {...}}``: which shard, the cases it was to
+run, the device and commit and what a baseline records of them, so that ``python -m gptcore merge`` can tell a
+shard cut short from a finished one and refuse logs of different devices or commits.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FINISHED", "Record", "ResultsLog", "read"]
+__all__ = ["FINISHED", "Plan", "Record", "ResultsLog", "read", "read_plan"]
 
 FINISHED = ("passed", "failed")
 """The outcomes of a case that --resume does not run again (a skipped case, the deadline's included, runs)."""
@@ -44,6 +48,9 @@ class Record:
     records."""
     recorded: bool = False
     """Whether this run wrote the entry into its baseline file."""
+    effect: dict[str, Any] | None = None
+    """What the expected effects judge the case by (model, recipe, device type, world, figures), so that runs merged
+    from shards judge them as one run does."""
     time: str = ""
 
     def to_json(self) -> dict[str, Any]:
@@ -53,6 +60,32 @@ class Record:
     def from_json(cls, data: dict[str, Any]) -> Record:
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
+class Plan:
+    """The first line of a shard's log: the shard, its cases, and the run's device, commit and versions."""
+
+    shard: tuple[int, int]
+    cases: list[str]
+    slug: str
+    commit: str
+    recording: dict[str, Any] = field(default_factory=dict)
+    """What baselines.update records with an entry: device_name, device_type, torch_version, cuda, driver."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"plan": {**self.__dict__, "shard": list(self.shard)}}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Plan:
+        plan = data["plan"]
+        return cls(
+            (int(plan["shard"][0]), int(plan["shard"][1])),
+            [str(c) for c in plan["cases"]],
+            str(plan["slug"]),
+            str(plan["commit"]),
+            dict(plan.get("recording") or {}),
+        )
 
 
 class ResultsLog:
@@ -66,6 +99,16 @@ class ResultsLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as out:
             out.write(json.dumps(record.to_json(), sort_keys=False) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+
+    def write_plan(self, plan: Plan) -> None:
+        """Start the log with the shard's plan (a log that already has one, being resumed, keeps it)."""
+        if self.path.exists() and read_plan(self.path) is not None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as out:
+            out.write(json.dumps(plan.to_json()) + "\n")
             out.flush()
             os.fsync(out.fileno())
 
@@ -90,6 +133,8 @@ def read(path: str | Path) -> list[Record]:
             continue
         try:
             data = json.loads(line)
+            if isinstance(data, dict) and "plan" in data:  # a shard's plan (read_plan reads it)
+                continue
             if not isinstance(data, dict) or not isinstance(data.get("nodeid"), str):
                 raise ValueError("not a results-log record")
             records.append(Record.from_json(data))
@@ -103,3 +148,26 @@ def read(path: str | Path) -> list[Record]:
 def latest(records: list[Record]) -> dict[str, Record]:
     """The last record of each case (a case run again in a later stage replaces its earlier line)."""
     return {r.nodeid: r for r in records}
+
+
+def read_plan(path: str | Path) -> Plan | None:
+    """The shard's plan at the start of the log at ``path`` (None: not a shard's log); LogError for a log that
+    cannot be read or a plan line that is not one."""
+    path = Path(path)
+    try:
+        with open(path, encoding="utf-8") as lines:
+            first = lines.readline()
+    except FileNotFoundError:
+        raise LogError(f"{path}: no such results log") from None
+    except OSError as err:
+        raise LogError(f"{path}: cannot read: {err.strerror}") from None
+    try:
+        data = json.loads(first) if first.strip() else None
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or "plan" not in data:
+        return None
+    try:
+        return Plan.from_json(data)
+    except (KeyError, TypeError, ValueError, IndexError) as err:
+        raise LogError(f"{path}: line 1: not a shard's plan ({type(err).__name__}: {err})") from None

@@ -207,6 +207,15 @@ class Gate:
                 f"{len(m.round_seconds)} rounds, the rest ran below the GPU's clocks"
             )
         unmet = [] if error else self._expect(model, recipe, m, estimate, world)
+        if not error:  # what the expected effects judged, kept for a merge of shards to judge them again
+            figures = [m.peak_allocated_bytes, m.tokens_per_s, m.tokens_per_s_iqr, estimate]
+            self.cases[node.nodeid]["effect"] = {
+                "model": model,
+                "recipe": recipe,
+                "device": m.device.split(":")[0],
+                "world": world,
+                "figures": figures,
+            }
         return self._outcome(node, m.device, error, verdict, unmet)
 
     def judge_convergence(

@@ -22,6 +22,16 @@ CONVERGENCE = "does it still learn (convergence runs: validation loss and time-t
 PAYS = "does each optimization still pay (expected effects, judged within this run)"
 
 
+def end_lines(gate: Gate, notes: Sequence[str]) -> list[str]:
+    """The end-of-run section's lines: the end table, the convergence runs, the expected effects, the notes."""
+    lines = [gate_table(gate.rows)] if gate.rows else []
+    if any(r.measured and r.measured.convergence for r in gate.rows):
+        lines += [f"{CONVERGENCE}:", convergence_table(gate.rows)]
+    if gate.expected.outcomes:
+        lines += [f"{PAYS}:", expectations_table(gate.expected.outcomes)]
+    return lines + list(notes)
+
+
 def gate_markdown(gate: Gate, notes: Sequence[str], history: str = "") -> str:
     """The verdict as GitHub-flavoured markdown: the failing cases first, one line each; then the table; then the
     expected effects; then ``history`` (the change points in the saved runs, gptcore.hunt.history.markdown); then the

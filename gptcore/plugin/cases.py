@@ -10,7 +10,7 @@ import pytest
 
 from gptcore import identity
 from gptcore.gate import plan, results, shards
-from gptcore.gate.results import Record
+from gptcore.gate.results import Plan, Record
 from gptcore.gate.schema import BaselineError, Entry
 from gptcore.gate.session import Gate, Row
 from gptcore.plugin.options import GATE, under_xdist
@@ -78,6 +78,7 @@ class CaseHooks:
             row=case.get("row"),
             entry=case.get("entry"),
             recorded=case.get("recorded", False),
+            effect=case.get("effect"),
         )
         try:
             self.gate.log.write(record)
@@ -155,6 +156,8 @@ def shard(config: pytest.Config, items: list[pytest.Item], hooks: CaseHooks) -> 
     gone = set(seconds) - set(mine)
     _deselect(config, items, gone)
     hooks.bench -= gone
+    if hooks.gate.log is not None and not config.option.collectonly:
+        hooks.gate.log.write_plan(plan_of(config, (k, n), mine))
     hooks.gate.notes.append(
         f"--shard {k}/{n}: {len(mine)} of {len(bench)} case(s), planned {sum(seconds[c] for c in mine):,.0f} s of "
         f"{sum(seconds.values()):,.0f} s"
@@ -193,3 +196,19 @@ def _resume(gate: Gate, records: list[Record], log: Path) -> set[str]:
         gate.resumed_failed |= r.outcome == "failed"
     gate.resumed = list(done)
     return set(done)
+
+
+def plan_of(config: pytest.Config, shard: tuple[int, int], cases: list[str]) -> Plan:
+    """A shard's plan: its cases, and the device, commit and versions its recorded entries carry."""
+    import torch
+
+    slug = identity.session_slug()
+    device = "cpu" if slug == "cpu" else "cuda"
+    recording = {
+        "device_name": identity.device_name(device),
+        "device_type": device,
+        "torch_version": torch.__version__,
+        "cuda": torch.version.cuda,
+        "driver": identity.driver_version() if device == "cuda" else None,
+    }
+    return Plan(shard, cases, slug, identity.git_commit(config.rootpath) or "", recording)

@@ -10,7 +10,7 @@ import pytest
 
 from gptcore import identity
 from gptcore.gate.schema import BaselineError
-from gptcore.gate.summary import CONVERGENCE, PAYS, convergence_table, expectations_table, gate_markdown, gate_table
+from gptcore.gate.summary import end_lines, gate_markdown
 from gptcore.hunt.history import section as history_section
 from gptcore.plugin.options import GATE
 
@@ -51,16 +51,8 @@ def write_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Conf
     if gate is None or not (gate.rows or notes):
         return
     terminalreporter.section(SECTION)
-    if gate.rows:
-        terminalreporter.write_line(gate_table(gate.rows))
-    if any(r.measured and r.measured.convergence for r in gate.rows):
-        terminalreporter.write_line(f"{CONVERGENCE}:")
-        terminalreporter.write_line(convergence_table(gate.rows))
-    if gate.expected.outcomes:
-        terminalreporter.write_line(f"{PAYS}:")
-        terminalreporter.write_line(expectations_table(gate.expected.outcomes))
-    for note in notes:
-        terminalreporter.write_line(note, red=note.startswith("FAIL"))
+    for line in end_lines(gate, notes):
+        terminalreporter.write_line(line, red=line.startswith("FAIL"))
     if gate.rows:
         changes = history_section(config.option.benchmark_storage) if config.getoption("gate_history") else ""
         for path, mode in ((gate.markdown, "w"), (os.environ.get("GITHUB_STEP_SUMMARY"), "a")):

@@ -1,0 +1,50 @@
+"""``merge``: the results logs of a run's shards (``--shard K/N``) as one run: the end table and the markdown verdict
+a single run would give, the recorded entries merged into the baseline files; exit 1 when a shard failed a case,
+left no results or was cut short."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from gptcore.cli.arguments import UsageError
+
+NAME = "merge"
+HELP = "the results logs of a run's shards (--shard K/N) as one run: one end table, one verdict, one baseline update"
+
+
+def setup_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("logs", metavar="LOG", nargs="+", help="each shard's results log (--results-log)")
+    parser.add_argument(
+        "--baselines-dir",
+        metavar="DIR",
+        default="baselines",
+        help="the baseline files to judge against and to record the shards' recorded entries into (default baselines)",
+    )
+    parser.add_argument("--gate-markdown", metavar="FILE", default=None, help="write the verdict as markdown to FILE")
+
+
+def run(args: argparse.Namespace) -> int:
+    from gptcore.gate import baselines
+    from gptcore.gate.merge import MergeError, merge
+    from gptcore.gate.schema import BaselineError
+    from gptcore.gate.summary import end_lines, gate_markdown
+
+    try:
+        merged = merge(args.logs, args.baselines_dir)
+    except (MergeError, BaselineError) as err:
+        raise UsageError(str(err)) from None
+    gate = merged.gate
+    notes = [f"FAIL: {line}" for line in merged.problems] + gate.summary_notes()
+    if merged.recorded:
+        path = Path(args.baselines_dir) / f"{merged.plan.slug}.json"
+        recording = merged.plan.recording
+        baselines.update(path, merged.plan.slug, merged.recorded, **recording, commit=merged.plan.commit)
+        notes.append(f"baselines: recorded {len(merged.recorded)} case(s) from the shards into {path}")
+    print("\n".join(end_lines(gate, notes)))
+    if args.gate_markdown:
+        try:
+            Path(args.gate_markdown).write_text(gate_markdown(gate, notes))
+        except OSError as err:
+            raise UsageError(f"--gate-markdown {args.gate_markdown}: {err.strerror or err}") from None
+    return 1 if merged.failed else 0

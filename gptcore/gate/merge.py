@@ -1,0 +1,120 @@
+"""Shards merged into one run: the results logs of ``pytest bench ... --shard K/N --results-log LOG`` on N runners
+read back as the one end table, the one markdown verdict and the one set of recorded entries that a single run
+would give (``python -m gptcore merge LOG...``).
+
+Each shard's log starts with its plan (gptcore.gate.results.Plan): the merge names a shard that left no log
+("shard 3 of 4: no results"), one cut short (cases of its plan with no line), and a case two shards both ran, and
+fails on any of them; logs of different devices, commits or splits are refused with one line. The expected effects
+are judged again over every shard's cases, in the order of the shards' plans, since a claim and its reference may
+have run on different runners.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gptcore.gate import results
+from gptcore.gate.expectations import Figures
+from gptcore.gate.schema import Entry
+from gptcore.gate.session import Gate, Row
+
+NOT_MET = ": expected effect not met: "
+
+
+class MergeError(ValueError):
+    """Logs that cannot be merged into one run (the message is one line)."""
+
+
+@dataclass
+class Merged:
+    """The run the shards make together: its gate (rows, failures, expected effects, notes) and what they recorded."""
+
+    gate: Gate
+    plan: results.Plan
+    """The first shard's plan: the device, commit and versions the recorded entries carry."""
+    recorded: dict[str, Entry]
+    problems: list[str]
+    """A shard with no results or cut short, a case run twice: each fails the merge."""
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.gate.failures or self.problems)
+
+
+def _plans(paths: Sequence[Path]) -> dict[int, tuple[Path, results.Plan]]:
+    """Each log's plan by shard number; MergeError for a log that is not a shard's, or shards of different runs."""
+    plans: dict[int, tuple[Path, results.Plan]] = {}
+    for path in paths:
+        try:
+            plan = results.read_plan(path)
+        except results.LogError as err:
+            raise MergeError(str(err)) from None
+        if plan is None:
+            raise MergeError(f"{path}: not a shard's results log (no plan line: run the shard with --shard K/N)")
+        k = plan.shard[0]
+        if k in plans:
+            raise MergeError(f"{plans[k][0]} and {path}: both are shard {k} of {plan.shard[1]}")
+        plans[k] = (path, plan)
+    for what, value in (
+        ("splits", lambda p: p.shard[1]),
+        ("devices", lambda p: p.slug),
+        ("commits", lambda p: p.commit),
+    ):
+        seen = {str(value(plan)) for _, plan in plans.values()}
+        if len(seen) > 1:
+            raise MergeError(f"logs of different {what} ({', '.join(sorted(seen))}): merge the shards of one run")
+    return dict(sorted(plans.items()))
+
+
+def merge(paths: Sequence[str | Path], baselines_dir: str | Path = "baselines") -> Merged:
+    """The run the shards' logs at ``paths`` make together, judged against the baseline files in
+    ``baselines_dir``; MergeError (one line) for logs that cannot be merged."""
+    if not paths:
+        raise MergeError("no results log to merge")
+    plans = _plans([Path(p) for p in paths])
+    n = next(iter(plans.values()))[1].shard[1]
+    problems = [f"shard {k} of {n}: no results" for k in range(1, n + 1) if k not in plans]
+    gate = Gate(directory=Path(baselines_dir), update=False, strict=False, overrides={}, timing_override=(None,) * 3)
+    recorded: dict[str, Entry] = {}
+    ran_in: dict[str, int] = {}
+    for k, (path, plan) in plans.items():
+        try:
+            done = results.latest(results.read(path))
+        except results.LogError as err:
+            raise MergeError(str(err)) from None
+        missing = [nodeid.rsplit("::", 1)[-1] for nodeid in plan.cases if nodeid not in done]
+        if missing:
+            problems.append(
+                f"shard {k} of {n}: cut short: {len(missing)} of {len(plan.cases)} case(s) have no result "
+                f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})"
+            )
+        for nodeid in plan.cases + [c for c in done if c not in plan.cases]:
+            r = done.get(nodeid)
+            if r is None:
+                continue
+            if nodeid in ran_in:
+                problems.append(f"{r.name}: ran in shards {ran_in[nodeid]} and {k} of {n}")
+                continue
+            ran_in[nodeid] = k
+            _take(gate, r, f"{path}: {nodeid}", recorded)
+    gate.notes.append(f"merged {len(plans)} of {n} shard(s): {len(ran_in)} case(s)")
+    return Merged(gate, plans[min(plans)][1], recorded, problems)
+
+
+def _take(gate: Gate, r: results.Record, where: str, recorded: dict[str, Entry]) -> None:
+    """One case of a shard into the merged run: its row, its own failures, its expected effects judged again."""
+    file = gate.load(r.slug) if r.slug else None
+    baseline = file.entries.get(r.name) if file else None
+    measured = Entry.from_json(r.entry, where) if r.entry else None
+    cells = r.row or {"verdict": r.verdict or r.outcome, "error": r.reason}
+    gate.rows.append(Row(r.name, measured, baseline, **cells))
+    own = [line for line in r.failures if NOT_MET not in line]  # what the shard could judge of the effects: again
+    gate.failures += own or ([f"{r.name}: {r.reason}"] if r.outcome == "failed" and not r.failures else [])
+    if r.recorded and measured is not None:
+        recorded[r.name] = measured
+    if r.effect:
+        e = r.effect
+        judged = gate.expected.record(e["model"], e["recipe"], e["device"], Figures(*e["figures"]), e["world"])
+        gate.failures += [f"{r.name}{NOT_MET}{o.line}" for o in judged if o.status == "FAIL"]

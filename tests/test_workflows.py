@@ -85,27 +85,49 @@ def test_ci_posts_the_gates_markdown_on_the_pull_request_and_the_gpu_job_writes_
     post = steps(ci, "cpu")[-1]
     assert "gh pr comment" in post["run"] and "--body-file gate.md" in post["run"]
     assert post["if"].startswith("always()") and ci["permissions"]["pull-requests"] == "write"
-    assert "--gate-markdown=out/gate.md" in " ".join(runs(load("gpu.yml"), "gpu").split())
+    merge = " ".join(runs(load("gpu.yml"), "merge").split())
+    assert "--gate-markdown out/gate.md" in merge and 'cat out/gate.md >> "$GITHUB_STEP_SUMMARY"' in merge
 
 
-def test_gpu_job_runs_on_a_self_hosted_gpu_runner() -> None:
-    runs_on = load("gpu.yml")["jobs"]["gpu"]["runs-on"]
-    assert "self-hosted" in runs_on and "gpu" in runs_on
+def test_gpu_shards_and_their_merge_run_on_self_hosted_gpu_runners() -> None:
+    jobs = load("gpu.yml")["jobs"]
+    for job in ("shard", "merge"):
+        assert "self-hosted" in jobs[job]["runs-on"] and "gpu" in jobs[job]["runs-on"]
 
 
-def test_gpu_job_runs_the_gated_gpu_tier_and_uploads_json_and_report_always() -> None:
+def test_gpu_tier_runs_as_a_shard_matrix_each_gated_and_its_log_uploaded_always() -> None:
     gpu = load("gpu.yml")
-    command = " ".join(runs(gpu, "gpu").split())
+    shard = gpu["jobs"]["shard"]
+    shards = shard["strategy"]["matrix"]["shard"]
+    assert shards == list(range(1, len(shards) + 1)) and shard["env"]["SHARDS"] == len(shards) > 1
+    assert shard["strategy"]["fail-fast"] is False  # every shard runs whatever another does
+    command = " ".join(runs(gpu, "shard").split())
     for flag in (
         "pytest bench -m gpu --require-gpu",
+        "--shard ${{ matrix.shard }}/$SHARDS",
+        "--results-log=out/shard-${{ matrix.shard }}.jsonl",
         "--benchmark-compare",
         "--benchmark-compare-fail=median:5%",
-        "--benchmark-json=out/gpu-bench.json",
+        "--benchmark-json=out/gpu-bench-${{ matrix.shard }}.json",
     ):
         assert flag in command
-    assert "python -m gptcore report out/gpu-bench.json" in command
-    upload = next(s for s in steps(gpu, "gpu") if s.get("uses", "").startswith("actions/upload-artifact"))
+    upload = next(s for s in steps(gpu, "shard") if s.get("uses", "").startswith("actions/upload-artifact"))
     assert upload["if"] == "always()" and "out/" in upload["with"]["path"]
+    assert "${{ matrix.shard }}" in upload["with"]["name"]
+
+
+def test_the_merge_job_waits_for_every_shard_and_merges_all_their_logs_into_one_verdict() -> None:
+    gpu = load("gpu.yml")
+    merge = gpu["jobs"]["merge"]
+    assert merge["needs"] == "shard" and merge["if"] == "always()"  # a failed shard still gets its verdict merged
+    download = next(s for s in steps(gpu, "merge") if s.get("uses", "").startswith("actions/download-artifact"))
+    shard_upload = next(s for s in steps(gpu, "shard") if s.get("uses", "").startswith("actions/upload-artifact"))
+    prefix = shard_upload["with"]["name"].split("${{")[0]
+    assert download["with"]["pattern"].startswith(prefix) and download["with"]["merge-multiple"] is True
+    command = " ".join(runs(gpu, "merge").split())
+    assert "python -m gptcore merge out/shard-*.jsonl --baselines-dir baselines" in command
+    upload = next(s for s in steps(gpu, "merge") if s.get("uses", "").startswith("actions/upload-artifact"))
+    assert upload["if"] == "always()" and "baselines/" in upload["with"]["path"]
 
 
 def test_torch_upgrade_runs_weekly_and_can_be_dispatched() -> None:

@@ -62,6 +62,10 @@ PYTEST_VALUE_OPTIONS = {
     "--bench-rounds",
     "--bench-steps",
     "--rootdir",
+    "--results-log",
+    "--resume",
+    "--deadline",
+    "--shard",
 }
 #: Kinds of command the checks know; anything else (pip, apt-get, git) is not checked.
 KINDS = ("gptcore", "pytest", "script")

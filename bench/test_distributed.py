@@ -19,7 +19,7 @@ import pytest
 
 from bench.harness import conclude, needs_of, run_if
 from gptcore.config import Timing
-from gptcore.measure.launch import Launches, LaunchFailed, combine
+from gptcore.measure.launch import Launcher, Launches, LaunchFailed, combine
 from gptcore.memory import resolve
 from gptcore.memory.parallel import estimate_per_rank
 from gptcore.presets import MODELS, RECIPES
@@ -77,6 +77,7 @@ def ranks_of(
 ) -> list[dict]:
     """This case's ranks from the session's job that holds it (gptcore.measure.launch); a failed launch fails the
     case with its message."""
+    LAUNCHES.launcher = Launcher.parse(request.config.getoption("launcher"))  # checked when pytest started
     try:
         return LAUNCHES.ranks(model, recipe, world, device, out, counts, sharing(request, model, world, device))
     except LaunchFailed as err:

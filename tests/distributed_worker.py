@@ -1,6 +1,6 @@
 """The rank side of tests/test_distributed.py, run under torchrun (one launch runs every proof: each torchrun start
 costs seconds on 2 cores). ``python -m torch.distributed.run --nproc-per-node=2 tests/distributed_worker.py
-{proofs,memory,plant-always-reshard,raise} OUT``: writes OUT/<name>.pt (rank 0, or per rank) for the test process
+{proofs,memory,plant-always-reshard,nodes,raise} OUT``: writes OUT/<name>.pt (rank 0, or per rank) for the test process
 to compare. ``plant-always-reshard`` measures memory with a planted regression (every FSDP2 module reshards after
 forward, whatever the recipe says), patched into this process only, for the test that proves the check catches
 it."""
@@ -130,10 +130,20 @@ def planted_failure() -> None:
         t.step()
 
 
+def nodes(out: Path) -> None:
+    """DDP and FSDP2 in float32, each rank's losses and full parameters: the same on one node and across nodes."""
+    results = {
+        name: train(dataclasses.replace(BASE, parallel=parallel)) for name, parallel in (("ddp", DDP), ("fsdp2", FSDP2))
+    }
+    torch.save(results, out / f"nodes-{dist.get_rank()}.pt")
+
+
 if __name__ == "__main__":
     mode, target = sys.argv[1], Path(sys.argv[2])
     if mode == "proofs":
         proofs(target)
+    elif mode == "nodes":
+        nodes(target)
     elif mode == "memory":
         measure_memory(target)
     elif mode == "plant-always-reshard":

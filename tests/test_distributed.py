@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -65,6 +66,82 @@ def proofs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, list[dict]]:
     done = torchrun(str(ROOT / "tests" / "distributed_worker.py"), "proofs", str(out))
     assert done.returncode == 0, done.stderr[-4000:]
     return torch.load(out / "results.pt"), [torch.load(out / f"memory-{r}.pt") for r in range(WORLD)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow  # three torchrun agents in all (one standalone, two that meet): ~25 s on 2 cores
+def test_two_torchrun_agents_meeting_at_a_c10d_rendezvous_train_as_one_node_does(tmp_path):
+    """Two nodes of one process each on 127.0.0.1 (gptcore.measure.launch.Launcher: --nnodes 2 --node-rank R
+    --rdzv-backend c10d --rdzv-endpoint HOST:PORT), against the standalone 2-rank job: the same gloo collectives
+    over the same two ranks, so every loss and parameter of DDP and FSDP2 is the same to the bit."""
+    from gptcore.measure.launch import Launcher
+
+    worker = str(ROOT / "tests" / "distributed_worker.py")
+    one, two = tmp_path / "one-node", tmp_path / "two-nodes"
+    one.mkdir(), two.mkdir()
+    done = torchrun(worker, "nodes", str(one))
+    assert done.returncode == 0, done.stderr[-4000:]
+    endpoint = f"127.0.0.1:{free_port()}"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    agents = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                *Launcher(nnodes=2, node_rank=k, rdzv_endpoint=endpoint, rdzv_id="two-nodes").args(WORLD),
+                worker,
+                "nodes",
+                str(two),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        for k in (0, 1)
+    ]
+    try:
+        outputs = [agent.communicate(timeout=LAUNCH_TIMEOUT_S)[0] for agent in agents]
+    finally:
+        for agent in agents:  # a hang must not outlive the test
+            if agent.poll() is None:
+                os.killpg(agent.pid, signal.SIGKILL)
+                agent.communicate()
+    assert [agent.returncode for agent in agents] == [0, 0], "\n".join(o[-2000:] for o in outputs)
+    for rank in range(WORLD):
+        alone, apart = torch.load(one / f"nodes-{rank}.pt"), torch.load(two / f"nodes-{rank}.pt")
+        for name in ("ddp", "fsdp2"):
+            assert alone[name]["losses"] == apart[name]["losses"]
+            assert all(torch.equal(a, b) for a, b in zip(alone[name]["params"], apart[name]["params"], strict=True))
+        assert alone["ddp"]["losses"][0] != alone["ddp"]["losses"][-1]  # it trained
+
+
+def test_a_launcher_is_torchruns_own_words_and_bad_words_are_one_line():
+    from gptcore.measure.launch import Launcher
+
+    assert Launcher.parse(None).args(2) == ["--standalone", "--nproc-per-node=2"]
+    nodes = Launcher.parse("--nnodes 2 --node-rank 1 --rdzv-backend c10d --rdzv-endpoint node0:29400")
+    assert nodes.args(8) == [
+        "--nnodes=2",
+        "--node-rank=1",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=node0:29400",
+        "--rdzv-id=gptcore",
+        "--nproc-per-node=4",
+    ]
+    for bad in ("--nnodes 2", "--nnodes two --rdzv-endpoint h:1", "--nnodes 2 --rdzv-endpoint h:1 --oops"):
+        with pytest.raises(ValueError, match="^--launcher "):
+            Launcher.parse(bad)
+    with pytest.raises(ValueError, match="a world of 3 ranks does not divide over 2 nodes"):
+        nodes.args(3)
 
 
 def test_ddp_over_two_ranks_equals_one_process_with_the_whole_batch(proofs):

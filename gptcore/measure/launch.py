@@ -6,20 +6,87 @@ ranks."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
+import typing
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gptcore.measure.runner import Measurement
+if TYPE_CHECKING:
+    from gptcore.measure.runner import Measurement
+
 
 ROOT = Path(__file__).resolve().parents[2]
 """The checkout (or site-packages) that holds this gptcore: the ranks run with it first on PYTHONPATH."""
 LAUNCH_TIMEOUT_S = 300
+
+
+class _Words(argparse.ArgumentParser):
+    def error(self, message: str) -> typing.NoReturn:  # one line, no usage text
+        raise ValueError(message)
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """How torchrun starts a job: on one node (``--standalone``, the default), or as this node of ``nnodes`` that
+    meet at a rendezvous (``--nnodes N --node-rank R --rdzv-backend c10d --rdzv-endpoint HOST:PORT``), as a job
+    across nodes runs under Slurm (``srun`` around torchrun) or Kubernetes (one pod per node)."""
+
+    nnodes: int = 1
+    node_rank: int | None = None
+    rdzv_backend: str = "c10d"
+    rdzv_endpoint: str | None = None
+    rdzv_id: str = "gptcore"
+
+    @property
+    def standalone(self) -> bool:
+        return self.rdzv_endpoint is None
+
+    def args(self, world: int) -> list[str]:
+        """torchrun's arguments for a job of ``world`` ranks in all: ``world / nnodes`` on this node."""
+        if world % self.nnodes:
+            raise ValueError(f"a world of {world} ranks does not divide over {self.nnodes} nodes")
+        per_node = f"--nproc-per-node={world // self.nnodes}"
+        if self.standalone:
+            return ["--standalone", per_node]
+        rank = [f"--node-rank={self.node_rank}"] if self.node_rank is not None else []
+        return [
+            f"--nnodes={self.nnodes}",
+            *rank,
+            f"--rdzv-backend={self.rdzv_backend}",
+            f"--rdzv-endpoint={self.rdzv_endpoint}",
+            f"--rdzv-id={self.rdzv_id}",
+            per_node,
+        ]
+
+    @classmethod
+    def parse(cls, text: str | None) -> Launcher:
+        """A launcher from torchrun's own words ('--nnodes 2 --node-rank 0 --rdzv-backend c10d --rdzv-endpoint
+        host:29400'); None or '' is the standalone one. ValueError with one line for anything else."""
+        if not text or text.strip() == "--standalone":
+            return cls()
+        words = "expected --nnodes N [--node-rank R] [--rdzv-backend B] --rdzv-endpoint HOST:PORT [--rdzv-id ID]"
+        parser = _Words(prog="--launcher", add_help=False)
+        parser.add_argument("--nnodes", type=int, required=True)
+        parser.add_argument("--node-rank", "--node_rank", type=int, default=None)
+        parser.add_argument("--rdzv-backend", "--rdzv_backend", default="c10d")
+        parser.add_argument("--rdzv-endpoint", "--rdzv_endpoint", required=True)
+        parser.add_argument("--rdzv-id", "--rdzv_id", default="gptcore")
+        try:
+            args = parser.parse_args(shlex.split(text))
+        except ValueError as err:
+            raise ValueError(f"--launcher {text!r}: {err}; {words}") from None
+        if args.nnodes < 1:
+            raise ValueError(f"--launcher {text!r}: {words}")
+        return cls(args.nnodes, args.node_rank, args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id)
 
 
 class LaunchFailed(Exception):
@@ -27,17 +94,23 @@ class LaunchFailed(Exception):
 
 
 def launch(
-    model: str, recipes: list[str], world: int, device: str, out: Path, counts: tuple[int, int, int]
+    model: str,
+    recipes: list[str],
+    world: int,
+    device: str,
+    out: Path,
+    counts: tuple[int, int, int],
+    launcher: Launcher = Launcher(),
 ) -> dict[str, list[dict]]:
     """Run the cases on ``world`` ranks in one torchrun job; for each recipe, each rank's Measurement as a dict
-    (with rank, world_size)."""
+    (with rank, world_size): every rank's on one node, this node's ranks on several (each node gates its own, unless
+    ``out`` is a folder the nodes share)."""
     warmup, rounds, steps = counts
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={world}",
+        *launcher.args(world),
         "-m",
         "gptcore.measure.worker",
         "--model",
@@ -67,13 +140,17 @@ def launch(
             raise LaunchFailed(f"torchrun did not finish within {LAUNCH_TIMEOUT_S} s") from None
     if proc.returncode != 0:
         raise LaunchFailed(f"torchrun exited {proc.returncode} (cases {', '.join(recipes)}):\n{output[-3000:]}")
-    return {name: [json.loads((out / name / f"rank-{r}.json").read_text()) for r in range(world)] for name in recipes}
+    ranks = {
+        name: sorted((out / name).glob("rank-*.json"), key=lambda p: int(p.stem.split("-")[1])) for name in recipes
+    }
+    return {name: [json.loads(path.read_text()) for path in paths] for name, paths in ranks.items()}
 
 
 class Launches:
     """A session's torchrun jobs, by (model, world size, device, counts): each recipe's ranks, or why the job failed."""
 
-    def __init__(self) -> None:
+    def __init__(self, launcher: Launcher = Launcher()) -> None:
+        self.launcher = launcher
         self._held: dict[tuple, dict[str, list[dict]] | LaunchFailed] = {}
 
     def ranks(
@@ -93,7 +170,7 @@ class Launches:
         if key not in self._held:
             recipes = list(dict.fromkeys([recipe, *sharing]))
             try:
-                self._held[key] = launch(model, recipes, world, device, out, counts)
+                self._held[key] = launch(model, recipes, world, device, out, counts, self.launcher)
             except LaunchFailed as err:
                 self._held[key] = err
         held = self._held[key]
@@ -105,6 +182,8 @@ class Launches:
 def combine(ranks: list[dict]) -> Measurement:
     """One Measurement for the job: rank 0's (the round times are already the slowest rank's and the loss the
     mean over ranks), with the peak memory the max over ranks (and that rank's breakdown)."""
+    from gptcore.measure.runner import Measurement  # torch: only when a job's ranks are combined
+
     names = {f.name for f in dataclasses.fields(Measurement)}
     m = Measurement(**{k: v for k, v in ranks[0].items() if k in names})
     for key in ("peak_allocated_bytes", "peak_reserved_bytes"):

@@ -101,6 +101,14 @@ def add_options(parser: pytest.Parser, root: Path) -> None:
         f"Default: ${DEADLINE_ENV}",
     )
     group.addoption(
+        "--launcher",
+        metavar="ARGS",
+        default=None,
+        help="how torchrun starts the distributed tier's jobs: '--standalone' (default), or this node of several "
+        "in torchrun's own words: '--nnodes 2 --node-rank 0 --rdzv-backend c10d --rdzv-endpoint HOST:PORT' "
+        "(every node runs the same pytest command with its own --node-rank)",
+    )
+    group.addoption(
         "--shard",
         metavar="K/N",
         help="run shard K of N of the selected benchmarks (1 <= K <= N), balanced by each case's known duration "

@@ -13,6 +13,7 @@ from gptcore import identity
 from gptcore.gate import shards
 from gptcore.gate.results import ResultsLog
 from gptcore.gate.session import Gate
+from gptcore.measure.launch import Launcher
 from gptcore.plugin.cases import CaseHooks
 from gptcore.plugin.options import PLUGIN_DEFAULT_STORAGE, under_xdist
 
@@ -37,6 +38,10 @@ def configure(config: pytest.Config) -> Gate:
         deadline = config.getoption("deadline")
         if deadline is not None and deadline <= 0:
             raise pytest.UsageError(f"--deadline: {deadline} is not a positive number of seconds")
+        try:
+            Launcher.parse(config.getoption("launcher"))
+        except ValueError as err:
+            raise pytest.UsageError(str(err)) from None
         if config.getoption("shard"):
             try:
                 shards.parse(config.getoption("shard"))

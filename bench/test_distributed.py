@@ -43,6 +43,15 @@ CASES = [
         )
         for name in ("ddp", "ddp-bucket-view", "fsdp2", "fsdp2-no-reshard", "fsdp2-bf16")
     ),
+    # HSDP: 2 replicas x 2 shards (2 x N GPUs; N = 2 here), skipped with the reason below 4 GPUs
+    pytest.param(
+        "gpt2",
+        "hsdp",
+        2 * WORLD,
+        "cuda",
+        id=f"gpt2-hsdp-x{2 * WORLD}",
+        marks=[pytest.mark.gpu, *run_if(min_gpus=2 * WORLD), *needs_of(RECIPES["hsdp"], "cuda")],
+    ),
 ]
 
 

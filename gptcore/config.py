@@ -105,10 +105,16 @@ class FSDP2Options:
     """Free each block's gathered parameters after its forward (gather again in backward)."""
     param_dtype: FSDPParamDtype | None = None
     """MixedPrecisionPolicy's compute dtype (fp32 reductions and master shards); None: fp32. Needs precision fp32."""
+    replicate: int = 1
+    """HSDP: shard within groups of world / replicate ranks and replicate across ``replicate`` such groups, FSDP2 on a
+    2-D device mesh (torchtitan's data_parallel_replicate_degree x data_parallel_shard_degree). 1: plain FSDP2."""
 
     def __post_init__(self) -> None:
         _check(
             self.reshard_after_forward in (True, False), "parallel.fsdp2.reshard_after_forward", "must be true or false"
+        )
+        _check(
+            isinstance(self.replicate, int) and self.replicate >= 1, "parallel.fsdp2.replicate", "must be an int >= 1"
         )
         dtypes = get_args(FSDPParamDtype)
         _check(

@@ -201,6 +201,11 @@ RECIPE_PRESETS: dict[str, Preset[Recipe]] = {
         Recipe(parallel=Parallel(fsdp2=FSDP2Options(reshard_after_forward=False))),
         "fsdp2 keeping the gathered parameters after forward (no second all-gather in backward)",
     ),
+    "hsdp": Preset(
+        Recipe(parallel=Parallel(fsdp2=FSDP2Options(replicate=2))),
+        "FSDP2 on a 2-D mesh (HSDP): 2 replicas, each sharded over world/2 ranks; gradients reduce-scattered within a "
+        "replica, then all-reduced across",
+    ),
     "fsdp2-bf16": Preset(
         Recipe(parallel=Parallel(fsdp2=FSDP2Options(param_dtype="bf16"))),
         "fsdp2 with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), fp32 sharded master",

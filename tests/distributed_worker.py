@@ -1,9 +1,9 @@
 """The rank side of tests/test_distributed.py, run under torchrun (one launch runs every proof: each torchrun start
 costs seconds on 2 cores). ``python -m torch.distributed.run --nproc-per-node=2 tests/distributed_worker.py
-{proofs,memory,plant-always-reshard,nodes,raise} OUT``: writes OUT/<name>.pt (rank 0, or per rank) for the test process
-to compare. ``plant-always-reshard`` measures memory with a planted regression (every FSDP2 module reshards after
-forward, whatever the recipe says), patched into this process only, for the test that proves the check catches
-it."""
+{proofs,memory,plant-always-reshard,nodes,hsdp,raise} OUT`` (``hsdp`` on 4 ranks): writes OUT/<name>.pt (rank 0, or per
+rank) for the test process to compare. ``plant-always-reshard`` measures memory with a planted regression (every FSDP2
+module reshards after forward, whatever the recipe says), patched into this process only, for the test that proves the
+check catches it."""
 
 from __future__ import annotations
 
@@ -138,12 +138,31 @@ def nodes(out: Path) -> None:
     torch.save(results, out / f"nodes-{dist.get_rank()}.pt")
 
 
+HSDP = Parallel(fsdp2=FSDP2Options(replicate=2))
+
+
+def hsdp(out: Path) -> None:
+    """On 4 ranks: DDP, FSDP2 and HSDP (2 replicas x 2 shards) trained in float32, and each one's per-rank memory."""
+    results = {
+        name: train(dataclasses.replace(BASE, parallel=parallel))
+        for name, parallel in (("ddp", DDP), ("fsdp2", FSDP2), ("hsdp", HSDP))
+    }
+    results["memory"] = {
+        name: states(dataclasses.replace(BASE, parallel=parallel))
+        for name, parallel in (("fsdp2", FSDP2), ("hsdp", HSDP))
+    }
+    results["again"] = states(dataclasses.replace(BASE, parallel=HSDP))["peak"]
+    torch.save(results, out / f"hsdp-{dist.get_rank()}.pt")
+
+
 if __name__ == "__main__":
     mode, target = sys.argv[1], Path(sys.argv[2])
     if mode == "proofs":
         proofs(target)
     elif mode == "nodes":
         nodes(target)
+    elif mode == "hsdp":
+        hsdp(target)
     elif mode == "memory":
         measure_memory(target)
     elif mode == "plant-always-reshard":

@@ -69,7 +69,8 @@ def estimate_per_rank(question: Question, world_size: int) -> RankEstimate:
 
 def _fsdp2(question: Question, world_size: int, single: Estimate, options: FSDP2Options) -> RankEstimate:
     """The larger of two moments: the forward's end and the single-process peak (early in backward)."""
-    cfg, recipe, n = question.cfg, question.recipe, world_size
+    cfg, recipe = question.cfg, question.recipe
+    n = world_size // options.replicate  # HSDP: each rank holds 1/shard of the states, the shard group's share
     pbytes = single.states[PARAMETERS] // single.num_params
     block = pbytes * sum(numel for name, numel, _ in param_shapes(cfg, recipe) if name.startswith("transformer.h.0."))
     root = single.states[PARAMETERS] - cfg.n_layer * block

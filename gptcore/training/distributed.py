@@ -82,7 +82,7 @@ def shutdown() -> None:
 def wrap(model: nn.Module, recipe: Recipe, device: torch.device) -> nn.Module:
     """Wrap a gptcore GPT for ``recipe.parallel``: DDP returns the wrapper (call it for forward); FSDP2 shards the
     model in place (fully_shard on each block, then on the root, which holds the embeddings, ln_f and lm_head)
-    and returns it."""
+    and returns it, over all ranks or, for HSDP (``replicate`` > 1), within each replica on a 2-D mesh."""
     ddp, fsdp2 = recipe.parallel.ddp, recipe.parallel.fsdp2
     if ddp is not None:
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -97,7 +97,14 @@ def wrap(model: nn.Module, recipe: Recipe, device: torch.device) -> nn.Module:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+        world, replicate = dist.get_world_size(), fsdp2.replicate
+        if world % replicate:
+            raise ValueError(f"parallel.fsdp2.replicate={replicate}: a world of {world} ranks does not divide by it")
+        mesh = (  # HSDP: replicate across dim 0, shard within dim 1
+            init_device_mesh(device.type, (replicate, world // replicate), mesh_dim_names=("replicate", "shard"))
+            if replicate > 1
+            else init_device_mesh(device.type, (world,))
+        )
         low = fsdp2.param_dtype == "bf16"
         policy = MixedPrecisionPolicy(
             param_dtype=torch.bfloat16 if low else None, reduce_dtype=torch.float32 if low else None

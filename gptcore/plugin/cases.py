@@ -151,7 +151,8 @@ def shard(config: pytest.Config, items: list[pytest.Item], hooks: CaseHooks) -> 
     for item in bench:  # the cases of one torchrun job: every recipe of a model, world size and device at once
         params = getattr(getattr(item, "callspec", None), "params", {})
         if "world" in params:
-            unit_of[item.nodeid] = f"{item.path}::{params.get('model')}-x{params['world']}-{params.get('device')}"
+            module = item.nodeid.split("::")[0]  # relative: the same name on every runner
+            unit_of[item.nodeid] = f"{module}::{params.get('model')}-x{params['world']}-{params.get('device')}"
     mine = shards.split(seconds, unit_of, n)[k - 1]
     gone = set(seconds) - set(mine)
     _deselect(config, items, gone)

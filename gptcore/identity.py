@@ -69,6 +69,20 @@ def device_name(device: Any) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
 
 
+def recording(device_type: str) -> dict[str, str | None]:
+    """What a baseline file records of the device and stack an entry was measured on: ``gate.baselines.update``'s
+    device_name, device_type, torch_version, cuda and driver."""
+    import torch
+
+    return {
+        "device_name": device_name(device_type),
+        "device_type": device_type,
+        "torch_version": torch.__version__,
+        "cuda": torch.version.cuda,
+        "driver": driver_version() if device_type == "cuda" else None,
+    }
+
+
 def git_commit(cwd: str | Path | None = None) -> str | None:
     """HEAD's sha, with '+dirty' when the working tree has changes; None outside git."""
     try:

@@ -18,7 +18,7 @@ from pathlib import Path
 from gptcore.gate import results
 from gptcore.gate.expectations import Figures
 from gptcore.gate.schema import Entry
-from gptcore.gate.session import Gate, Row
+from gptcore.gate.session import Gate
 
 NOT_MET = ": expected effect not met: "
 
@@ -105,11 +105,7 @@ def merge(paths: Sequence[str | Path], baselines_dir: str | Path = "baselines") 
 
 def _take(gate: Gate, r: results.Record, where: str, recorded: dict[str, Entry]) -> None:
     """One case of a shard into the merged run: its row, its own failures, its expected effects judged again."""
-    file = gate.load(r.slug) if r.slug else None
-    baseline = file.entries.get(r.name) if file else None
-    measured = Entry.from_json(r.entry, where) if r.entry else None
-    cells = r.row or {"verdict": r.verdict or r.outcome, "error": r.reason}
-    gate.rows.append(Row(r.name, measured, baseline, **cells))
+    measured = gate.take_record(r, where)
     own = [line for line in r.failures if NOT_MET not in line]  # what the shard could judge of the effects: again
     gate.failures += own or ([f"{r.name}: {r.reason}"] if r.outcome == "failed" and not r.failures else [])
     if r.recorded and measured is not None:

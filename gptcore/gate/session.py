@@ -20,7 +20,7 @@ from gptcore.gate.schema import BaselineError, Entry, Tolerances
 from gptcore.gate.verdicts import Verdict
 
 if TYPE_CHECKING:
-    from gptcore.gate.results import ResultsLog
+    from gptcore.gate.results import Record, ResultsLog
     from gptcore.measure.convergence import Convergence
     from gptcore.measure.runner import Measurement
 
@@ -326,11 +326,19 @@ class Gate:
         judged = self.expected.record(model, recipe, m.device.split(":")[0], figures, world)
         return [o.line for o in judged if o.status == "FAIL"]
 
+    def take_record(self, r: Record, where: str) -> Entry | None:
+        """A case from a results log into the end table as it was logged (--resume, a merge of shards): its row,
+        judged against this gate's baseline file; returns its measured entry."""
+        file = self.load(r.slug) if r.slug else None
+        baseline = file.entries.get(r.name) if file else None
+        measured = Entry.from_json(r.entry, where) if r.entry else None
+        cells = r.row or {"verdict": r.verdict or r.outcome, "error": r.reason}
+        self.rows.append(Row(r.name, measured, baseline, **cells))
+        return measured
+
     def write_updates(self) -> None:
         """Write the recorded cases into their files, merged entry by entry (the gate calls it as each case ends);
         ``recorded`` counts them per file."""
-        import torch
-
         for slug, entries in self.pending.items():
             device = "cpu" if slug == "cpu" else "cuda"
             path = self.path_for(slug)
@@ -340,17 +348,7 @@ class Gate:
                 counts[0] += added
                 counts[1] += len(skipped)
                 continue
-            baselines.update(
-                path,
-                slug,
-                entries,
-                device_name=identity.device_name(device),
-                device_type=device,
-                torch_version=torch.__version__,
-                cuda=torch.version.cuda,
-                driver=identity.driver_version() if device == "cuda" else None,
-                commit=identity.git_commit(self.root),
-            )
+            baselines.update(path, slug, entries, **identity.recording(device), commit=identity.git_commit(self.root))
             counts[0] += len(entries)
         self.pending.clear()
 

@@ -12,7 +12,7 @@ from gptcore import identity
 from gptcore.gate import plan, results, shards
 from gptcore.gate.results import Plan, Record
 from gptcore.gate.schema import BaselineError, Entry
-from gptcore.gate.session import Gate, Row
+from gptcore.gate.session import Gate
 from gptcore.plugin.options import GATE, under_xdist
 
 
@@ -188,11 +188,7 @@ def _resume(gate: Gate, records: list[Record], log: Path) -> set[str]:
     node ids: --resume runs them no more. A resumed failure fails this run too (the verdict is the union's)."""
     done = {nodeid: r for nodeid, r in results.latest(records).items() if r.outcome in results.FINISHED}
     for nodeid, r in done.items():
-        file = gate.load(r.slug) if r.slug else None
-        baseline = file.entries.get(r.name) if file else None
-        measured = Entry.from_json(r.entry, f"{log}: {nodeid}") if r.entry else None
-        cells = r.row or {"verdict": r.verdict or r.outcome, "error": r.reason}
-        gate.rows.append(Row(r.name, measured, baseline, **cells))
+        gate.take_record(r, f"{log}: {nodeid}")
         gate.failures += r.failures or ([f"{r.name}: {r.reason}"] if r.outcome == "failed" else [])
         gate.resumed_failed |= r.outcome == "failed"
     gate.resumed = list(done)
@@ -201,15 +197,6 @@ def _resume(gate: Gate, records: list[Record], log: Path) -> set[str]:
 
 def plan_of(config: pytest.Config, shard: tuple[int, int], cases: list[str]) -> Plan:
     """A shard's plan: its cases, and the device, commit and versions its recorded entries carry."""
-    import torch
-
     slug = identity.session_slug()
-    device = "cpu" if slug == "cpu" else "cuda"
-    recording = {
-        "device_name": identity.device_name(device),
-        "device_type": device,
-        "torch_version": torch.__version__,
-        "cuda": torch.version.cuda,
-        "driver": identity.driver_version() if device == "cuda" else None,
-    }
+    recording = identity.recording("cpu" if slug == "cpu" else "cuda")
     return Plan(shard, cases, slug, identity.git_commit(config.rootpath) or "", recording)

@@ -18,10 +18,9 @@ Bounds:
 * tokens/s, ``higher``: the median above the reference's.
 
 Speed expectations apply on a GPU only: CPU tokens/s is reported, not gated (a shared 2-core machine's timings
-move by 1.5-2x). A peak that is not measured (a compiled case on CPU, where the tracker cannot see inside
-inductor's kernels) is reported as such. Gradient accumulation's other claim, the loss of the large batch, is
-proven exactly in ``tests/test_train.py`` on the same data; the benchmarks draw each micro-batch separately, so
-their losses are not comparable case to case.
+move by 1.5-2x). A peak that is not measured (a case that failed) is reported as such. Gradient accumulation's
+other claim, the loss of the large batch, is proven exactly in ``tests/test_train.py`` on the same data; the
+benchmarks draw each micro-batch separately, so their losses are not comparable case to case.
 """
 
 from __future__ import annotations

@@ -5,11 +5,11 @@ A case is (GPTConfig, Recipe, device): :class:`CaseRunner` builds a fresh Traine
 times ``steps_per_round`` optimizer steps. :func:`run_case` strings it together; a benchmark hands ``round`` to
 ``benchmark.pedantic`` instead of the plain loop so that pytest-benchmark keeps its own statistics too.
 
-Peak memory: on CUDA the caching allocator's peaks over the timed rounds (stats reset after the warm-up); on CPU
-the peak of live tensor bytes over the case's first two steps, run under the tracker
-(:func:`gptcore.memory.track_training`) as the first steps of its warm-up, so that tracking never slows the timed
-steps and costs no steps of its own. That figure is exact and deterministic: the same as a tracked pass of its
-own on a fresh Trainer (``cpu_peak``), byte for byte.
+Peak memory: on CUDA the caching allocator's peaks over the timed rounds (stats reset after the warm-up). On CPU
+the CPU allocator's own count over the case's first two steps (:mod:`gptcore.measure.cpu_peak`), the first steps
+of its warm-up, so that measuring never slows the timed steps and costs no steps of its own. It sees compiled code
+too; an eager case has the tracker's breakdown beside it. The figure is exact and deterministic: the same as a
+pass of its own on a fresh Trainer (``cpu_peak_bytes``), byte for byte.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import torch
 from gptcore.config import GPTConfig, Recipe
 from gptcore.measure.clocks import BUSY_SHARE, Clocks, Sample, open_clocks
 from gptcore.measure.clocks import summary as clock_summary
+from gptcore.measure.cpu_peak import TRACKED_STEPS, cpu_peak, measured_steps
 from gptcore.measure.timing import (
     CALIBRATION_SPREAD,
     StepTimer,
@@ -33,12 +34,7 @@ from gptcore.measure.timing import (
     throughput,
 )
 from gptcore.measure.work import compile_stats, count_step
-from gptcore.memory.tracker import track_training
-
-TRACKED_STEPS = 2
-"""CPU: the steps whose peak is measured, the first of every eager case (two, so that optimizer state exists during
-the second)."""
-
+from gptcore.memory import allocator
 
 # -- one case ------------------------------------------------------------------------------------------------------
 
@@ -139,22 +135,26 @@ class CaseRunner:
         )
 
     def prepare(self) -> None:
-        """Build the Trainer and run the warm-up steps; then reset the CUDA peak-memory stats. On CPU an eager
-        recipe's first ``TRACKED_STEPS`` steps run under the tracker for the peak (warm-up of at least that many)."""
+        """Build the Trainer and run the warm-up steps; then reset the CUDA peak-memory stats. On CPU the first
+        ``TRACKED_STEPS`` steps are measured for the peak (a warm-up of at least that many). Raises
+        ``allocator.Unavailable`` where the CPU allocator cannot be counted."""
         from gptcore.training.trainer import Trainer
 
+        if self.device.type == "cpu":
+            allocator.install()  # before the Trainer: every allocation of the case is counted
         with compile_stats() as self.compiled:  # compilation happens while building and warming up
             t0 = time.perf_counter()
             self.trainer = Trainer(self.cfg, self.recipe, self.device)
             self.m.setup_seconds = time.perf_counter() - t0
             t0 = time.perf_counter()
             steps = self.warmup
-            # the tracker cannot see compiled kernels; under FSDP2 it follows the storage resizes of the gathered
-            # parameters, which the tracked ranks' arithmetic does not survive (measured: a NaN loss), so several
-            # ranks track a Trainer of their own in finish()
-            if self.device.type == "cpu" and not self.recipe.compile and self.trainer.rank.world_size == 1:
-                report = track_training(self.trainer, TRACKED_STEPS, take_step=self._tracked_step)
-                self.m.peak_allocated_bytes, self.m.peak_by_category = report.peak_bytes, dict(report.by_category)
+            # under FSDP2 the tracker follows the storage resizes of the gathered parameters, which the tracked
+            # ranks' arithmetic does not survive (measured: a NaN loss), so several ranks track a Trainer of their
+            # own in finish()
+            if self.device.type == "cpu" and self.trainer.rank.world_size == 1:
+                self.m.peak_allocated_bytes, self.m.peak_by_category = measured_steps(
+                    self.trainer, TRACKED_STEPS, self._tracked_step
+                )
                 self._tracked = True
                 steps -= TRACKED_STEPS
             for _ in range(steps):
@@ -297,19 +297,6 @@ class CaseRunner:
             )
 
 
-def cpu_peak(cfg: GPTConfig, recipe: Recipe, steps: int = TRACKED_STEPS):
-    """Peak live tensor bytes of ``steps`` training steps on CPU, tracked on a fresh Trainer (exact), and what was
-    live at it by category (a memory.categories.PeakReport)."""
-    from gptcore.training.trainer import Trainer
-
-    return track_training(Trainer(cfg, recipe, "cpu"), steps=steps)
-
-
-def cpu_peak_bytes(cfg: GPTConfig, recipe: Recipe, steps: int = TRACKED_STEPS) -> int:
-    """Peak live tensor bytes of ``steps`` training steps on CPU, tracked on a fresh Trainer (exact)."""
-    return cpu_peak(cfg, recipe, steps).peak_bytes
-
-
 TimedLoop = Callable[[Callable[[], None], int, Callable[[], None]], None]
 """timed_loop(round_fn, rounds, between): run ``round_fn`` ``rounds`` times, ``between`` before each, untimed."""
 
@@ -354,6 +341,8 @@ def run_case(
     try:
         runner.prepare()
         (timed_loop or _plain_loop)(runner.round, rounds, runner.calibrate)
+    except allocator.Unavailable as err:  # a CPU case without its peak: failed, in one line
+        runner.m.error = str(err)
     except Exception as err:  # only an OOM, also one raised while compiling, is handled
         if (oom := out_of_memory_in(err)) is None:
             raise

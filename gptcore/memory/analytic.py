@@ -65,7 +65,7 @@ def resolve(
         budget = f" and activation memory budget {recipe.memory_budget}" if recipe.memory_budget is not None else ""
         notes.append(
             f"compile: the eager equivalent; inductor's fusion{budget} usually lower the real peak "
-            "(the tracker cannot see inside compiled kernels)"
+            "(measured on CPU by the allocator's count: the CPU tier)"
         )
         recipe = dataclasses.replace(recipe, compile=False, compile_scope="model", memory_budget=None)
     if device == "cpu" and (recipe.precision == "tf32" or recipe.attention == "flash"):

@@ -5,6 +5,9 @@ Categories: parameters, buffers, gradients (tensors that become ``.grad``, from 
 weight copies (autocast's low-precision copies of weights and biases), activations (allocated by the forward up
 to the lm_head), logits and loss (the lm_head on), recomputed activations (checkpointing's, in backward), backward
 temporaries, optimizer temporaries (AdamW's 0-dim step counts land here), other (the step's token ids, scalars).
+Two more come from the CPU allocator's count (``allocator``), where the tracker cannot see: untracked (the bytes
+it counted at an eager step's peak beyond the tracker's: a kernel's scratch, Python numbers autograd keeps) and
+compiled step (everything a compiled step holds beyond its parameters and buffers).
 No torch here: the estimate is arithmetic.
 """
 
@@ -26,6 +29,8 @@ CATEGORIES: tuple[str, ...] = (
     "backward temporaries",
     "optimizer temporaries",
     "other",
+    "untracked",
+    "compiled step",
 )
 
 (
@@ -40,6 +45,8 @@ CATEGORIES: tuple[str, ...] = (
     BACKWARD_TEMPORARIES,
     OPTIMIZER_TEMPORARIES,
     OTHER,
+    UNTRACKED,
+    COMPILED_STEP,
 ) = CATEGORIES
 
 #: what an untagged new storage is, by the phase that allocated it

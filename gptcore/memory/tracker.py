@@ -8,11 +8,15 @@ the training hooks of ``phases``; autocast's copies of parameters are weight cop
 from the lm_head on is logits and loss; what backward allocates with grad enabled inside the autograd engine
 (checkpoint's recomputation) is recomputed activations; everything else is named after the phase that allocated
 it. On CUDA, sizes round up to the caching allocator's 512-byte blocks, as max_memory_allocated counts them.
-Not seen: memory allocated inside compiled (inductor) kernels and inside single fused C++ kernels.
+Not seen: what never passes the dispatcher. That is inductor's compiled code (its wrapper allocates its buffers
+directly), a kernel's own scratch, and the Python numbers the argument parser wraps as 8-byte tensors, which
+autograd may keep for backward (``x * 0.5``). The CPU allocator's count (``allocator``) sees them all; on CPU it is
+the peak a case records, and this tracker's breakdown explains it.
 
-Two things happen outside the dispatcher, and the tracker follows both while it is active, so that the peak is
-the same on every run:
+Three things happen outside the dispatcher, and the tracker follows them while it is active:
 
+* ``torch.get_rng_state()`` makes a tensor of the CPU generator's state (5,056 bytes), which non-reentrant
+  checkpointing keeps for each checkpointed block until its recomputation;
 * a storage resized in place (``untyped_storage().resize_``, FSDP2's free and re-allocation of a gathered
   parameter) ends its old allocation and starts one of the new size, in the same category;
 * a c10d collective (every ``torch.ops.c10d`` op: ``torch.distributed``'s all-gather, reduce-scatter,
@@ -20,8 +24,9 @@ the same on every run:
   reduce-scatters; and the functional collectives DTensor uses) runs on private, untracked copies of its tensors
   and completes before it returns; its results are copied into the caller's tensors. The backend's threads (gloo's)
   therefore never hold the last reference to a tracked storage, and every tracked storage is freed in the
-  program's own order. Without this the free of a collective's buffer lands wherever gloo's thread happens to drop
-  it (measured: DDP's 4-byte bucket-count broadcast at step 2 was sometimes still live at the peak under load).
+  program's own order, so that the peak is the same on every run. Without this the free of a collective's buffer
+  lands wherever gloo's thread happens to drop it (measured: DDP's 4-byte bucket-count broadcast at step 2 was
+  sometimes still live at the peak under load).
 """
 
 from __future__ import annotations
@@ -232,13 +237,22 @@ def _outside_the_dispatcher(tracker: LiveBytes) -> Iterator[None]:
             finally:
                 tracker.waiting -= 1
 
+    original_get_rng_state = torch.get_rng_state
+
+    def get_rng_state() -> torch.Tensor:  # a tensor made outside the dispatcher, which checkpoint keeps per block
+        state = original_get_rng_state()
+        tracker.track(state)
+        return state
+
     torch.UntypedStorage.resize_ = resize_
+    torch.get_rng_state = get_rng_state
     if work is not None:
         work.wait = wait
     try:
         yield
     finally:
         del torch.UntypedStorage.resize_  # back to the C method it inherits
+        torch.get_rng_state = original_get_rng_state
         if work is not None:
             work.wait = original_wait
 
@@ -354,21 +368,28 @@ def track_training(
 ) -> PeakReport:
     """Run ``steps`` optimizer steps of ``trainer`` (a gptcore Trainer) under the tracker and report the peak.
     Two steps are the default so that optimizer state exists during the second. Not for compiled recipes.
-    ``batches``: the full (x, y) batch of each step, consumed (default: ``steps`` batches drawn from the
-    trainer's data); ``tracker``: the LiveBytes to use (default: a new one, rounding to 512 bytes on CUDA).
-    The simulation passes both to run this same loop on fake tensors. ``take_step``: what takes one step of a batch
-    (default: ``trainer.step``; a benchmark case passes its own, which keeps the loss it reads)."""
+    ``batches``: the full (x, y) batch of each step, consumed (default: each step's batch drawn from the
+    trainer's data just before it, counted from then); ``tracker``: the LiveBytes to use (default: a new one,
+    rounding to 512 bytes on CUDA). The simulation passes both to run this same loop on fake tensors.
+    ``take_step``: what takes one step of a batch (default: ``trainer.step``; a benchmark case passes its own,
+    which keeps the loss it reads)."""
     if trainer.recipe.compile:
         raise ValueError("compile: the storage tracker cannot see inside compiled kernels; track an eager recipe")
     if tracker is None:
         tracker = LiveBytes(round_to=512 if trainer.device.type == "cuda" else 1)
-    if batches is None:
-        micro = [trainer._next_batch() for _ in range(steps * trainer.accum)]  # made outside: not counted
-        k = trainer.accum
-        per_step = [micro[i * k : (i + 1) * k] for i in range(steps)]
-        batches = [(torch.cat([x for x, _ in step]), torch.cat([y for _, y in step])) for step in per_step]
     with phases(tracker, trainer.model, trainer.optimizers), tracker:
-        for step in range(len(batches)):
+        for step in range(steps if batches is None else len(batches)):
             tracker.step = step + 1
-            (take_step or trainer.step)(batches.pop(0))  # popped: a step's batch dies after it, as in a training loop
+            # a step's batch dies after it, as in a training loop: no name here holds it
+            (take_step or trainer.step)(batches.pop(0) if batches is not None else _batch_of(trainer, tracker))
     return tracker.report()
+
+
+def _batch_of(trainer, tracker: LiveBytes) -> tuple[torch.Tensor, torch.Tensor]:
+    """The next step's batch (``Trainer.step_batch``), made just before its step out of the tracker's sight and
+    counted from then on as the step's data (category other); the CPU allocator counts it from the same moment."""
+    with no_dispatch():
+        batch = trainer.step_batch()
+    for t in batch:
+        tracker.track(t)
+    return batch

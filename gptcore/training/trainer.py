@@ -252,6 +252,12 @@ class Trainer:
             self.corpus, split, self.micro_batch * self.rank.world_size, self.cfg.block_size, self.recipe.seed
         )
 
+    def step_batch(self) -> Batch:
+        """The next optimizer step's whole batch from the training data: its ``grad_accum_steps`` micro-batches
+        joined, which ``step(batch)`` splits again (the same tokens as ``step()`` would draw)."""
+        micro = [self._next_batch() for _ in range(self.accum)]
+        return torch.cat([x for x, _ in micro]), torch.cat([y for _, y in micro])
+
     def _next_batch(self) -> Batch:
         if self._batches is None:
             loader = make_loader(self.batches("train"), num_workers=self.recipe.num_workers, pin_memory=self._pin)

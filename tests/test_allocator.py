@@ -180,3 +180,20 @@ def test_a_memory_budget_that_silently_stops_saving_fails_the_cpu_tier(
     result.assert_outcomes(failed=1)
     # the compiled step now holds every activation: its peak is the plain compile's, 39% over the budget's
     result.stdout.fnmatch_lines(["*test_cpu_recipes?cpu-small-budget-0.05?: peak memory +38.7%*compiled step*"])
+
+
+def test_without_a_compiler_a_cpu_case_fails_in_one_line_that_says_so(tmp_path, monkeypatch) -> None:
+    from gptcore.measure import runner
+
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    with pytest.raises(allocator.Unavailable) as raised:
+        allocator._build(tmp_path / "counting.so")
+    line = str(raised.value)
+    assert "\n" not in line and line.startswith("no C++ compiler") and line.endswith("install g++ or set $CXX")
+
+    def unavailable() -> None:
+        raise allocator.Unavailable(line)
+
+    monkeypatch.setattr(allocator, "install", unavailable)
+    m = runner.run_case(get_model("cpu-small"), RECIPES["fp32"], "cpu", warmup=2, rounds=1, steps_per_round=1)
+    assert m.error == line and m.peak_allocated_bytes is None  # a failed case with its reason; the rest goes on

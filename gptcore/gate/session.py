@@ -271,7 +271,13 @@ class Gate:
             "recorded": False,
         }
         if error:
-            what = "out of memory" if error.startswith("out of memory") else "not finite"
+            what = (
+                "out of memory"
+                if "out of memory" in error
+                else "not finite"
+                if error == _not_finite(measured)
+                else "cannot run here"  # e.g. no C++ compiler to count the CPU allocator with
+            )
             self._row(node, Row(node.name, measured, baseline, f"FAIL: {what}", estimate, error))
             return None
         if self.update or (self.update_loss and device_type == "cpu"):

@@ -87,7 +87,7 @@ def bench(where: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "pytest", str(ROOT / "bench"), "-m", "cpu", "-k", FOUR, "-p", "no:cacheprovider",
          *TIMING, "--update-baselines", "--baselines-dir", str(where / "baselines"),
-         "--results-log", str(where / "run.jsonl"), *args],
+         "--results-log", str(where / "run.jsonl"), "--benchmark-json", str(where / "bench.json"), *args],
         cwd=where, env=child_env(), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
 
@@ -175,3 +175,41 @@ def test_a_missing_or_cut_shard_fails_and_is_named_and_foreign_logs_are_refused(
     assert "logs of different commits" in foreign.stderr
     alone = merge_cli(str(one / "run.jsonl"))
     assert alone.returncode == 2 and "not a shard's results log" in alone.stderr
+
+
+@pytest.mark.slow  # reads the module's shards
+def test_the_shards_pytest_benchmark_runs_are_saved_as_one_run_that_history_reads(one_and_three, tmp_path):
+    """What gpu.yml's merge job does with the shards' --benchmark-json: one saved run of the device, per commit, so
+    that history and the next --benchmark-compare see every case at every commit whichever runner ran it."""
+    import dataclasses
+    import json
+
+    from gptcore import storage
+    from gptcore.gate import results
+    from gptcore.gate.merge import MergeError, save_run
+
+    _, shards_ = one_and_three
+    plan = dataclasses.replace(results.read_plan(shards_[0] / "run.jsonl"), commit="a" * 40)
+    jsons = []
+    for k, shard in enumerate(shards_, 1):  # as written in a checkout at commit aaaa... (these ran outside git)
+        run = json.loads((shard / "bench.json").read_text())
+        run["commit_info"].update(id="a" * 40, dirty=False)
+        jsons.append(tmp_path / f"shard-{k}.json")
+        jsons[-1].write_text(json.dumps(run))
+    where = tmp_path / "storage"
+    first = save_run(jsons, where, plan)
+    assert first.parent.parent == where / "cpu" and first.name.startswith("0001_" + "a" * 40 + "_")
+    saved = storage.read(where)
+    [run] = saved.runs
+    assert run.commit == "a" * 40 and saved.device == "cpu"
+    names = sorted(b["name"] for b in run.benchmarks)
+    assert len(names) == 4 == len(set(names))  # every case of the three shards, once
+    assert len(run.data["machine_info"]["shards"]) == 3
+    assert save_run(jsons, where, plan).name.startswith("0002_")  # the next run appends
+    with pytest.raises(MergeError, match="2 pytest-benchmark JSON for 3 shards"):
+        save_run(jsons[:2], where, plan)
+    with pytest.raises(MergeError, match=" in .*shard-1.json and .*shard-1.json"):
+        save_run([jsons[0], jsons[0], jsons[1]], where, plan)
+    with pytest.raises(MergeError, match="not the shards' cpu at bbbb"):
+        save_run(jsons, where, dataclasses.replace(plan, commit="b" * 40))
+    assert len(storage.read(where).runs) == 2  # a refused run writes nothing

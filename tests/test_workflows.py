@@ -176,3 +176,19 @@ def test_torch_upgrade_writes_what_moved_to_the_job_summary() -> None:
     # the tier's verdict: --gate-markdown writes it, and the plugin appends it to $GITHUB_STEP_SUMMARY
     plugin = (WORKFLOWS.parent.parent / "gptcore" / "plugin" / "end.py").read_text()
     assert 'os.environ.get("GITHUB_STEP_SUMMARY"), "a"' in plugin
+
+
+def test_the_merged_run_is_the_devices_one_saved_run_and_every_job_reads_the_same_history() -> None:
+    gpu = load("gpu.yml")
+    assert "--benchmark-autosave" not in runs(gpu, "shard")  # a shard's cases alone are not a run of the device
+    merge = " ".join(runs(gpu, "merge").split())
+    assert "--benchmark-json out/gpu-bench-*.json --benchmark-storage .benchmarks" in merge
+    for job in ("shard", "merge"):  # the history the shards compare against is the one the merge appends to
+        restore = next(s for s in steps(gpu, job) if s.get("uses", "").startswith("actions/cache/restore"))
+        assert restore["with"]["path"] == ".benchmarks" and restore["with"]["restore-keys"] == "gpu-bench-history-"
+    merge_steps = steps(gpu, "merge")
+    names = [s.get("uses", s.get("run", "")) for s in merge_steps]
+    save = next(s for s in merge_steps if s.get("uses", "").startswith("actions/cache/save"))
+    assert names.index(save["uses"]) > next(i for i, n in enumerate(names) if "gptcore merge" in n)
+    assert save["if"].startswith("always()") and save["with"]["path"] == ".benchmarks"
+    assert save["with"]["key"].startswith("gpu-bench-history-") and "github.run_attempt" in save["with"]["key"]

@@ -1,6 +1,7 @@
 """``merge``: the results logs of a run's shards (``--shard K/N``) as one run: the end table and the markdown verdict
-a single run would give, the recorded entries merged into the baseline files; exit 1 when a shard failed a case,
-left no results or was cut short."""
+a single run would give, the recorded entries merged into the baseline files, and the shards' pytest-benchmark JSON
+saved as one run of the device (history); exit 1 when a shard failed a case, left no results or was cut short, or
+the run could not be saved whole."""
 
 from __future__ import annotations
 
@@ -22,11 +23,25 @@ def setup_arguments(parser: argparse.ArgumentParser) -> None:
         help="the baseline files to judge against and to record the shards' recorded entries into (default baselines)",
     )
     parser.add_argument("--gate-markdown", metavar="FILE", default=None, help="write the verdict as markdown to FILE")
+    parser.add_argument(
+        "--benchmark-json",
+        metavar="FILE",
+        nargs="+",
+        default=None,
+        help="each shard's pytest-benchmark JSON (--benchmark-json): saved together as one run of the device",
+    )
+    parser.add_argument(
+        "--benchmark-storage",
+        metavar="DIR",
+        default=".benchmarks",
+        help="where the merged run is saved, under DIR/<device>/<machine id>, as --benchmark-autosave saves a run "
+        "(default .benchmarks, the storage the gate reads)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from gptcore.gate import baselines
-    from gptcore.gate.merge import MergeError, merge
+    from gptcore.gate.merge import MergeError, merge, save_run
     from gptcore.gate.schema import BaselineError
     from gptcore.gate.summary import end_lines, gate_markdown
 
@@ -41,6 +56,14 @@ def run(args: argparse.Namespace) -> int:
         recording = merged.plan.recording
         baselines.update(path, merged.plan.slug, merged.recorded, **recording, commit=merged.plan.commit)
         notes.append(f"baselines: recorded {len(merged.recorded)} case(s) from the shards into {path}")
+    if args.benchmark_json:
+        try:
+            saved = save_run(args.benchmark_json, args.benchmark_storage, merged.plan)
+        except MergeError as err:
+            notes.append(f"FAIL: history: the merged run was not saved: {err}")
+            merged.problems.append(str(err))
+        else:
+            notes.append(f"history: the {len(args.benchmark_json)} shards saved as one run, {saved}")
     print("\n".join(end_lines(gate, notes)))
     if args.gate_markdown:
         try:

@@ -7,12 +7,19 @@ Each shard's log starts with its plan (gptcore.gate.results.Plan): the merge nam
 fails on any of them; logs of different devices, commits or splits are refused with one line. The expected effects
 are judged again over every shard's cases, in the order of the shards' plans, since a claim and its reference may
 have run on different runners.
+
+The shards' pytest-benchmark JSON (``--benchmark-json``) become one saved run of the device (``save_run``), so that
+``history``, the report and the next run's ``--benchmark-compare`` read one run per commit, whichever runner ran
+which case.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from gptcore.gate import results
@@ -114,3 +121,47 @@ def _take(gate: Gate, r: results.Record, where: str, recorded: dict[str, Entry])
         e = r.effect
         judged = gate.expected.record(e["model"], e["recipe"], e["device"], Figures(*e["figures"]), e["world"])
         gate.failures += [f"{r.name}{NOT_MET}{o.line}" for o in judged if o.status == "FAIL"]
+
+
+def save_run(paths: Sequence[str | Path], storage: str | Path, plan: results.Plan) -> Path:
+    """The shards' pytest-benchmark JSON at ``paths`` as one saved run of the plan's device: the next
+    ``NNNN_<commit>_<time>.json`` under ``storage``/<device>/<machine id>, written by pytest-benchmark's own
+    FileStorage as ``--benchmark-autosave`` names it. One JSON per shard of the plan, of its commit and device, no
+    case in two of them; MergeError (one line) otherwise, and nothing is written."""
+    from pytest_benchmark.storage.file import FileStorage
+    from pytest_benchmark.utils import get_machine_id
+
+    runs = []
+    for path in map(Path, paths):
+        try:
+            runs.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as err:
+            raise MergeError(f"{path}: not a pytest-benchmark JSON ({err})") from None
+    if len(runs) != plan.shard[1]:
+        raise MergeError(f"{len(runs)} pytest-benchmark JSON for {plan.shard[1]} shards: a run is saved whole or not")
+    commit = plan.commit.removesuffix("+dirty")  # pytest-benchmark keeps the flag apart, as commit_info.dirty
+    for path, run in zip(paths, runs):
+        theirs, slug = run.get("commit_info", {}).get("id"), run.get("machine_info", {}).get("device_slug")
+        if (theirs, slug) != (commit, plan.slug):
+            raise MergeError(f"{path}: {slug} at {theirs}, not the shards' {plan.slug} at {commit}")
+    seen: dict[str, Path] = {}
+    for path, run in zip(paths, runs):
+        for bench in run.get("benchmarks") or []:
+            if bench["fullname"] in seen:
+                raise MergeError(f"{bench['fullname']}: in {seen[bench['fullname']]} and {path}")
+            seen[bench["fullname"]] = Path(path)
+    first = runs[0]
+    merged = {
+        **first,
+        "machine_info": {**first["machine_info"], "shards": [r["machine_info"].get("node") for r in runs]},
+        "benchmarks": sorted((b for r in runs for b in r["benchmarks"]), key=lambda b: b["fullname"]),
+    }
+    when = min(datetime.fromisoformat(r["datetime"]) for r in runs)  # the run's start: its first shard's
+    name = "_".join(
+        [commit, when.strftime("%Y%m%d_%H%M%S")]
+        + (["uncommitted-changes"] if first["commit_info"].get("dirty") else [])
+    )
+    files = FileStorage(Path(storage) / plan.slug, logging.getLogger(__name__), default_machine_id=get_machine_id())
+    target = files.get(f"{files._next_num}_{name}.json")
+    files.save(merged, name)
+    return target

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import gc
-import os
 import shutil
 
 import pytest
@@ -26,7 +25,7 @@ from gptcore.memory.categories import UNTRACKED
 from gptcore.memory.tracker import LiveBytes
 from gptcore.presets import RECIPES, STUDIES, get_model
 from gptcore.training.trainer import Trainer
-from tests.test_gate import ENV_DROP, ENV_SET, ROOT
+from tests.test_gate import ROOT, plant_plugins
 
 pytestmark = pytest.mark.cpu
 pytest_plugins = ["pytester"]
@@ -155,12 +154,7 @@ def test_a_memory_budget_that_silently_stops_saving_fails_the_cpu_tier(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gc.enable()
-    for key in ENV_DROP:
-        monkeypatch.delenv(key, raising=False)
-    for key, value in ENV_SET.items():
-        monkeypatch.setenv(key, value)
-    pytester.makepyfile(plant_no_budget=PLANTED_NO_BUDGET)  # a plugin of the child run only
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    plant_plugins(pytester, monkeypatch, plant_no_budget=PLANTED_NO_BUDGET)  # a plugin of the child run only
     where = pytester.path / "baselines"
     where.mkdir()
     shutil.copy(ROOT / "baselines" / "cpu.json", where / "cpu.json")  # the recorded baselines, as CI has them

@@ -5,14 +5,13 @@ code)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 
 import pytest
 
 from gptcore.gate.expectations import EXPECTATIONS, Expectation, Figures, Session, judge_effect
 from gptcore.presets import RECIPES, STUDIES
-from tests.test_gate import ENV_DROP, ENV_SET, ROOT
+from tests.test_gate import ROOT, plant_plugins
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.cpu
@@ -134,13 +133,7 @@ RECIPES_QUICK = [
 def test_a_broken_optimization_fails_its_expectation_even_against_a_baseline_recorded_broken(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for key in ENV_DROP:
-        monkeypatch.delenv(key, raising=False)
-    for key, value in ENV_SET.items():
-        monkeypatch.setenv(key, value)
-    pytester.makepyfile(plant_no_checkpoint=PLANTED_NO_CHECKPOINT)  # a plugin of the child runs only
-    # the plugin imports gptcore before the conftest puts the repository on sys.path: name this checkout first
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    plant_plugins(pytester, monkeypatch, plant_no_checkpoint=PLANTED_NO_CHECKPOINT)  # a plugin of the child runs only
     where = pytester.path / "baselines"
     pytester.runpytest_subprocess(*RECIPES_QUICK, "--baselines-dir", str(where), "--update-baselines", timeout=300)
     recorded = json.loads((where / "cpu.json").read_text())["benchmarks"]

@@ -10,14 +10,18 @@ micro-batch, adjusted for what DDP or FSDP2 adds and shards.
   backward; with ``reshard_after_forward`` the blocks' full parameters only while they run (in backward the
   current block, the next one's flat all-gather buffer in flight beside it), without it every block's full
   parameters from its forward to the end of backward; one block's flat all-gather buffer at the end of the
-  forward, and in backward where a resharded block is gathered again. The peak is the larger of the two moments,
-  each so adjusted.
+  forward, and in backward where a resharded block is gathered again; with resharding, in backward the root's and
+  one block's gradients, unsharded until their reduce-scatter. The peak is the largest of three moments, each so
+  adjusted: the forward's end, backward's start (the forward's end with backward's first gradients) and the
+  single-process peak.
 
 Measured against the tracker (which follows FSDP2's storage resizes and runs collectives in program order, so
 its peak is the same on every run): DDP matches to 8 bytes and FSDP2 without resharding to FSDP2's dim-0 padding
 (at most one row per parameter per rank). With resharding the estimate is an upper bound: it places one unsharded
 block and the next one's buffer at the start of backward, where every activation is still live, while the real
-peak comes inside the last block's backward, after part of that block's activations is freed.
+peak comes inside the last block's backward, after part of that block's activations is freed. That holds at 2
+ranks and at 4 (FSDP2, and HSDP's 2 replicas x 2 shards), where a micro-batch of 2 rows puts the single-process
+peak in the optimizer step but the sharded one in backward.
 """
 
 from __future__ import annotations
@@ -77,14 +81,23 @@ def _fsdp2(question: Question, world_size: int, single: Estimate, options: FSDP2
     # resharded blocks are unsharded one at a time (the next one's all-gather buffer in flight beside it)
     blocks = cfg.n_layer if not options.reshard_after_forward else 1
     moments = {}
-    for moment, live in (("forward end", single.at_forward_end), ("peak", single.by_category)):
+    for moment, live in (
+        ("forward end", single.at_forward_end),
+        ("backward", single.at_forward_end),
+        ("peak", single.by_category),
+    ):
         adjust = {
             f"{c} sharded 1/{n}": -round(live.get(c, 0) * (1 - 1 / n)) for c in (PARAMETERS, OPTIMIZER_STATE, GRADIENTS)
         }
         adjust["root parameters unsharded"] = root
         adjust[f"{blocks} block(s) of parameters unsharded"] = blocks * block
-        if moment == "forward end" or options.reshard_after_forward:  # backward gathers again only after a reshard
+        if moment != "peak" or options.reshard_after_forward:  # backward gathers again only after a reshard
             adjust["one block's all-gather buffer"] = block
+        if moment == "backward" and options.reshard_after_forward:
+            # backward's first gradients, unsharded until their reduce-scatter: the root's (reduced at the end of
+            # backward) and the block being differentiated, while every activation is still counted live
+            adjust["root gradients unsharded"] = root
+            adjust["one block's gradients unsharded"] = block
         moments[moment] = (sum(live.values()) + sum(adjust.values()), adjust)
     total, adjust = max(moments.values(), key=lambda m: m[0])
     return RankEstimate(total_bytes=total, world_size=world_size, single=single, adjustments=adjust)

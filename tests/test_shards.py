@@ -3,6 +3,7 @@ the cases of one torchrun job together, and every case in exactly one shard."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -213,3 +214,41 @@ def test_the_shards_pytest_benchmark_runs_are_saved_as_one_run_that_history_read
     with pytest.raises(MergeError, match="not the shards' cpu at bbbb"):
         save_run(jsons, where, dataclasses.replace(plan, commit="b" * 40))
     assert len(storage.read(where).runs) == 2  # a refused run writes nothing
+
+
+WHOLE = ROOT / "tests" / "data" / "whole-tier-shards"
+"""The CPU tier (37 cases) run once (one.jsonl) and as three shards (shard-K.jsonl), one after another on one machine
+at 2607fdd (AMD EPYC family 25 model 1, torch 2.13.0+cpu: docs/gate.md), with the baselines both were judged against
+(cpu.json). Running the tier four times here would add about six minutes; the four cases above are run live."""
+EXACT = ("peak_allocated_bytes", "peak_by_category", "loss", "loss_step", "work")
+
+
+def test_the_whole_cpu_tier_as_three_shards_merges_into_the_one_runs_verdicts_and_exact_figures(tmp_path):
+    from gptcore.gate import results
+
+    shutil.copy(WHOLE / "cpu.json", tmp_path / "cpu.json")
+    logs = [str(WHOLE / f"shard-{k}.jsonl") for k in (1, 2, 3)]
+    merged = merge_cli(*logs, "--baselines-dir", str(tmp_path))
+    assert merged.returncode == 0, merged.stdout + merged.stderr
+    assert "merged 3 of 3 shard(s): 37 case(s)" in merged.stdout
+    single = results.latest(results.read(WHOLE / "one.jsonl"))
+    shards_: dict[str, results.Record] = {}
+    for log in logs:
+        shards_.update(results.latest(results.read(log)))
+    assert set(shards_) == set(single) and len(single) == 37  # every case of the tier, once
+    for log in logs:  # the torchrun job's three cases in one shard
+        assert sum("test_distributed" in n for n in results.latest(results.read(log))) in (0, 3)
+    for nodeid, one in single.items():
+        part = shards_[nodeid]
+        assert part.verdict == one.verdict, nodeid
+        assert {k: part.entry.get(k) for k in EXACT} == {k: one.entry.get(k) for k in EXACT}, nodeid
+        if one.entry.get("convergence"):  # a whole training run: every loss the same, its wall clock apart
+            a, b = dict(one.entry["convergence"]), dict(part.entry["convergence"])
+            a.pop("seconds"), b.pop("seconds")
+            assert a == b, nodeid
+        line = next(line for line in merged.stdout.splitlines() if line.strip().startswith(one.name + " "))
+        assert line.rstrip().endswith(one.verdict), line
+    # the expected effects judged again over the shards, as the one run judged them: the recipe study's 9, three
+    # per model of the shape study's 4, the distributed study's 2, every one met
+    effects = [line for line in merged.stdout.splitlines() if line.startswith("cpu-") and " vs " in line]
+    assert len(effects) == 9 + 4 * 3 + 2 and all(line.rstrip().endswith("ok") for line in effects)

@@ -33,11 +33,11 @@ pytest_plugins = ["pytester"]
 
 @pytest.fixture(autouse=True)
 def counted():
-    """The counting allocator installed, and no garbage collection in the middle of a count."""
-    allocator.install()
+    """Counting, and no garbage collection in the middle of a count."""
     gc.collect()
     gc.disable()
-    yield
+    with allocator.counting():
+        yield
     gc.enable()
 
 
@@ -52,6 +52,24 @@ def test_an_allocation_is_counted_to_the_byte_and_given_back_when_freed() -> Non
     assert allocator.max_allocated_bytes() - before == 1000
     allocator.reset_peak()
     assert allocator.max_allocated_bytes() == before
+
+
+def test_outside_counting_c10s_own_allocator_serves_and_what_was_counted_is_still_given_back() -> None:
+    before = allocator.allocated_bytes()
+    kept = torch.empty(100, dtype=torch.uint8)  # counted: inside the fixture's block
+    with allocator.counting():  # nested: counts once, and does not stop counting when it ends
+        inner = torch.empty(10, dtype=torch.uint8)
+    assert allocator.allocated_bytes() - before == 110
+    del inner
+    allocator._installed().gptcore_uninstall()  # as when the fixture's block ends
+    try:
+        apart = torch.empty(1000, dtype=torch.uint8)
+        assert allocator.allocated_bytes() - before == 100  # not counted
+        del kept  # counted when made, so given back when freed, counting or not
+        assert allocator.allocated_bytes() == before
+        del apart
+    finally:
+        allocator._installed().gptcore_install()
 
 
 def test_a_python_number_autograd_keeps_is_8_bytes_that_only_the_allocator_sees() -> None:
@@ -188,6 +206,6 @@ def test_without_a_compiler_a_cpu_case_fails_in_one_line_that_says_so(tmp_path, 
     def unavailable() -> None:
         raise allocator.Unavailable(line)
 
-    monkeypatch.setattr(allocator, "install", unavailable)
+    monkeypatch.setattr(allocator, "load", unavailable)
     m = runner.run_case(get_model("cpu-small"), RECIPES["fp32"], "cpu", warmup=2, rounds=1, steps_per_round=1)
     assert m.error == line and m.peak_allocated_bytes is None  # a failed case with its reason; the rest goes on

@@ -69,5 +69,5 @@ def cpu_peak_bytes(cfg: GPTConfig, recipe: Recipe, steps: int = TRACKED_STEPS) -
     """The CPU peak a case records (``measured_steps``), on a fresh single-process Trainer: exact."""
     from gptcore.training.trainer import Trainer
 
-    allocator.install()
+    allocator.load()
     return measured_steps(Trainer(cfg, recipe, "cpu"), steps)[0]

@@ -141,7 +141,7 @@ class CaseRunner:
         from gptcore.training.trainer import Trainer
 
         if self.device.type == "cpu":
-            allocator.install()  # before the Trainer: every allocation of the case is counted
+            allocator.load()  # built and loaded before anything runs: a case that cannot count fails at once
         with compile_stats() as self.compiled:  # compilation happens while building and warming up
             t0 = time.perf_counter()
             self.trainer = Trainer(self.cfg, self.recipe, self.device)

@@ -10,10 +10,15 @@ allocated now and their peak, as CUDA's caching allocator reports them (``torch.
 
 It is a small C++ file built once per torch release with the C++ compiler that inductor also needs on CPU
 (``$CXX``, else ``c++``): about 2 s, cached under ``~/.cache/gptcore-bench/allocator`` (``$XDG_CACHE_HOME``) and
-loaded with ctypes. Chosen over ``torch.profiler(profile_memory=True)``, which sees the same allocations through
-c10's ``ProfiledCPUMemoryReporter``: the profiler records an event per allocation and op, and its
-``total_allocated`` carries over between profiling sessions of one process, while this costs a counter update
-per allocation and nothing per op.
+loaded with ctypes. It counts only inside ``counting()`` (and so inside ``window``): outside, c10's own allocator
+serves alone. Its bookkeeping (a map from pointer to size, a heap node per allocation) changes how glibc reuses
+freed memory, and left installed it made cpu-small's timed fp32 steps 6-28% slower (page faults on fresh memory);
+a case's timed rounds therefore never run under it.
+
+Chosen over ``torch.profiler(profile_memory=True)``, which sees the same allocations through c10's
+``ProfiledCPUMemoryReporter``: the profiler records an event per allocation and op, and its ``total_allocated``
+carries over between profiling sessions of one process, while this costs a counter update per allocation and
+nothing per op.
 """
 
 from __future__ import annotations
@@ -97,9 +102,9 @@ def _build(target: Path) -> None:
     os.replace(partial, target)
 
 
-def install() -> None:
-    """Build (once per torch release), load and install the counting allocator; from then on every CPU allocation
-    is counted. Idempotent. Raises Unavailable with one line where it cannot be."""
+def load() -> None:
+    """Build (once per torch release) and load the counting allocator, ready for ``counting()``. Idempotent.
+    Raises Unavailable with one line where it cannot be."""
     global _lib
     if _lib is not None:
         return
@@ -114,29 +119,47 @@ def install() -> None:
         raise Unavailable(f"loading the CPU allocator count {path} failed: {err}") from None
     for name in ("gptcore_allocated", "gptcore_peak", "gptcore_allocations"):
         getattr(lib, name).restype = ctypes.c_int64
-    if lib.gptcore_install() != 1:
-        raise Unavailable("another CPU allocator was installed with a higher priority; nothing to count")
     _lib = lib
+
+
+_depth = 0
+
+
+@contextlib.contextmanager
+def counting() -> Iterator[None]:
+    """Allocate through the counting allocator inside the block (nested blocks count once), c10's own outside it;
+    what was allocated inside is still counted when it is freed. Loads it first (``load``)."""
+    global _depth
+    load()
+    if _depth == 0 and _installed().gptcore_install() != 1:
+        raise Unavailable("another CPU allocator was installed with a higher priority; nothing to count")
+    _depth += 1
+    try:
+        yield
+    finally:
+        _depth -= 1
+        if _depth == 0:
+            _installed().gptcore_uninstall()
 
 
 def _installed() -> ctypes.CDLL:
     if _lib is None:
-        raise RuntimeError("the counting CPU allocator is not installed: call gptcore.memory.allocator.install()")
+        raise RuntimeError("the counting CPU allocator is not loaded: call gptcore.memory.allocator.load()")
     return _lib
 
 
 def allocated_bytes() -> int:
-    """Bytes allocated through the CPU allocator since ``install`` and not yet freed."""
+    """Bytes allocated inside ``counting()`` blocks and not yet freed."""
     return _installed().gptcore_allocated()
 
 
 def max_allocated_bytes() -> int:
-    """The peak of ``allocated_bytes`` since the last ``reset_peak`` (or ``install``)."""
+    """The peak of ``allocated_bytes`` since the last ``reset_peak``."""
     return _installed().gptcore_peak()
 
 
 def allocations() -> int:
-    """Allocations counted since ``install``, freed or not."""
+    """Allocations counted so far, freed or not."""
     return _installed().gptcore_allocations()
 
 
@@ -161,14 +184,15 @@ class Window:
 
 @contextlib.contextmanager
 def window(start_bytes: int) -> Iterator[Window]:
-    """Measure the peak of the block. ``start_bytes``: the bytes counted as live at its start (a model's
-    parameters, buffers, gradients and optimizer state: ``state_bytes``), so that the figure means what the
-    tracker's peak means and allocations made before the block (a dataset) stay out of it."""
-    now = allocated_bytes()
-    reset_peak()
-    measured = Window(start_bytes, now)
-    yield measured
-    measured.rise = max_allocated_bytes() - now
+    """Measure the peak of the block, counting inside it. ``start_bytes``: the bytes counted as live at its start
+    (a model's parameters, buffers, gradients and optimizer state: ``state_bytes``), so that the figure means what
+    the tracker's peak means and allocations made before the block (a dataset) stay out of it."""
+    with counting():
+        now = allocated_bytes()
+        reset_peak()
+        measured = Window(start_bytes, now)
+        yield measured
+        measured.rise = max_allocated_bytes() - now
 
 
 def state_bytes(model: torch.nn.Module, optimizers: list[torch.optim.Optimizer]) -> int:

@@ -83,13 +83,17 @@ void Counting::release(void* data) {
 }  // namespace
 
 extern "C" {
-// 1: installed now or before; 0: c10 kept another allocator (one set with a higher priority)
+// Count from now on: 1 where c10 now allocates through the counting allocator, 0 where it kept another one.
 int gptcore_install() {
-  if (counting.inner == nullptr) {
-    counting.inner = c10::GetCPUAllocator();
-    c10::SetCPUAllocator(&counting, /*priority=*/UINT8_MAX);
-  }
+  if (counting.inner == nullptr) counting.inner = c10::GetCPUAllocator();
+  if (c10::GetCPUAllocator() != &counting) c10::SetCPUAllocator(&counting, /*priority=*/UINT8_MAX);
   return c10::GetCPUAllocator() == &counting ? 1 : 0;
+}
+// Back to the allocator it stood in front of. What was allocated while counting is still counted when freed.
+void gptcore_uninstall() {
+  if (counting.inner != nullptr && c10::GetCPUAllocator() == &counting) {
+    c10::SetCPUAllocator(counting.inner, /*priority=*/UINT8_MAX);
+  }
 }
 int64_t gptcore_allocated() { return counting.allocated(); }
 int64_t gptcore_peak() { return counting.peak(); }

@@ -17,6 +17,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gptcore.config import CHAR_VOCAB, DDPOptions, FSDP2Options, GPTConfig, Parallel, Recipe
+from gptcore.memory.allocator import storage_bytes
 from gptcore.memory.tracker import LiveBytes, track_training
 from gptcore.training.trainer import Trainer
 
@@ -52,12 +53,6 @@ def train(recipe: Recipe, dtype: torch.dtype = torch.float32) -> dict:
     return {"losses": losses, "params": full_params(t), "micro_batch": t.micro_batch}
 
 
-def local_bytes(tensors: list[torch.Tensor]) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (a DTensor's: its local shard's)."""
-    storages = {getattr(t, "_local_tensor", t).untyped_storage() for t in tensors}
-    return sum(s.nbytes() for s in {s.data_ptr(): s for s in storages}.values())
-
-
 def states(recipe: Recipe) -> dict:
     """This rank's bytes of parameters, gradients and optimizer state after a tracked step, and the tracked peak."""
     t = Trainer(TINY, recipe, "cpu")
@@ -67,14 +62,14 @@ def states(recipe: Recipe) -> dict:
     seen = {}  # the gradients of one more step, read just before the optimizer step (zero_grad frees them after)
     t.optimizers[0].register_step_pre_hook(
         lambda *_: seen.update(
-            g=local_bytes([p.grad for p in params if p.grad is not None]),
+            g=storage_bytes([p.grad for p in params if p.grad is not None]),
             missing=[i for i, p in enumerate(params) if p.grad is None],
         )
     )
     t.step()
-    opt = local_bytes([v for s in t.optimizers[0].state.values() for v in s.values() if v.dim() > 0])
+    opt = storage_bytes([v for s in t.optimizers[0].state.values() for v in s.values() if v.dim() > 0])
     return {
-        "parameters": local_bytes(params),
+        "parameters": storage_bytes(params),
         "gradients": seen["g"],
         "no gradient": seen["missing"],
         "optimizer state": opt,

@@ -215,8 +215,7 @@ def count_step(trainer, batch: tuple[torch.Tensor, torch.Tensor] | None = None) 
     """The work ledger of one ``trainer.step(batch)`` (a gptcore Trainer, warmed up so that optimizer state and
     compiled graphs exist). The step is taken: the trainer is one step further afterwards."""
     if batch is None:  # made outside the counted step, as a DataLoader would
-        micro = [trainer._next_batch() for _ in range(trainer.accum)]
-        batch = (torch.cat([x for x, _ in micro]), torch.cat([y for _, y in micro]))
+        batch = trainer.step_batch()
     tracker = LiveBytes(round_to=512 if trainer.device.type == "cuda" else 1)
     counts = _OpCounter(tracker, _host_step_counters(trainer.optimizers))
     with phases(tracker, trainer.model, trainer.optimizers):

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
+import os
+import time
+from pathlib import Path
 
 import pytest
 import torch
 
 from gptcore.config import CHAR_VOCAB, GPTConfig, Recipe
 from gptcore.measure import timing
+from gptcore.measure.convergence import torch_threads
 from gptcore.training.data import TokenBatches, load_corpus
 from gptcore.training.trainer import Trainer
 
@@ -16,6 +22,8 @@ from gptcore.training.trainer import Trainer
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=CHAR_VOCAB, batch_size=8)
 
 F32_EPS = torch.finfo(torch.float32).eps
+#: What tells a pytest run it is an xdist worker, or adds options to it.
+XDIST_VARIABLES = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID", "PYTEST_ADDOPTS")
 
 
 def batches(n: int, cfg: GPTConfig = TINY, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -54,3 +62,23 @@ def fake_share(monkeypatch: pytest.MonkeyPatch, share: float) -> None:
         self.cpu_share = share
 
     monkeypatch.setattr(timing.StepTimer, "__exit__", faked)
+
+
+def run_pytest(workdir: Path, *args: str) -> pytest.RunResult:
+    """``pytest ARGS`` run inside this test process from ``workdir``, with one thread as a benchmark child of the
+    tests has: torch, dynamo and gptcore are imported once per worker instead of once per run (a child process
+    spends ~6 s importing them before its first step). Not pytester: its end unloads every module the run
+    imported, and torch's cannot be imported twice. A plugin that patches gptcore for a run (``-p``) must undo
+    its patch in ``pytest_unconfigure``."""
+    out, err = io.StringIO(), io.StringIO()
+    start, cwd = time.perf_counter(), os.getcwd()
+    # the run must not think it is an xdist worker (benchmarks skip themselves there, and so does pytest-benchmark)
+    hidden = {key: os.environ.pop(key) for key in XDIST_VARIABLES if key in os.environ}
+    os.chdir(workdir)
+    try:
+        with torch_threads(1), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            ret = pytest.main([*args, f"--basetemp={workdir / 'basetemp'}"])
+    finally:
+        os.chdir(cwd)
+        os.environ.update(hidden)
+    return pytest.RunResult(ret, out.getvalue().splitlines(), err.getvalue().splitlines(), time.perf_counter() - start)

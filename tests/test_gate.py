@@ -10,7 +10,6 @@ import copy
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from gptcore import identity
 from gptcore.gate import baselines, schema, verdicts
 from gptcore.gate.schema import BaselineError, Entry, Tolerances
 from gptcore.gate.verdicts import verdict_of
+from tests.helpers import XDIST_VARIABLES, fake_share, run_pytest
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.cpu
@@ -42,7 +42,7 @@ QUICK = [
 ]
 # the child must not think it is an xdist worker (pytest-benchmark would disable itself); one thread each keeps
 # two test workers from oversubscribing two cores, and the child's numerics equal the recording's
-ENV_DROP = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID", "PYTEST_ADDOPTS")
+ENV_DROP = XDIST_VARIABLES
 ENV_SET = {"OMP_NUM_THREADS": "1"}
 
 
@@ -67,34 +67,26 @@ def plant_plugins(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, **
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """baselines/cpu.json as a first run with --update-baselines writes it (recorded once per module)."""
     where = tmp_path_factory.mktemp("recorded")
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", *QUICK, "--baselines-dir", str(where / "baselines"), "--update-baselines"],
-        cwd=where,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "recorded" in proc.stdout
+    result = run_pytest(where, *QUICK, "--baselines-dir", str(where / "baselines"), "--update-baselines")
+    assert result.ret == 0, result.stdout.str() + result.stderr.str()
+    assert "recorded" in result.stdout.str()
     return json.loads((where / "baselines" / "cpu.json").read_text())
 
 
 @pytest.fixture
-def run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """run(baseline_json_or_text, *args) -> the RunResult of the quick case against that cpu.json."""
+    monkeypatch.chdir(tmp_path)
     for key in ENV_DROP:
         monkeypatch.delenv(key, raising=False)
-    for key, value in ENV_SET.items():
-        monkeypatch.setenv(key, value)
 
     def _run(content: dict | str | None, *args: str) -> pytest.RunResult:
-        directory = pytester.path / "baselines"
+        directory = tmp_path / "baselines"
         directory.mkdir(exist_ok=True)
         if content is not None:
             text = content if isinstance(content, str) else json.dumps(content)
             (directory / "cpu.json").write_text(text)
-        return pytester.runpytest_subprocess(*QUICK, "--baselines-dir", str(directory), *args, timeout=300)
+        return run_pytest(tmp_path, *QUICK, "--baselines-dir", str(directory), *args)
 
     return _run
 
@@ -137,7 +129,8 @@ def test_memory_baseline_lowered_3pct_fails_naming_case_and_metric(run, recorded
     result.stdout.fnmatch_lines([f"*{CASE_GLOB}: peak memory +3.*%*tolerance +2%*"])
 
 
-def test_tokens_per_s_baseline_raised_fails_naming_case_and_metric(run, recorded: dict) -> None:
+def test_tokens_per_s_baseline_raised_fails_naming_case_and_metric(run, recorded: dict, monkeypatch) -> None:
+    fake_share(monkeypatch, 1.0)  # a quiet machine: a busy round records no speed, and nothing would be judged
     raised = copy.deepcopy(recorded)
     speed = entry(raised)["tokens_per_s"]
     speed.pop("not_recorded", None)
@@ -287,12 +280,19 @@ def _planted(self, *args, **kwargs):
     mlp.forward = forward
 
 
-model.GPT.__init__ = _planted
+
+
+def pytest_configure(config):
+    model.GPT.__init__ = _planted
+
+
+def pytest_unconfigure(config):  # a run inside the test process leaves the model as it found it
+    model.GPT.__init__ = _init
 """
 
 
 def test_an_extra_matmul_planted_in_a_copy_fails_the_cpu_tier_on_flops(run, recorded: dict, plant) -> None:
-    # the plant is a plugin of the child run only (-p), patching the model in that process: gptcore is untouched
+    # the plant is a plugin of that run only (-p), patching the model while it runs: gptcore is untouched
     result = run(recorded, *plant("matmul", "h = h @ torch.eye(h.size(-1), dtype=h.dtype)"))
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([f"*{CASE_GLOB}: *flops +*(forward +*, backward +*)*"])
@@ -300,15 +300,19 @@ def test_an_extra_matmul_planted_in_a_copy_fails_the_cpu_tier_on_flops(run, reco
 
 
 @pytest.fixture
-def plant(pytester, monkeypatch: pytest.MonkeyPatch):
-    """plant(name, line) -> the -p option that runs the child with ``line`` added to block 0's MLP forward."""
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), os.environ.get("PYTHONPATH", "")]))
+def plant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """plant(name, line) -> the -p option that runs the benchmark with ``line`` added to block 0's MLP forward."""
+    monkeypatch.syspath_prepend(tmp_path)
+    names = []
 
     def _plant(name: str, line: str) -> list[str]:
-        pytester.makepyfile(**{f"plant_{name}": PLANTED_MLP.replace("{line}", line)})
-        return ["-p", f"plant_{name}"]
+        names.append(f"plant_{name}")
+        (tmp_path / f"{names[-1]}.py").write_text(PLANTED_MLP.replace("{line}", line))
+        return ["-p", names[-1]]
 
-    return _plant
+    yield _plant
+    for name in names:  # a later plant of the same name is read afresh
+        sys.modules.pop(name, None)
 
 
 def test_an_extra_clone_is_named_in_the_failure_line_with_its_count(run, recorded: dict, plant) -> None:
@@ -320,10 +324,10 @@ def test_an_extra_clone_is_named_in_the_failure_line_with_its_count(run, recorde
     )
 
 
-def test_a_removed_operator_fails_as_leaner_under_strict_and_passes_with_a_note_without(run, plant, pytester) -> None:
+def test_a_removed_operator_fails_as_leaner_under_strict_and_passes_with_a_note_without(run, plant, tmp_path) -> None:
     # the baseline is recorded with one more operator (aten.alias, a view: no storage, no arithmetic), and the
     # run is the unchanged model: an operator removed since the baseline
-    where = pytester.path / "baselines"
+    where = tmp_path / "baselines"
     recorded = run(None, "--update-baselines", *plant("alias", "h = torch.ops.aten.alias(h)"))
     recorded.assert_outcomes(passed=1)
     base = json.loads((where / "cpu.json").read_text())

@@ -15,20 +15,23 @@ from __future__ import annotations
 
 import gc
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
+import torch._functorch.config as functorch_config
 
 from gptcore.measure.cpu_peak import measured_steps
 from gptcore.memory import allocator
 from gptcore.memory.categories import UNTRACKED
 from gptcore.memory.tracker import LiveBytes
 from gptcore.presets import RECIPES, STUDIES, get_model
+from gptcore.training import trainer as trainer_module
 from gptcore.training.trainer import Trainer
-from tests.test_gate import ROOT, plant_plugins
+from tests.helpers import run_pytest
+from tests.test_gate import ROOT
 
 pytestmark = pytest.mark.cpu
-pytest_plugins = ["pytester"]
 
 
 @pytest.fixture(autouse=True)
@@ -151,43 +154,33 @@ def test_every_eager_case_of_the_tier_is_checked_and_every_unseen_entry_is_one()
     assert set(UNSEEN) <= set(cases)
 
 
-PLANTED_NO_BUDGET = """
-import torch._functorch.config as functorch_config
-
-import gptcore.training.trainer as trainer
-
-
 class _BudgetIgnored:
-    def patch(self, **changes):  # the budget asked for never reaches the partitioner: it saves everything
+    """functorch's config, except that the budget asked for never reaches the partitioner: it saves everything."""
+
+    def patch(self, **changes):
         changes.pop("activation_memory_budget", None)
         return functorch_config.patch(**changes)
 
 
-trainer.functorch_config = _BudgetIgnored()
-"""
-
-
 @pytest.mark.slow
 def test_a_memory_budget_that_silently_stops_saving_fails_the_cpu_tier(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gc.enable()
-    plant_plugins(pytester, monkeypatch, plant_no_budget=PLANTED_NO_BUDGET)  # a plugin of the child run only
-    where = pytester.path / "baselines"
+    monkeypatch.setattr(trainer_module, "functorch_config", _BudgetIgnored())  # planted for the run below
+    where = tmp_path / "baselines"
     where.mkdir()
     shutil.copy(ROOT / "baselines" / "cpu.json", where / "cpu.json")  # the recorded baselines, as CI has them
-    result = pytester.runpytest_subprocess(
+    result = run_pytest(
+        tmp_path,
         str(ROOT / "bench" / "test_cpu_recipes.py"),
         "-k",
         "cpu-small-budget-0.05 and not optim",
         "-p",
         "no:cacheprovider",
-        "-p",
-        "plant_no_budget",
         "--baselines-dir",
         str(where),
         "--baseline-strict",
-        timeout=300,
     )
     result.assert_outcomes(failed=1)
     # the compiled step now holds every activation: its peak is the plain compile's, 39% over the budget's

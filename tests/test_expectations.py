@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
 from gptcore.gate.expectations import EXPECTATIONS, Expectation, Figures, Session, judge_effect
 from gptcore.presets import RECIPES, STUDIES
-from tests.test_gate import ROOT, plant_plugins
+from gptcore.training import model
+from tests.helpers import run_pytest
+from tests.test_gate import ROOT
 
-pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.cpu
 
 MiB = 2**20
@@ -102,16 +104,10 @@ def test_every_recipe_of_every_study_declares_its_effect_or_why_it_has_none() ->
     assert all(isinstance(e, Expectation) and e.recipe in RECIPES for e in EXPECTATIONS)
 
 
-PLANTED_NO_CHECKPOINT = """
-import gptcore.training.model as model
-
-
 def _no_checkpoint(function, *args, use_reentrant=None, **kwargs):
     return function(*args, **kwargs)  # checkpointing that saves nothing: every activation is kept
 
 
-model.checkpoint = _no_checkpoint
-"""
 RECIPES_QUICK = [
     str(ROOT / "bench" / "test_cpu_recipes.py"),
     "-k",
@@ -124,26 +120,24 @@ RECIPES_QUICK = [
     "2",
     "--bench-steps",
     "2",
-    "-p",
-    "plant_no_checkpoint",
 ]
 
 
 @pytest.mark.slow
 def test_a_broken_optimization_fails_its_expectation_even_against_a_baseline_recorded_broken(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    plant_plugins(pytester, monkeypatch, plant_no_checkpoint=PLANTED_NO_CHECKPOINT)  # a plugin of the child runs only
-    where = pytester.path / "baselines"
-    pytester.runpytest_subprocess(*RECIPES_QUICK, "--baselines-dir", str(where), "--update-baselines", timeout=300)
+    monkeypatch.setattr(model, "checkpoint", _no_checkpoint)  # planted for both runs below, undone after the test
+    where = tmp_path / "baselines"
+    run_pytest(tmp_path, *RECIPES_QUICK, "--baselines-dir", str(where), "--update-baselines")
     recorded = json.loads((where / "cpu.json").read_text())["benchmarks"]
     assert set(recorded) == {"test_cpu_recipes[cpu-small-fp32]", "test_cpu_recipes[cpu-small-checkpoint]"}
-    assert not (pytester.path / "gate.md").exists()  # markdown only when asked for
-    summary = pytester.path / "step-summary.md"
+    assert not (tmp_path / "gate.md").exists()  # markdown only when asked for
+    summary = tmp_path / "step-summary.md"
     summary.write_text("earlier step\n")
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    result = pytester.runpytest_subprocess(
-        *RECIPES_QUICK, "--baselines-dir", str(where), "--gate-markdown", str(pytester.path / "gate.md"), timeout=300
+    result = run_pytest(
+        tmp_path, *RECIPES_QUICK, "--baselines-dir", str(where), "--gate-markdown", str(tmp_path / "gate.md")
     )
     result.assert_outcomes(passed=1, failed=1)
     out = result.stdout.str()
@@ -163,7 +157,7 @@ def test_a_broken_optimization_fails_its_expectation_even_against_a_baseline_rec
     assert row.rstrip().endswith("ok"), row
     assert "checkpoint vs fp32: peak memory lower" in out and "FAIL" in out.split("does each optimization")[1]
     # the same verdict as markdown: failures first, then the table, then the expected effects
-    markdown = (pytester.path / "gate.md").read_text()
+    markdown = (tmp_path / "gate.md").read_text()
     assert summary.read_text() == "earlier step\n" + markdown  # GitHub's job summary: appended
     failing, cases, pays = (markdown.index(h) for h in ("### Failing", "### Cases", "### Does each optimization"))
     assert markdown.startswith("## gptcore benchmark gate: FAIL: 1 failure(s) (2 cases)") and failing < cases < pays

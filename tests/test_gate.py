@@ -51,18 +51,6 @@ def child_env() -> dict[str, str]:
     return {**env, **ENV_SET}
 
 
-def plant_plugins(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, **plugins: str) -> None:
-    """Write each plugin module (name=source) for a child pytest to load with ``-p name``, in the child's
-    environment: no xdist variables, one thread, this checkout first on the path (the plugin imports gptcore before
-    the conftest puts the repository on sys.path)."""
-    for key in ENV_DROP:
-        monkeypatch.delenv(key, raising=False)
-    for key, value in ENV_SET.items():
-        monkeypatch.setenv(key, value)
-    pytester.makepyfile(**plugins)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), str(ROOT), os.environ.get("PYTHONPATH", "")]))
-
-
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """baselines/cpu.json as a first run with --update-baselines writes it (recorded once per module)."""

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import io
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -82,3 +83,16 @@ def run_pytest(workdir: Path, *args: str) -> pytest.RunResult:
         os.chdir(cwd)
         os.environ.update(hidden)
     return pytest.RunResult(ret, out.getvalue().splitlines(), err.getvalue().splitlines(), time.perf_counter() - start)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    """``python -m gptcore ARGS`` inside this test process: its exit code and what it printed."""
+    from gptcore.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exit_:  # argparse's usage errors
+            code = exit_.code if isinstance(exit_.code, int) else 2
+    return subprocess.CompletedProcess(["gptcore", *args], code, out.getvalue(), err.getvalue())

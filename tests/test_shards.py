@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from gptcore.gate import shards
-from tests.test_gate import ROOT, child_env
+from tests.helpers import run_cli, run_pytest
+from tests.test_gate import ROOT
 
 pytestmark = pytest.mark.cpu
 
@@ -43,14 +43,9 @@ def test_a_shard_that_is_not_k_of_n_is_one_line(text: str):
         shards.parse(text)
 
 
-def collect(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "bench", "-m", "cpu", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
-        cwd=ROOT,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
+def collect(workdir: Path, *args: str) -> pytest.RunResult:
+    return run_pytest(
+        workdir, str(ROOT / "bench"), "-m", "cpu", "--collect-only", "-q", "-p", "no:cacheprovider", *args
     )
 
 
@@ -59,22 +54,22 @@ def nodeids(out: str) -> set[str]:
 
 
 @pytest.mark.slow  # four collections of the benchmarks: ~15 s
-def test_three_shards_of_the_cpu_tier_hold_every_case_once_and_its_torchrun_job_whole():
-    whole = nodeids(collect().stdout)
-    parts = [collect("--shard", f"{k}/3") for k in (1, 2, 3)]
-    assert all(p.returncode == 0 for p in parts), [p.stdout[-500:] + p.stderr for p in parts]
-    ids = [nodeids(p.stdout) for p in parts]
+def test_three_shards_of_the_cpu_tier_hold_every_case_once_and_its_torchrun_job_whole(tmp_path):
+    whole = nodeids(collect(tmp_path).stdout.str())
+    parts = [collect(tmp_path, "--shard", f"{k}/3") for k in (1, 2, 3)]
+    assert all(p.ret == 0 for p in parts), [p.stdout.str()[-500:] + p.stderr.str() for p in parts]
+    ids = [nodeids(p.stdout.str()) for p in parts]
     assert set().union(*ids) == whole and sum(len(i) for i in ids) == len(whole) == 37  # each case once
     distributed = [i for i in ids if any("test_distributed" in n for n in i)]
     assert len(distributed) == 1 and sum("test_distributed" in n for n in distributed[0]) == 3  # one torchrun job
     for k, p in enumerate(parts, 1):
-        assert f"--shard {k}/3: {len(ids[k - 1])} of 37 case(s), planned " in p.stdout
+        assert f"--shard {k}/3: {len(ids[k - 1])} of 37 case(s), planned " in p.stdout.str()
 
 
-def test_a_bad_shard_stops_the_run_before_anything_runs():
-    bad = collect("--shard", "4/3")
-    assert bad.returncode == 4 and "Traceback" not in bad.stderr
-    assert "--shard 4/3: expected K/N with 1 <= K <= N, e.g. 2/4" in bad.stderr
+def test_a_bad_shard_stops_the_run_before_anything_runs(tmp_path):
+    bad = collect(tmp_path, "--shard", "4/3")
+    assert bad.ret == 4 and "Traceback" not in bad.stderr.str()
+    assert "--shard 4/3: expected K/N with 1 <= K <= N, e.g. 2/4" in bad.stderr.str()
 
 
 # -- merge ---------------------------------------------------------------------------------------------------------
@@ -83,25 +78,17 @@ FOUR = "cpu-small-fp32 or cpu-small-checkpoint or cpu-small-ckpt-fp32 or cpu-sma
 TIMING = ["--bench-warmup", "2", "--bench-rounds", "1", "--bench-steps", "1"]
 
 
-def bench(where: Path, *args: str) -> subprocess.CompletedProcess:
+def bench(where: Path, *args: str) -> pytest.RunResult:
     """The four cases, recorded into ``where``/baselines, their results log ``where``/run.jsonl."""
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", str(ROOT / "bench"), "-m", "cpu", "-k", FOUR, "-p", "no:cacheprovider",
-         *TIMING, "--update-baselines", "--baselines-dir", str(where / "baselines"),
-         "--results-log", str(where / "run.jsonl"), "--benchmark-json", str(where / "bench.json"), *args],
-        cwd=where, env=child_env(), capture_output=True, text=True, timeout=600,
+    return run_pytest(
+        where, str(ROOT / "bench"), "-m", "cpu", "-k", FOUR, "-p", "no:cacheprovider", *TIMING, "--update-baselines",
+        "--baselines-dir", str(where / "baselines"), "--results-log", str(where / "run.jsonl"),
+        "--benchmark-json", str(where / "bench.json"), *args,
     )  # fmt: skip
 
 
 def merge_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "gptcore", "merge", *args],
-        cwd=ROOT,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_cli("merge", *args)
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +99,8 @@ def one_and_three(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[
     for k, where in enumerate(runs):
         where.mkdir()
         done = bench(where, *(["--shard", f"{k}/3"] if k else []))
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr
-        (where / "stdout.txt").write_text(done.stdout)
+        assert done.ret == 0, done.stdout.str()[-3000:] + done.stderr.str()
+        (where / "stdout.txt").write_text(done.stdout.str())
     return runs[0], runs[1:]
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from gptcore import identity
 from gptcore.gate import results
+from tests.helpers import run_pytest
 from tests.test_gate import ROOT, child_env
 
 pytestmark = pytest.mark.cpu
@@ -122,64 +123,30 @@ def test_the_deadline_skips_what_would_end_after_it_and_resume_runs_only_that(tm
     two = cases("cpu-small-ckpt-fp32 or cpu-small-ckpt-half-batch")
     # both runs record (--update-baselines) rather than gate: what is tested is which cases run, not their figures,
     # which move with the torch version (torch 2.11's checkpointing makes 8 more allocations than the file's 2.13)
-    first = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            *two,
-            "--baselines-dir",
-            str(baselines),
-            "--results-log",
-            str(log),
-            "--deadline",
-            "150",
-            "-rs",
-            "--update-baselines",
-        ],
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert first.returncode == 0, first.stdout + first.stderr
-    assert "1 passed, 1 skipped" in first.stdout
-    assert f"deadline: 1 case(s) not started: {NAMES[1]}" in first.stdout
-    assert "gptcore benchmark gate" in first.stdout and NAMES[0] in first.stdout  # the end table, printed anyway
-    assert "the case would take about 230 s (baseline)" in first.stdout  # 200 s + 15%
+    first = run_pytest(
+        tmp_path, *two, "--baselines-dir", str(baselines), "--results-log", str(log), "--deadline", "150", "-rs",
+        "--update-baselines",
+    )  # fmt: skip
+    assert first.ret == 0, first.stdout.str() + first.stderr.str()
+    assert "1 passed, 1 skipped" in first.stdout.str()
+    assert f"deadline: 1 case(s) not started: {NAMES[1]}" in first.stdout.str()
+    assert (
+        "gptcore benchmark gate" in first.stdout.str() and NAMES[0] in first.stdout.str()
+    )  # the end table, printed anyway
+    assert "the case would take about 230 s (baseline)" in first.stdout.str()  # 200 s + 15%
     outcomes = {r.name: r.outcome for r in results.read(log)}
     assert outcomes == {NAMES[0]: "passed", NAMES[1]: "skipped"}
 
-    second = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            *two,
-            "--baselines-dir",
-            str(baselines),
-            "--resume",
-            str(log),
-            "--update-baselines",
-        ],
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert second.returncode == 0, second.stdout + second.stderr
-    assert "1 passed, 19 deselected" in second.stdout  # only the case the deadline left (18 by -k, 1 resumed)
-    assert f"resumed: 1 case(s) finished in {log}" in second.stdout
-    table = second.stdout.split("gptcore benchmark gate", 1)[1]
+    second = run_pytest(tmp_path, *two, "--baselines-dir", str(baselines), "--resume", str(log), "--update-baselines")
+    assert second.ret == 0, second.stdout.str() + second.stderr.str()
+    assert "1 passed, 19 deselected" in second.stdout.str()  # only the case the deadline left (18 by -k, 1 resumed)
+    assert f"resumed: 1 case(s) finished in {log}" in second.stdout.str()
+    table = second.stdout.str().split("gptcore benchmark gate", 1)[1]
     assert NAMES[0] in table and NAMES[1] in table  # the end table covers the union
     assert [r.name for r in results.read(log)] == [NAMES[0], NAMES[1], NAMES[1]]  # appended to the resumed log
 
 
-def test_a_resumed_failure_fails_the_run_and_a_bad_log_is_one_line(tmp_path, monkeypatch):
-    for key in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID", "PYTEST_ADDOPTS"):
-        monkeypatch.delenv(key, raising=False)
+def test_a_resumed_failure_fails_the_run_and_a_bad_log_is_one_line(tmp_path):
     log = tmp_path / "results.jsonl"
     failed = results.Record(
         nodeid=f"bench/test_cpu_shape.py::{NAMES[0]}",
@@ -191,27 +158,13 @@ def test_a_resumed_failure_fails_the_run_and_a_bad_log_is_one_line(tmp_path, mon
         failures=[f"{NAMES[0]}: planted failure"],
     )
     results.ResultsLog(log).write(failed)
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", *cases("cpu-small-ckpt-fp32"), "--resume", str(log)],
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 1, run.stdout + run.stderr  # nothing ran, but the union has a failure
-    assert "planted" in run.stdout
+    run = run_pytest(tmp_path, *cases("cpu-small-ckpt-fp32"), "--resume", str(log))
+    assert run.ret == 1, run.stdout.str() + run.stderr.str()  # nothing ran, but the union has a failure
+    assert "planted" in run.stdout.str()
     log.write_text("not json\n{}\n")
-    bad = subprocess.run(
-        [sys.executable, "-m", "pytest", *FOUR, "--resume", str(log)],
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert bad.returncode == 4 and "Traceback" not in bad.stdout + bad.stderr
-    assert f"--resume: {log}: line 1:" in bad.stderr
+    bad = run_pytest(tmp_path, *FOUR, "--resume", str(log))
+    assert bad.ret == 4 and "Traceback" not in bad.stdout.str() + bad.stderr.str()
+    assert f"--resume: {log}: line 1:" in bad.stderr.str()
 
 
 def test_a_log_cut_off_in_its_last_line_reads_up_to_it(tmp_path):
@@ -230,28 +183,11 @@ def test_recorded_only_runs_the_cases_with_a_baseline_entry_and_keeps_the_absent
     kept = (NAMES[0], NAMES[3])  # two of FOUR's cases recorded, as after a stage cut short by its deadline
     data["benchmarks"] = {name: entry for name, entry in data["benchmarks"].items() if name in kept}
     (baselines / "cpu.json").write_text(json.dumps(data))
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            *FOUR,
-            "--baselines-dir",
-            str(baselines),
-            "--recorded-only",
-            "--collect-only",
-            "-q",
-        ],
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
-    listed = [line.rsplit("::", 1)[-1] for line in run.stdout.splitlines() if "::" in line]
+    run = run_pytest(tmp_path, *FOUR, "--baselines-dir", str(baselines), "--recorded-only", "--collect-only", "-q")
+    assert run.ret == 0, run.stdout.str() + run.stderr.str()
+    listed = [line.rsplit("::", 1)[-1] for line in run.stdout.str().splitlines() if "::" in line]
     assert listed == list(kept)
-    assert "--recorded-only: 18 case(s) with no baseline entry deselected" in run.stdout  # 20 cpu-small cases
+    assert "--recorded-only: 18 case(s) with no baseline entry deselected" in run.stdout.str()  # 20 cpu-small cases
     # without a GPU (hidden, should this run on one), a GPU case has no device file to be looked up in: it stays,
     # and skips itself with its reason
     ladder = subprocess.run(

@@ -11,15 +11,18 @@ import pytest
 
 from gptcore.cli import main
 from gptcore.presets import MODELS, RECIPES, RENAMED_RECIPES
+from tests.helpers import run_cli
 
 pytestmark = pytest.mark.cpu
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
+def shell(*args: str) -> subprocess.CompletedProcess:
+    """``python -m gptcore ARGS`` in a child process, as from the shell."""
     return subprocess.run([sys.executable, "-m", "gptcore", *args], capture_output=True, text=True, timeout=300)
 
 
 def test_train_runs_and_the_loss_falls():
+    # in this process: a child would spend ~6 s importing torch and dynamo first
     out = run_cli("train", "--model", "cpu-small", "--recipe", "fp32", "--steps", "50", "--device", "cpu")
     assert out.returncode == 0, out.stderr
     first, last = map(float, re.search(r"loss ([\d.]+) at step 1 -> ([\d.]+) at step 50", out.stdout).groups())
@@ -87,7 +90,7 @@ def test_set_reaches_a_nested_field_by_its_dotted_name():
 
 def test_an_old_recipe_name_runs_with_one_deprecation_line():
     old, new = "fused-optim", RENAMED_RECIPES["fused-optim"]
-    out = run_cli("train", "--model", "cpu-small", "--recipe", old, "--steps", "2", "--device", "cpu")
+    out = shell("train", "--model", "cpu-small", "--recipe", old, "--steps", "2", "--device", "cpu")
     assert out.returncode == 0, out.stderr
     warning = [line for line in out.stderr.splitlines() if "warning" in line]
     assert warning == [
@@ -136,7 +139,7 @@ def test_bad_input_is_one_line_and_exit_code_2(args, expected, capsys):
 
 
 def test_bad_input_from_the_shell_has_no_traceback():
-    out = run_cli("train", "--model", "nope")
+    out = shell("train", "--model", "nope")
     assert out.returncode == 2
     assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1
 

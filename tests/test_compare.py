@@ -284,50 +284,43 @@ def test_bad_interpreters_are_one_line_and_exit_code_2(repo, tmp_path, monkeypat
     assert "cannot import torch: ModuleNotFoundError: torch" in one_error_line(capsys)
 
 
-@pytest.mark.slow  # 4 worker processes: ~15 s on 2 idle cores
-def test_compare_one_revision_under_two_interpreters(repo, tmp_path, monkeypatch, capsys):
-    other = wrapper(tmp_path / "python-b", f'exec "{sys.executable}" "$@"')
-    monkeypatch.chdir(repo)
-    out_json = tmp_path / "run.json"
-    assert main(["compare", "-k", CASE, "--rounds", "2", *QUICK, "--python-b", other, "--json", str(out_json)]) == 0
-    out = capsys.readouterr().out
-    assert (
-        f"A = working tree, torch {torch.__version__} ({sys.executable}), B = working tree, torch "
-        f"{torch.__version__} ({other})" in out
-    )
-    line = next(line for line in out.splitlines() if line.startswith(f"{CASE}: "))
-    assert line.endswith("; work =")  # the same code and torch: every count of the ledger agrees
-    data = json.loads(out_json.read_text())
-    assert (data["a"]["python"], data["b"]["python"]) == (sys.executable, other)
-    case = data["cases"][0]
-    assert case["work"] == [] and case["rounds_a"][0]["work"]["op_calls"]["backward"] > 0
-    assert case["rounds_a"][0]["gptcore"] == case["rounds_b"][0]["gptcore"]  # one snapshot for both sides
-
-
 def test_the_worker_refuses_a_checkout_whose_gptcore_it_did_not_import(tmp_path):
     with pytest.raises(RuntimeError, match="not from the checkout"):
         run_driver(tmp_path, "cpu-small", "ckpt-fp32", Options(warmup=1, steps=1), write_driver(tmp_path), False)
 
 
 @pytest.mark.slow  # 4 worker processes: ~20 s on 2 idle cores, minutes on a busy one
-def test_compare_head_with_the_working_tree(repo, tmp_path, monkeypatch, capsys):
+def test_compare_head_with_the_working_tree_under_another_interpreter(repo, tmp_path, monkeypatch, capsys):
+    """A = HEAD under this interpreter, B = the working tree (a comment added) under another one (a wrapper around
+    this one, as another virtual environment's python would be): each side runs its own checkout's gptcore under
+    its own interpreter, rounds interleaved, and the same code gives the same exact figures and ledger."""
     (repo / "gptcore" / "units.py").write_text((repo / "gptcore" / "units.py").read_text() + "\n# uncommitted\n")
+    other = wrapper(tmp_path / "python-b", f'exec "{sys.executable}" "$@"')
     monkeypatch.chdir(repo)
     out_json = tmp_path / "run.json"
-    assert main(["compare", "HEAD", "-k", CASE, "--rounds", "2", *QUICK, "--json", str(out_json)]) == 0
+    args = ["compare", "HEAD", "-k", CASE, "--rounds", "2", *QUICK, "--python-b", other, "--json", str(out_json)]
+    assert main(args) == 0
     captured = capsys.readouterr()
+    assert (
+        f"A = HEAD ({git(repo, 'rev-parse', 'HEAD')[:10]}), torch {torch.__version__} ({sys.executable}), B = working "
+        f"tree, torch {torch.__version__} ({other})" in captured.out
+    ), captured.out
     line = next(line for line in captured.out.splitlines() if line.startswith(f"{CASE}: "))
     assert "tok/s" in line and "B/A" in line and " same;" in line and "peak memory" in line and "loss" in line
+    assert line.endswith("; work =")  # the same code and torch: every count of the ledger agrees
     assert "round 2/2" in captured.err and "running B/A" in captured.err
     data = json.loads(out_json.read_text())
     case = data["cases"][0]
     assert data["b"]["sha"] is None and data["failed"] is False
+    assert (data["a"]["python"], data["b"]["python"]) == (sys.executable, other)
     assert len(case["tokens_per_s_a"]) == len(case["tokens_per_s_b"]) == 2
     assert case["memory"]["status"] == case["loss"]["status"] == "ok"  # same code: exact figures agree
+    assert case["work"] == [] and case["rounds_a"][0]["work"]["op_calls"]["backward"] > 0
     # 2 rounds: no 95% interval, and no p below 1/3
     assert case["speed"]["verdict"] == SAME and case["speed"]["low"] is None
     for record in case["rounds_a"] + case["rounds_b"]:  # each revision ran its own checkout's gptcore
         assert not record["gptcore"].startswith(str(ROOT)) and "gptcore-compare-" in record["gptcore"]
+    assert case["rounds_a"][0]["gptcore"] != case["rounds_b"][0]["gptcore"]  # HEAD's worktree, then the tree's copy
     assert git(repo, "worktree", "list").count("\n") == 0  # the temporary worktree is gone
 
 

@@ -1,14 +1,16 @@
 """The rank side of tests/test_distributed.py, run under torchrun (one launch runs every proof: each torchrun start
 costs seconds on 2 cores). ``python -m torch.distributed.run --nproc-per-node=2 tests/distributed_worker.py
-{proofs,memory,plant-always-reshard,nodes,hsdp,raise} OUT`` (``hsdp`` on 4 ranks): writes OUT/<name>.pt (rank 0, or per
-rank) for the test process to compare. ``plant-always-reshard`` measures memory with a planted regression (every FSDP2
-module reshards after forward, whatever the recipe says), patched into this process only, for the test that proves the
-check catches it."""
+{proofs,nodes,hsdp,raise} OUT`` (``hsdp`` on 4 ranks): writes OUT/<name>.pt (rank 0, or per rank) for the test process
+to compare. ``proofs`` ends with the memory of a planted regression (every FSDP2 module reshards after forward,
+whatever the recipe says), patched in after every other figure is taken and undone after, for the test that proves
+the check catches it."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -35,6 +37,8 @@ MEMORY_CASES = {
     "fsdp2": dict(parallel=FSDP2),
     "fsdp2-no-reshard": dict(parallel=FSDP2_NO_RESHARD),
 }
+#: The memory cases whose peaks show whether resharding after forward saves memory.
+RESHARD_CASES = ("fsdp2", "fsdp2-no-reshard")
 
 
 def full_params(t: Trainer) -> list[torch.Tensor]:
@@ -94,6 +98,10 @@ def proofs(out: Path) -> None:
     if rank == 0:
         torch.save(results, out / "results.pt")
     measure_memory(out)
+    nodes(out)  # the one-node reference of the two-node job
+    with always_reshard():
+        planted = {name: states(dataclasses.replace(BASE, **MEMORY_CASES[name])) for name in RESHARD_CASES}
+    torch.save(planted, out / f"planted-{rank}.pt")
 
 
 def measure_memory(out: Path) -> None:
@@ -104,16 +112,22 @@ def measure_memory(out: Path) -> None:
     torch.save(memory, out / f"memory-{dist.get_rank()}.pt")
 
 
-def plant_always_reshard() -> None:
-    """The planted regression: fully_shard ignores reshard_after_forward=False."""
+@contextlib.contextmanager
+def always_reshard() -> Iterator[None]:
+    """The planted regression: fully_shard ignores reshard_after_forward=False (the Trainer looks it up on each
+    call), until the block ends."""
     import torch.distributed.fsdp as fsdp
 
     original = fsdp.fully_shard
 
-    def always_reshard(module, **kwargs):
+    def planted(module, **kwargs):
         return original(module, **(kwargs | {"reshard_after_forward": True}))
 
-    fsdp.fully_shard = always_reshard
+    fsdp.fully_shard = planted
+    try:
+        yield
+    finally:
+        fsdp.fully_shard = original
 
 
 def planted_failure() -> None:
@@ -158,10 +172,5 @@ if __name__ == "__main__":
         nodes(target)
     elif mode == "hsdp":
         hsdp(target)
-    elif mode == "memory":
-        measure_memory(target)
-    elif mode == "plant-always-reshard":
-        plant_always_reshard()
-        measure_memory(target)
     else:
         planted_failure()

@@ -15,7 +15,6 @@ import random
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -344,7 +343,6 @@ def test_a_real_history_names_the_commit_that_planted_a_change_and_no_other(tmp_
         pytest.skip("needs git")
     from gptcore.cli import main
 
-    start = time.perf_counter()
     repo = tmp_path / "repo"
     repo.mkdir()
 
@@ -421,7 +419,6 @@ def test_a_real_history_names_the_commit_that_planted_a_change_and_no_other(tmp_
         f"  hunt it: python -m gptcore bisect {commits[1][:12]} {commits[2][:12]} -k cpu-small-ckpt-fp32 "
         "--metric peak_memory"
     ) in printed.out.splitlines()
-    assert time.perf_counter() - start < 120  # ~25 s here; the budget is 60 s on 2 cores, with room for a busy one
 
 
 # -- bad data: NaN, inf, missing and zero values ---------------------------------------------------------------------

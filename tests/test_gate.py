@@ -21,7 +21,6 @@ from gptcore.gate.schema import BaselineError, Entry, Tolerances
 from gptcore.gate.verdicts import verdict_of
 from tests.helpers import XDIST_VARIABLES, fake_share, run_pytest
 
-pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.cpu
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -169,25 +168,21 @@ def test_trivial(benchmark, gate, request):
 TIME_STATS = ("min", "max", "mean", "stddev", "median", "iqr", "q1", "q3", "ld15iqr", "hd15iqr", "total")
 
 
-def test_benchmark_compare_fail_prints_the_end_table_and_a_line_per_regression(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_benchmark_compare_fail_prints_the_end_table_and_a_line_per_regression(tmp_path: Path) -> None:
     # a tiny project with the repo's conftest: save a run, make the saved run 10x faster, compare against it
-    for key in ENV_DROP:
-        monkeypatch.delenv(key, raising=False)
-    pytester.makeconftest((ROOT / "conftest.py").read_text())
-    pytester.makepyfile(test_trivial=TRIVIAL_BENCH)
-    pytester.runpytest_subprocess("-p", "no:cacheprovider", "--benchmark-autosave").assert_outcomes(passed=1)
-    [saved] = pytester.path.glob(".benchmarks/*/*/0001_*.json")  # .benchmarks/<device>/<machine>/: per device
+    # (importlib: its conftest and test module load under names of their own, beside this checkout's)
+    (tmp_path / "conftest.py").write_text((ROOT / "conftest.py").read_text())
+    (tmp_path / "test_trivial.py").write_text(TRIVIAL_BENCH)
+    tiny = ["-p", "no:cacheprovider", "--import-mode=importlib", str(tmp_path)]
+    run_pytest(tmp_path, *tiny, "--benchmark-autosave").assert_outcomes(passed=1)
+    [saved] = tmp_path.glob(".benchmarks/*/*/0001_*.json")  # .benchmarks/<device>/<machine>/: per device
     data = json.loads(saved.read_text())
     for bench in data["benchmarks"]:
         bench["stats"].update({k: bench["stats"][k] / 10 for k in TIME_STATS})
         bench["stats"]["ops"] *= 10
     saved.write_text(json.dumps(data))
 
-    result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--benchmark-compare", "--benchmark-compare-fail=median:5%"
-    )
+    result = run_pytest(tmp_path, *tiny, "--benchmark-compare", "--benchmark-compare-fail=median:5%")
     output = result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     assert "Traceback" not in output and "PerformanceRegression" not in output

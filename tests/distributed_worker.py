@@ -3,7 +3,7 @@ costs seconds on 2 cores). ``python -m torch.distributed.run --nproc-per-node=2 
 {proofs,nodes,hsdp,raise} OUT`` (``hsdp`` on 4 ranks): writes OUT/<name>.pt (rank 0, or per rank) for the test process
 to compare. ``proofs`` ends with the memory of a planted regression (every FSDP2 module reshards after forward,
 whatever the recipe says), patched in after every other figure is taken and undone after, for the test that proves
-the check catches it."""
+the check catches it, and then with ``gptcore train`` of a DDP recipe, whose output the test reads."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gptcore.cli import main as cli
 from gptcore.config import CHAR_VOCAB, DDPOptions, FSDP2Options, GPTConfig, Parallel, Recipe
 from gptcore.memory.allocator import storage_bytes
 from gptcore.memory.tracker import LiveBytes, track_training
@@ -102,6 +103,10 @@ def proofs(out: Path) -> None:
     with always_reshard():
         planted = {name: states(dataclasses.replace(BASE, **MEMORY_CASES[name])) for name in RESHARD_CASES}
     torch.save(planted, out / f"planted-{rank}.pt")
+    # the command line on every rank, as `torchrun --nproc-per-node=2 -m gptcore train` runs it: its summary is
+    # printed once, by rank 0, into the launch's output
+    if cli(["train", "--model", "cpu-small", "--recipe", "ddp", "--steps", "3"]) != 0:
+        raise SystemExit("gptcore train failed")
 
 
 def measure_memory(out: Path) -> None:

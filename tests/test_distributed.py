@@ -1,8 +1,9 @@
 """DDP and FSDP2 compute what one process computes: proofs over 2 gloo ranks started by torchrun.
 
-One torchrun launch (tests/distributed_worker.py, ~12 s on 2 cores) runs every training proof and the per-rank
-memory measurements; the test functions compare what it saved. A second launch plants a failure on one rank, a
-third runs the command line. Each launch has a timeout: a hang fails the test instead of stalling CI.
+One torchrun launch (tests/distributed_worker.py, ~15 s on 2 cores) runs every training proof, the per-rank memory
+measurements, a planted memory regression and the command line; the test functions compare what it saved. Another
+launch plants a failure on one rank, another runs HSDP on 4 ranks, and two agents meet as two nodes. Each launch has
+a timeout: a hang fails the test instead of stalling CI.
 """
 
 from __future__ import annotations
@@ -61,10 +62,12 @@ def torchrun(*args: str, timeout: float = LAUNCH_TIMEOUT_S, world: int = WORLD) 
 @pytest.fixture(scope="module")
 def proofs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The folder of one torchrun launch's figures: every training proof, each rank's memory, the one-node
-    reference of the two-node job, and the memory of a planted regression (tests/distributed_worker.py)."""
+    reference of the two-node job, the memory of a planted regression, and the launch's output, which ends with
+    `gptcore train` on both ranks (tests/distributed_worker.py)."""
     out = tmp_path_factory.mktemp("distributed")
     done = torchrun(str(ROOT / "tests" / "distributed_worker.py"), "proofs", str(out))
     assert done.returncode == 0, done.stderr[-4000:]
+    (out / "stdout.txt").write_text(done.stdout)
     return out
 
 
@@ -288,12 +291,10 @@ def test_a_rank_that_raises_ends_the_job_with_its_error(tmp_path):
     assert "planted failure on rank 1" in done.stdout + done.stderr
 
 
-@pytest.mark.slow
-def test_torchrun_train_prints_once_with_the_world_size():
-    done = torchrun("-m", "gptcore", "train", "--model", "cpu-small", "--recipe", "ddp", "--steps", "3")
-    assert done.returncode == 0, done.stderr[-4000:]
-    summary = [line for line in done.stdout.splitlines() if line.startswith("cpu-small / ddp")]
-    assert len(summary) == 1 and "world size 2" in summary[0], done.stdout
+def test_torchrun_train_prints_once_with_the_world_size(proofs_dir):
+    stdout = (proofs_dir / "stdout.txt").read_text()
+    summary = [line for line in stdout.splitlines() if line.startswith("cpu-small / ddp")]
+    assert len(summary) == 1 and "world size 2" in summary[0], stdout
 
 
 def test_parallel_recipes_validate_and_refuse_what_does_not_work():

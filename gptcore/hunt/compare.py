@@ -368,7 +368,6 @@ def compare(
         else (Revision("working tree", None), Revision("working tree", None))
     )
     a.python, a.torch = interpreter(python_a)
-    # one interpreter on both sides is asked for its torch once (the import takes seconds)
     b.python, b.torch = (a.python, a.torch) if python_b == python_a else interpreter(python_b)
     options = options or Options(device=local_device())
     cases = select_cases(expr, options.device)

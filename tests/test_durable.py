@@ -57,7 +57,8 @@ def _copy_baselines(tmp_path: Path) -> Path:
 
 
 def _lines(path: Path) -> int:
-    return len(path.read_text().splitlines()) if path.exists() else 0
+    """The whole lines of the log (a line being written is not one yet)."""
+    return path.read_bytes().count(b"\n") if path.exists() else 0
 
 
 @pytest.mark.slow  # four cases in a child pytest: ~10 s on 2 busy cores
@@ -165,6 +166,20 @@ def test_a_resumed_failure_fails_the_run_and_a_bad_log_is_one_line(tmp_path):
     bad = run_pytest(tmp_path, *FOUR, "--resume", str(log))
     assert bad.ret == 4 and "Traceback" not in bad.stdout.str() + bad.stderr.str()
     assert f"--resume: {log}: line 1:" in bad.stderr.str()
+
+
+def test_each_line_of_the_log_is_one_write_so_a_kill_or_a_reader_never_splits_it(tmp_path, monkeypatch):
+    writes = []
+    real_write = os.write
+
+    def counted(fd, data):
+        writes.append(len(data))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(results.os, "write", counted)
+    big = results.Record(nodeid="x::big", name="big", outcome="failed", seconds=1.0, reason="r" * 20_000)
+    results.ResultsLog(tmp_path / "results.jsonl").write(big)  # five times a 4 KiB buffer
+    assert writes == [(tmp_path / "results.jsonl").stat().st_size] and writes[0] > 20_000
 
 
 def test_a_log_cut_off_in_its_last_line_reads_up_to_it(tmp_path):

@@ -96,21 +96,27 @@ class ResultsLog:
 
     def write(self, record: Record) -> None:
         record.time = record.time or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as out:
-            out.write(json.dumps(record.to_json(), sort_keys=False) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
+        self._append(json.dumps(record.to_json(), sort_keys=False))
 
     def write_plan(self, plan: Plan) -> None:
         """Start the log with the shard's plan (a log that already has one, being resumed, keeps it)."""
         if self.path.exists() and read_plan(self.path) is not None:
             return
+        self._append(json.dumps(plan.to_json()))
+
+    def _append(self, line: str) -> None:
+        """The line and its newline in one write to the end of the file, then fsynced: a reader of a run in
+        progress sees whole lines (a buffered file writes a record of a few KiB in two, and a run killed between
+        them left half a line)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as out:
-            out.write(json.dumps(plan.to_json()) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
+        data = (line + "\n").encode("utf-8")
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            while data:  # a regular file takes it in one write; the loop is for a short write
+                data = data[os.write(fd, data) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 class LogError(ValueError):

@@ -354,7 +354,8 @@ def test_a_real_history_names_the_commit_that_planted_a_change_and_no_other(tmp_
     git("init", "-q")
     git("config", "user.email", "t@example.com")
     git("config", "user.name", "t")
-    for part in ("gptcore", "bench", "conftest.py", "pyproject.toml"):
+    # .gitignore too: a run that writes bytecode (Python's default) must leave the checkout clean, as in a real one
+    for part in ("gptcore", "bench", "conftest.py", "pyproject.toml", ".gitignore"):
         source = ROOT / part
         (shutil.copytree if source.is_dir() else shutil.copy2)(source, repo / part)
     for junk in repo.rglob("__pycache__"):

@@ -113,7 +113,7 @@ def test_a_run_killed_after_its_third_case_keeps_cases_one_to_three_in_the_log_a
     assert models[identity.cpu_model()] >= len(logged)
 
 
-@pytest.mark.slow  # three child pytest runs of one or two cases: ~10 s
+@pytest.mark.slow  # two pytest runs of one or two cases, in this process: ~5 s
 def test_the_deadline_skips_what_would_end_after_it_and_resume_runs_only_that(tmp_path):
     baselines = _copy_baselines(tmp_path)
     data = json.loads((baselines / "cpu.json").read_text())

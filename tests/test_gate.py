@@ -1,8 +1,8 @@
 """The baselines gate proves itself: a real CPU benchmark case (cpu-small ckpt-fp32, 1 warm-up, 2 rounds of 2
-steps) run through pytest in a subprocess against a temporary baselines dir: recorded, rerun unchanged, then with
-the baseline moved so that the run must fail; unusable baseline files give a clear error; a --benchmark-compare-fail
-regression fails the run with the end table and no traceback. Plus unit tests of gptcore.gate.baselines (verdicts,
-validation, atomic update) and of the end table."""
+steps) run through pytest inside the test process (tests.helpers.run_pytest) against a temporary baselines dir:
+recorded, rerun unchanged, then with the baseline moved so that the run must fail; unusable baseline files give a
+clear error; a --benchmark-compare-fail regression fails the run with the end table and no traceback. Plus unit tests
+of gptcore.gate.baselines (verdicts, validation, atomic update) and of the end table."""
 
 from __future__ import annotations
 

@@ -99,7 +99,8 @@ def proofs(out: Path) -> None:
     if rank == 0:
         torch.save(results, out / "results.pt")
     measure_memory(out)
-    nodes(out)  # the one-node reference of the two-node job
+    # the one-node reference of the two-node job (`nodes`): the same two trainings, already run above
+    torch.save({name: results[name] for name in ("ddp", "fsdp2")}, out / f"nodes-{rank}.pt")
     with always_reshard():
         planted = {name: states(dataclasses.replace(BASE, **MEMORY_CASES[name])) for name in RESHARD_CASES}
     torch.save(planted, out / f"planted-{rank}.pt")

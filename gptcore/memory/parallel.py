@@ -81,11 +81,9 @@ def _fsdp2(question: Question, world_size: int, single: Estimate, options: FSDP2
     # resharded blocks are unsharded one at a time (the next one's all-gather buffer in flight beside it)
     blocks = cfg.n_layer if not options.reshard_after_forward else 1
     moments = {}
-    for moment, live in (
-        ("forward end", single.at_forward_end),
-        ("backward", single.at_forward_end),
-        ("peak", single.by_category),
-    ):
+    # backward's start differs from the forward's end only where blocks were resharded (see below)
+    backward = [("backward", single.at_forward_end)] if options.reshard_after_forward else []
+    for moment, live in [("forward end", single.at_forward_end), *backward, ("peak", single.by_category)]:
         adjust = {
             f"{c} sharded 1/{n}": -round(live.get(c, 0) * (1 - 1 / n)) for c in (PARAMETERS, OPTIMIZER_STATE, GRADIENTS)
         }
@@ -93,7 +91,7 @@ def _fsdp2(question: Question, world_size: int, single: Estimate, options: FSDP2
         adjust[f"{blocks} block(s) of parameters unsharded"] = blocks * block
         if moment != "peak" or options.reshard_after_forward:  # backward gathers again only after a reshard
             adjust["one block's all-gather buffer"] = block
-        if moment == "backward" and options.reshard_after_forward:
+        if moment == "backward":
             # backward's first gradients, unsharded until their reduce-scatter: the root's (reduced at the end of
             # backward) and the block being differentiated, while every activation is still counted live
             adjust["root gradients unsharded"] = root

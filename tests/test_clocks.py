@@ -26,6 +26,7 @@ FAST = dict(sm=1980, reasons=0)
 SLOW = dict(sm=1200, reasons=0)  # below 75% of 1980 (1485 MHz)
 HOT = dict(sm=1755, reasons=0x40)  # hardware thermal slowdown at a clock that alone would pass
 IDLE = dict(sm=1980, reasons=0x01 | 0x02)  # idle and application-clock bits: not slowdowns
+CAPPED = dict(sm=1830, reasons=0x04)  # software power cap at 700 W, as an H200 ran GPT-2: a busy GPU's normal state
 
 
 def fake_nvml(script: list[dict]) -> SimpleNamespace:
@@ -63,11 +64,12 @@ def run_rounds(script: list[dict]):
 
 
 def test_a_round_below_the_clocks_or_throttled_is_flagged_and_left_out_of_the_median():
-    m = run_rounds([FAST, SLOW, FAST, HOT, IDLE, FAST])
+    m = run_rounds([FAST, SLOW, FAST, HOT, IDLE, FAST, CAPPED])
     assert m.flagged_rounds == [1, 3]
     assert "SM clock 1200 MHz < 75% of 1980" in m.round_clocks[1]["flag"]
     assert m.round_clocks[3]["flag"] == "thermal (hardware)"
     assert "flag" not in m.round_clocks[4]  # idle and application-clock reasons are no slowdown
+    assert "flag" not in m.round_clocks[6]  # nor the power cap, at a clock above 75% of the default
     kept = [s for i, s in enumerate(m.round_seconds) if i not in (1, 3)]
     assert (m.tokens_per_s, m.tokens_per_s_iqr) == throughput(kept, m.tokens_per_step)
     assert m.unfit is None
@@ -78,7 +80,7 @@ def test_a_round_below_the_clocks_or_throttled_is_flagged_and_left_out_of_the_me
         "temperature_c_max": 71,
         "power_w_median": 612.0,
         "flagged_rounds": 2,
-        "rounds": 6,
+        "rounds": 7,
     }
 
 

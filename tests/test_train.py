@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from torch.testing import assert_close
 
 import gptcore
 from gptcore.config import Recipe
+from gptcore.presets import RECIPES
 from gptcore.training.trainer import lr_at
 from tests.helpers import F32_EPS, TINY, batches, capture_grads, params, trainer
 
@@ -65,6 +68,26 @@ def test_optimizer_in_backward_equals_the_ordinary_loop(optimizer):
         assert_close(fused.step(batch), plain.step(batch), **F64)
     assert_close(params(fused), params(plain), **F64)
     assert all(p.grad is None for p in fused.model.parameters())  # each gradient freed once used
+
+
+@pytest.mark.parametrize("recipe", ["optim-in-bwd", "optim-in-bwd-checkpoint", "bf16-pure-optim-in-bwd-checkpoint"])
+def test_an_optimizer_in_backward_trainer_is_freed_without_the_garbage_collector(recipe):
+    """Its parameters and optimizer state die with the Trainer by reference counting: no cycle through autograd's
+    hook table, which the collector did not free on a GPU (each case's 20.6 GB stayed under the next cases)."""
+    t = trainer(RECIPES[recipe])
+    t.step()
+    weights = list(t.model.parameters())
+    states = [s for opt in t.optimizers for state in opt.state.values() for s in state.values()]
+    assert len(states) == 3 * len(weights)  # step, exp_avg and exp_avg_sq of every parameter
+    alive = [weakref.ref(x) for x in weights + states]
+    del weights, states
+    gc.collect()
+    gc.disable()
+    try:
+        del t
+        assert [r for r in alive if r() is not None] == []
+    finally:
+        gc.enable()
 
 
 def test_fused_adamw_equals_foreach_within_float32_rounding():

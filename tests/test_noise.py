@@ -131,3 +131,16 @@ def test_the_verify_stage_ends_with_the_noise_of_the_recording_run_and_itself(tm
     evidence = json.loads((out / "noise.json").read_text())
     assert evidence["first"] == [str(out / "ladder.jsonl")] and evidence["second"] == str(out / "verify.jsonl")
     assert evidence["summary"]["speed"]["tolerance"] == pytest.approx(0.04)
+
+
+def test_the_committed_h200_tolerances_are_what_the_rule_gives_on_its_two_recorded_runs():
+    """baselines/nvidia-h200.json's tolerances come from the evidence beside them: the ladder recorded and verified
+    on an H200 (torch 2.11.0+cu130), tests/data/gpu-h200/{ladder,verify}.jsonl, run through the rule again."""
+    evidence = ROOT / "tests" / "data" / "gpu-h200"
+    cases = compare(measured([evidence / "ladder.jsonl"]), measured([evidence / "verify.jsonl"]))
+    assert len(cases) == 9  # the nine rungs, each measured in both runs
+    rule = summary(cases)
+    committed = json.loads((ROOT / "baselines" / "nvidia-h200.json").read_text())
+    assert {k: committed["tolerances"][k] for k in rule} == {k: v["tolerance"] for k, v in rule.items()}
+    assert rule == json.loads((evidence / "noise.json").read_text())["summary"]  # the stage's own evidence agrees
+    assert set(committed["benchmarks"]) == {c.name for c in cases}  # every recorded case was verified

@@ -462,6 +462,42 @@ def test_end_table_says_where_mfu_flops_come_from_and_what_work_moved() -> None:
     assert "41.3% (counted)" in line and "syncs +1" in line
 
 
+def test_a_recording_run_shows_mfu_too(tmp_path: Path) -> None:
+    """The first run on a new GPU records its baselines: its end table is the first place MFU is read (on the
+    H200 the recording run's column was empty, and only the second run showed 36.9%)."""
+    from types import SimpleNamespace
+
+    from gptcore.gate.session import Gate
+
+    gate = Gate(directory=tmp_path, update=True, strict=False, overrides={}, timing_override=(None,) * 3)
+    node = SimpleNamespace(name="test_ladder[gpt2-ladder-8]", nodeid="bench/test_ladder.py::test_ladder[gpt2-ladder-8]")
+    gate.judge_entry(node, BASE, "cpu", mfu="36.9% (analytic)")  # the device only names the file: no GPU here
+    assert gate.rows[-1].verdict == "recorded" and gate.rows[-1].mfu == "36.9% (analytic)"
+
+
+def test_what_an_earlier_case_left_allocated_is_named_under_the_end_table(tmp_path: Path) -> None:
+    """The H200's optim-in-bwd-checkpoint after optim-in-bwd: 43,045,451,776 B measured, 20,585,324,544 of them
+    left by the case before. Named above 1% of the peak; a few MiB of the CUDA libraries' workspaces are not (the
+    gate's rule is the same on every device: "cpu" here only spares the test a GPU)."""
+    from types import SimpleNamespace
+
+    from gptcore.gate.session import Gate
+    from gptcore.measure.runner import Measurement
+
+    gate = Gate(directory=tmp_path, update=True, strict=False, overrides={}, timing_override=(None,) * 3)
+    for name, before in (("a", 20_585_324_544), ("b", 33_554_432)):
+        node = SimpleNamespace(name=f"test_x[{name}]", nodeid=f"bench/x.py::test_x[{name}]")
+        m = Measurement(
+            device="cpu", tokens_per_step=1, steps_per_round=1, tokens_per_s=1e3, loss=1.0, allocated_before=before
+        )
+        m.peak_allocated_bytes = 43_045_451_776
+        gate.judge(node, m, model="tiny", recipe="fp32", precision="fp32", estimate=None)
+    assert gate.notes == [
+        "test_x[a]: 20,585,324,544 B were still allocated when it began, left by a case before it: its peak "
+        "includes them"
+    ]
+
+
 def test_slug_of_a_cuda_device_name() -> None:
     assert identity.slugify("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
     assert identity.slugify("NVIDIA A100-SXM4-40GB") == "nvidia-a100-sxm4-40gb"

@@ -86,6 +86,9 @@ class Measurement:
     """GPU only: the clocks of the unflagged rounds (gptcore.measure.clocks.summary), recorded with a baseline."""
     unfit: str | None = None
     """Set when more than half of the rounds were flagged: the machine could not run the case at its clocks."""
+    allocated_before: int | None = None
+    """GPU only: the bytes of live tensors when the case began, after a collection: what an earlier case left, which
+    the peak includes (the CUDA libraries' workspaces are a few MiB of it)."""
     calibration_seconds: list[float] = field(default_factory=list)
     """CPU only: a fixed fp32 matmul (:func:`calibration_kernel`) timed before each round, outside its timing."""
     calibrated_cost: float | None = None
@@ -142,6 +145,10 @@ class CaseRunner:
 
         if self.device.type == "cpu":
             allocator.load()  # built and loaded before anything runs: a case that cannot count fails at once
+        else:  # what an earlier case left allocated is in this case's peak: measured, so that the gate says so
+            gc.collect()
+            torch.cuda.empty_cache()
+            self.m.allocated_before = torch.cuda.memory_allocated(self.device)
         with compile_stats() as self.compiled:  # compilation happens while building and warming up
             t0 = time.perf_counter()
             self.trainer = Trainer(self.cfg, self.recipe, self.device)

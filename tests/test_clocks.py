@@ -121,6 +121,27 @@ def test_a_run_at_other_clocks_is_not_compared_for_speed():
     assert speed.status == checks.FAIL
 
 
+def test_a_slower_run_at_a_higher_clock_is_compared():
+    """The H200 at its power cap ran the compiled ladder rungs at 1830-1875 MHz and bf16 eager at 1980: code that
+    lost its compilation runs 2.7x slower at a clock 6.5% higher, which must fail, not pass as "other clocks"."""
+    compiled = Entry(
+        tokens_per_s=320_499.0,
+        tokens_per_s_iqr=5_900.0,
+        peak_allocated_bytes=10,
+        peak_reserved_bytes=10,
+        loss=1.0,
+        loss_step=5,
+        clocks={"sm_mhz": 1860},
+    )
+    eager = dataclasses.replace(compiled, tokens_per_s=116_769.0, clocks={"sm_mhz": 1980})
+    speed = next(
+        c
+        for c in verdicts.verdict_of("c", eager, compiled, Tolerances.default_for("cuda")).checks
+        if c.metric == "tokens/s"
+    )
+    assert speed.status == checks.FAIL
+
+
 def test_without_nvml_nothing_is_sampled(monkeypatch):
     assert clocks.open_clocks(SimpleNamespace(type="cpu")) is None
     monkeypatch.setattr(clocks, "load_nvml", lambda: None)

@@ -4,14 +4,15 @@
 # the job has a limit (no case starts that would end after it), writes a results log line and its baseline entry the
 # moment each case ends, and resumes from OUT_DIR/STAGE.jsonl when an earlier job left it there: a job killed at its
 # limit, or preempted, costs only the case it was in.
-#   plan         on CPU, no GPU: every stage's cases with a planned H100 time (cut into jobs under --time-limit)
+#   plan         on CPU, no GPU: every stage's cases with a planned time (cut into jobs under --time-limit): the times
+#                baselines/SLUG.json recorded with --device SLUG, else an H100's assumed from each case's FLOPs
 #   smoke        one case of each kind, in order, stopping at the first failure (3 minutes at most)
 #   ladder       GPT-2 124M up the ladder, recorded            memory   deep-1.6b x the 11 memory recipes, recorded
 #   char         the char-shape study, recorded                convergence  the convergence tier's shorter runs
 #   verify       the GPU tier's recorded cases again: a false failure shows here; then the GPU noise (noise.json)
 #   budget       why a compile memory budget runs out of memory: the partitioner's plan, the allocator's history
 #   profile      device facts, the bf16 matmul peak, the top ladder rung under torch.profiler, the report
-# Usage: bash scripts/gpu_session.sh STAGE[,STAGE...] [OUT_DIR] [--time-limit SECONDS] [--resume-from DIR]
+# Usage: bash scripts/gpu_session.sh STAGE[,STAGE...] [OUT_DIR] [--time-limit SECONDS] [--resume-from DIR] [--device SLUG]
 #   OUT_DIR        where everything is written as it ends (default $OUT, else out/gpu)
 #   --time-limit   the job's seconds, e.g. 3600 for Slurm's --time=1:00:00 (default $GPTCORE_TIME_LIMIT; none: no
 #                  job-wide deadline); stages named together run one after another and share it: no stage or case
@@ -24,13 +25,16 @@ shift
 out=${OUT:-out/gpu}
 limit=${GPTCORE_TIME_LIMIT:-}
 resume_from=""
+device=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --time-limit) limit=${2:?--time-limit: seconds}; shift 2 ;;
     --time-limit=*) limit=${1#*=}; shift ;;
     --resume-from) resume_from=${2:?--resume-from: a folder}; shift 2 ;;
     --resume-from=*) resume_from=${1#*=}; shift ;;
-    -*) echo "unknown option $1: --time-limit SECONDS, --resume-from DIR" >&2; exit 2 ;;
+    --device) device=${2:?--device: a baselines file stem, e.g. nvidia-h200}; shift 2 ;;
+    --device=*) device=${1#*=}; shift ;;
+    -*) echo "unknown option $1: --time-limit SECONDS, --resume-from DIR, --device SLUG (plan)" >&2; exit 2 ;;
     *) out=$1; shift ;;
   esac
 done
@@ -103,7 +107,7 @@ profile() {
 rc=0
 for stage in ${stages//,/ }; do
   case "$stage" in
-    plan) "$py" scripts/gpu_stage.py plan ${limit:+--time-limit "$limit"} ;;
+    plan) "$py" scripts/gpu_stage.py plan ${limit:+--time-limit "$limit"} ${device:+--device "$device"} ;;
     smoke|ladder|memory|char|convergence|verify)
       setup
       "$py" scripts/gpu_stage.py run "$stage" --out "$out" ${resume_from:+--resume "$resume_from/$stage.jsonl"} ;;

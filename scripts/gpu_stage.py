@@ -1,6 +1,6 @@
 """Run one stage of a GPU run in a time-limited or preemptible job, or plan every stage on CPU.
 
-    python scripts/gpu_stage.py plan [--time-limit S]      # every stage, its cases, an estimated H100 time
+    python scripts/gpu_stage.py plan [--time-limit S] [--device SLUG]  # every stage, its cases, a planned time
     python scripts/gpu_stage.py run STAGE --out DIR        # one stage, everything written under DIR as it ends
     python scripts/gpu_stage.py fits STAGE                 # exit 0 if a script stage fits what is left of the job
     python scripts/gpu_stage.py job-end [--time-limit S]   # the Unix time a job started now must be done by
@@ -83,14 +83,30 @@ def jobs(estimates: list[float], limit: float | None) -> list[list[int]]:
     return out if out[0] else []
 
 
-def plan_all(time_limit: float | None) -> int:
-    """Print each stage's cases with the planned time on an H100 and, under ``time_limit``, the jobs they need; 1
-    when a case cannot fit one job."""
+def recorded_seconds(device: str | None) -> dict[str, float]:
+    """Case name -> the wall time its entry in ``baselines/DEVICE.json`` recorded (empty without a device)."""
+    if device is None:
+        return {}
+    from gptcore.gate import baselines
+
+    path = ROOT / "baselines" / f"{device}.json"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in (ROOT / "baselines").glob("*.json") if p.stem != "cpu"))
+        raise SystemExit(f"gpu_stage: no baselines/{device}.json (recorded GPUs: {known or 'none'})")
+    entries = baselines.load(path).entries
+    return {name: e.seconds for name, e in entries.items() if e.seconds}
+
+
+def plan_all(time_limit: float | None, device: str | None = None) -> int:
+    """Print each stage's cases with the planned time (the wall time ``device``'s baselines recorded where there is
+    one, else on an H100) and, under ``time_limit``, the jobs they need; 1 when a case cannot fit one job."""
     from tabulate import tabulate
 
     usable = None if time_limit is None else time_limit - MARGIN_SECONDS
+    recorded = recorded_seconds(device)
     print(
-        f"Plan of a GPU run on an {plan.PLAN_GPU} at an assumed MFU of {plan.ASSUMED_MFU:.0%} "
+        (f"Plan of a GPU run on {device}: the times its baselines recorded, else " if device else "Plan of a GPU run: ")
+        + f"on an {plan.PLAN_GPU} at an assumed MFU of {plan.ASSUMED_MFU:.0%} "
         f"(gptcore/gate/plan.py states every assumption)"
         + (
             f"; jobs of {time_limit:.0f} s ({usable:.0f} s for cases), each resuming the last.\n"
@@ -112,7 +128,10 @@ def plan_all(time_limit: float | None) -> int:
             unfit += [name] if limit is not None and stage.script_seconds > limit else []
             continue
         items = collect(stage)
-        planned = [plan.estimate(item, {}, _overrides(stage.options)) for item in items]
+        overrides = _overrides(stage.options)  # recorded times hold the full timing: not for smoke's shorter one
+        planned = [
+            plan.estimate(item, {}, overrides, None if any(overrides) else recorded.get(item.name)) for item in items
+        ]
         cut = jobs([p.seconds for p in planned], limit)
         job_of = {i: k + 1 for k, job in enumerate(cut) for i in job}
         rows = [
@@ -248,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     plan_p = sub.add_parser("plan", help="every stage with its cases and planned time (no GPU needed)")
     plan_p.add_argument("--time-limit", default=None, help=f"the job's seconds (default ${TIME_LIMIT_ENV})")
+    plan_p.add_argument("--device", default=None, help="plan from baselines/DEVICE.json's recorded times (nvidia-h200)")
     run_p = sub.add_parser("run", help="run one stage")
     run_p.add_argument("stage", choices=[n for n in ORDER if STAGES[n].pytest])
     run_p.add_argument("--out", type=Path, required=True, help="where everything is written as it ends")
@@ -260,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     end_p.add_argument("--time-limit", default=None, help=f"the job's seconds (default ${TIME_LIMIT_ENV})")
     args = parser.parse_args(argv)
     if args.command == "plan":
-        return plan_all(time_limit(args.time_limit))
+        return plan_all(time_limit(args.time_limit), args.device)
     if args.command == "fits":
         return fits(args.stage)
     if args.command == "job-end":

@@ -3,6 +3,7 @@ of a time-limited job share its time, from --time-limit or the environment."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -134,3 +135,21 @@ def test_an_interpreter_without_the_projects_dependencies_is_one_line_and_exit_2
     [line] = proc.stderr.strip().splitlines()
     assert line.startswith(f"gpu_session.sh: {bare} lacks torch numpy tabulate pytest pytest_benchmark ruptures: ")
     assert "pip install -e '.[dev,gpu]'" in line
+
+
+def test_a_plan_for_a_recorded_gpu_takes_the_times_its_baselines_recorded():
+    """`plan --device nvidia-h200` plans the ladder from the H200's recorded wall times (the first GPU run measured
+    151 s for a ladder an H100 at the assumed 30% MFU was planned at 303 s); an unknown device is one line."""
+    from types import SimpleNamespace
+
+    from scripts import gpu_stage
+
+    recorded = gpu_stage.recorded_seconds("nvidia-h200")
+    committed = json.loads((ROOT / "baselines" / "nvidia-h200.json").read_text())["benchmarks"]
+    assert recorded == {name: e["seconds"] for name, e in committed.items()} and len(recorded) == 9
+    item = SimpleNamespace(nodeid="bench/test_ladder.py::test_ladder[gpt2-ladder-8]", name="test_ladder[gpt2-ladder-8]")
+    planned = plan.estimate(item, {}, (None,) * 3, recorded[item.name])
+    assert planned == plan.Estimate(recorded[item.name] * plan.HISTORY_MARGIN, "baseline")
+    with pytest.raises(SystemExit, match=r"^gpu_stage: no baselines/nvidia-b300\.json \(recorded GPUs: nvidia-h200\)$"):
+        gpu_stage.recorded_seconds("nvidia-b300")
+    assert gpu_stage.recorded_seconds(None) == {}

@@ -145,7 +145,7 @@ class CaseRunner:
 
         if self.device.type == "cpu":
             allocator.load()  # built and loaded before anything runs: a case that cannot count fails at once
-        else:  # what an earlier case left allocated is in this case's peak: measured, so that the gate says so
+        elif self.device.type == "cuda":  # what an earlier case left allocated is in this case's peak: the gate says so
             gc.collect()
             torch.cuda.empty_cache()
             self.m.allocated_before = torch.cuda.memory_allocated(self.device)

@@ -222,6 +222,8 @@ class Trainer:
 
         def hook(_: torch.Tensor) -> None:
             opt = ref()
+            if opt is None:
+                raise RuntimeError("optimizer in backward: its Trainer is gone; train this model with a new Trainer")
             opt.step()
             opt.zero_grad(set_to_none=True)  # the gradient is freed as soon as it is used
 

@@ -102,44 +102,33 @@ def test_more_than_half_flagged_is_machine_unfit_and_never_a_regression(tmp_path
     assert gate.rows[-1].verdict.startswith("machine unfit")
 
 
-def test_a_run_at_other_clocks_is_not_compared_for_speed():
+def speed_against(tokens_per_s: float, sm_mhz: int, base_tokens_per_s: float, base_sm_mhz: int) -> checks.Check:
+    """The tokens/s check of a GPU run against a baseline, each at its median SM clock."""
     now = Entry(
-        tokens_per_s=700.0,
+        tokens_per_s=tokens_per_s,
         tokens_per_s_iqr=1.0,
         peak_allocated_bytes=10,
         peak_reserved_bytes=10,
         loss=1.0,
         loss_step=5,
-        clocks={"sm_mhz": 1410},
+        clocks={"sm_mhz": sm_mhz},
     )
-    before = dataclasses.replace(now, tokens_per_s=1000.0, clocks={"sm_mhz": 1980})
-    tol = Tolerances.default_for("cuda")
-    speed = next(c for c in verdicts.verdict_of("c", now, before, tol).checks if c.metric == "tokens/s")
+    before = dataclasses.replace(now, tokens_per_s=base_tokens_per_s, clocks={"sm_mhz": base_sm_mhz})
+    verdict = verdicts.verdict_of("c", now, before, Tolerances.default_for("cuda"))
+    return next(c for c in verdict.checks if c.metric == "tokens/s")
+
+
+def test_a_run_at_other_clocks_is_not_compared_for_speed():
+    speed = speed_against(700.0, 1410, 1000.0, 1980)
     assert speed.status == checks.NOT_GATED and speed.note == "run at other clocks (SM 1,410 vs 1,980 MHz)"
-    same = dataclasses.replace(now, clocks={"sm_mhz": 1965})  # within 5%: the same clocks, a real slowdown
-    speed = next(c for c in verdicts.verdict_of("c", same, before, tol).checks if c.metric == "tokens/s")
-    assert speed.status == checks.FAIL
+    same = speed_against(700.0, 1965, 1000.0, 1980)  # within 5%: the same clocks, a real slowdown
+    assert same.status == checks.FAIL
 
 
 def test_a_slower_run_at_a_higher_clock_is_compared():
     """The H200 at its power cap ran the compiled ladder rungs at 1830-1875 MHz and bf16 eager at 1980: code that
     lost its compilation runs 2.7x slower at a clock 6.5% higher, which must fail, not pass as "other clocks"."""
-    compiled = Entry(
-        tokens_per_s=320_499.0,
-        tokens_per_s_iqr=5_900.0,
-        peak_allocated_bytes=10,
-        peak_reserved_bytes=10,
-        loss=1.0,
-        loss_step=5,
-        clocks={"sm_mhz": 1860},
-    )
-    eager = dataclasses.replace(compiled, tokens_per_s=116_769.0, clocks={"sm_mhz": 1980})
-    speed = next(
-        c
-        for c in verdicts.verdict_of("c", eager, compiled, Tolerances.default_for("cuda")).checks
-        if c.metric == "tokens/s"
-    )
-    assert speed.status == checks.FAIL
+    assert speed_against(116_769.0, 1980, 320_499.0, 1860).status == checks.FAIL
 
 
 def test_without_nvml_nothing_is_sampled(monkeypatch):

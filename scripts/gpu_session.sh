@@ -12,12 +12,15 @@
 #   verify       the GPU tier's recorded cases again: a false failure shows here; then the GPU noise (noise.json)
 #   budget       why a compile memory budget runs out of memory: the partitioner's plan, the allocator's history
 #   profile      device facts, the bf16 matmul peak, the top ladder rung under torch.profiler, the report
-# Usage: bash scripts/gpu_session.sh STAGE[,STAGE...] [OUT_DIR] [--time-limit SECONDS] [--resume-from DIR] [--device SLUG]
+# Usage: bash scripts/gpu_session.sh STAGE[,STAGE...] [OUT_DIR] [--time-limit SECONDS] [--resume-from DIR]
+#          [--pack FILE] [--device SLUG (plan)]
 #   OUT_DIR        where everything is written as it ends (default $OUT, else out/gpu)
 #   --time-limit   the job's seconds, e.g. 3600 for Slurm's --time=1:00:00 (default $GPTCORE_TIME_LIMIT; none: no
 #                  job-wide deadline); stages named together run one after another and share it: no stage or case
 #                  starts that would end after $GPTCORE_JOB_END (the job's start + the limit - 60 s, unless given)
 #   --resume-from  a folder of an earlier job's STAGE.jsonl logs, where OUT_DIR starts empty on each job
+#   --pack FILE    OUT_DIR as one .tar.gz, rewritten every 15 s and at the end (replaced whole, never half
+#                  written), for a job that can hand back only a file or a few: a kill keeps the last 15 s
 # A failed smoke stops the rest.
 set -uo pipefail
 stages=${1:?stage: plan, smoke, ladder, memory, char, convergence, verify, budget or profile (several: smoke,ladder)}
@@ -26,6 +29,7 @@ out=${OUT:-out/gpu}
 limit=${GPTCORE_TIME_LIMIT:-}
 resume_from=""
 device=""
+pack=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --time-limit) limit=${2:?--time-limit: seconds}; shift 2 ;;
@@ -34,7 +38,10 @@ while [ $# -gt 0 ]; do
     --resume-from=*) resume_from=${1#*=}; shift ;;
     --device) device=${2:?--device: a baselines file stem, e.g. nvidia-h200}; shift 2 ;;
     --device=*) device=${1#*=}; shift ;;
-    -*) echo "unknown option $1: --time-limit SECONDS, --resume-from DIR, --device SLUG (plan)" >&2; exit 2 ;;
+    --pack) pack=${2:?--pack: a file for the .tar.gz}; shift 2 ;;
+    --pack=*) pack=${1#*=}; shift ;;
+    -*) echo "unknown option $1: --time-limit SECONDS, --resume-from DIR, --pack FILE, --device SLUG (plan)" >&2
+      exit 2 ;;
     *) out=$1; shift ;;
   esac
 done
@@ -103,6 +110,18 @@ profile() {
     if [ -f "$out/$run.json" ]; then "$py" -m gptcore report "$out/$run.json" >"$out/report.txt" 2>&1; break; fi
   done
 }
+
+pack_now() {  # OUT_DIR into the archive: written beside it, then renamed over it
+  mkdir -p "$out" && tar czf "$pack.part" --exclude="./$(basename "$pack")" --exclude="./$(basename "$pack").part" \
+    -C "$out" . 2>/dev/null && mv -f "$pack.part" "$pack"
+}
+if [ -n "$pack" ] && [ "$stages" != plan ]; then
+  mkdir -p "$(dirname "$pack")" && pack=$(cd "$(dirname "$pack")" && pwd)/$(basename "$pack") || exit 2
+  ( while sleep 15; do pack_now; done ) &
+  packer=$!
+  trap 'kill "$packer" 2>/dev/null; pack_now' EXIT
+  trap 'exit 143' TERM
+fi
 
 rc=0
 for stage in ${stages//,/ }; do

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from gptcore.config import Recipe
-from gptcore.gate import checks, verdicts
+from gptcore.gate import baselines, checks, verdicts
 from gptcore.gate.schema import Entry, Tolerances
 from gptcore.gate.session import Gate
 from gptcore.measure import clocks
@@ -89,8 +89,10 @@ def test_more_than_half_flagged_is_machine_unfit_and_never_a_regression(tmp_path
     m = run_rounds([SLOW, HOT, FAST, SLOW])
     assert m.flagged_rounds == [0, 1, 3] and m.unfit.startswith("machine unfit: 3 of 4 rounds")
     measured = Entry.from_measurement(m, precision="fp32", cpu_model=None)
-    assert measured.clocks == m.clocks  # recorded with a baseline
-    baseline = dataclasses.replace(measured, tokens_per_s=measured.tokens_per_s * 10)  # 90% slower than before
+    assert measured.clocks == m.clocks  # recorded with a baseline, but not its speed: no reference
+    assert measured.speed_note == f"speed not recorded: {m.unfit}"
+    assert baselines.recorded_form(measured).tokens_per_s is None
+    baseline = dataclasses.replace(measured, tokens_per_s=measured.tokens_per_s * 10, speed_note=None)  # 90% slower
     tol = dataclasses.replace(Tolerances.default_for("cuda"))
     assert verdicts.verdict_of("case", measured, baseline, tol).failed  # the planted slowdown, judged plainly
     verdict = verdicts.verdict_of("case", measured, baseline, tol, unfit=m.unfit)

@@ -188,8 +188,8 @@ def update(
 
 
 def recorded_form(entry: Entry) -> Entry:
-    """What recording keeps of a measured entry: a CPU speed measured on a busy machine is no reference, so its
-    tokens/s is dropped (its ``speed_note`` says why)."""
+    """What recording keeps of a measured entry: a speed measured on a busy CPU, or on a GPU below its clocks
+    ("machine unfit"), is no reference, so its tokens/s is dropped (its ``speed_note`` says why)."""
     if entry.speed_note:
         return dataclasses.replace(entry, tokens_per_s=None, tokens_per_s_iqr=None)
     return entry

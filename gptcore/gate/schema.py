@@ -121,6 +121,8 @@ class Entry:
         extra_info as a namespace); ``cpu_model`` is recorded on CPU only."""
         from gptcore.measure.work import WorkLedger
 
+        busy = getattr(m, "speed_note", None) if m.device.startswith("cpu") else None
+        unfit = getattr(m, "unfit", None)  # a GPU that could not hold its clocks: its speed is no reference either
         return cls(
             tokens_per_s=m.tokens_per_s,
             tokens_per_s_iqr=m.tokens_per_s_iqr,
@@ -136,7 +138,7 @@ class Entry:
             estimate_by_category=estimate_by_category,
             seconds=getattr(m, "case_seconds", None) or None,
             clocks=getattr(m, "clocks", None),
-            speed_note=getattr(m, "speed_note", None) if m.device.startswith("cpu") else None,
+            speed_note=busy or (f"speed not recorded: {unfit}" if unfit else None),
         )
 
     @classmethod

@@ -88,13 +88,16 @@ def recorded_seconds(device: str | None) -> dict[str, float]:
     if device is None:
         return {}
     from gptcore.gate import baselines
+    from gptcore.gate.schema import BaselineError
 
-    path = ROOT / "baselines" / f"{device}.json"
-    if not path.is_file():
+    try:
+        file = baselines.load(ROOT / "baselines" / f"{device}.json")
+    except BaselineError as err:
+        raise SystemExit(f"gpu_stage: {err}") from None
+    if file is None:
         known = ", ".join(sorted(p.stem for p in (ROOT / "baselines").glob("*.json") if p.stem != "cpu"))
         raise SystemExit(f"gpu_stage: no baselines/{device}.json (recorded GPUs: {known or 'none'})")
-    entries = baselines.load(path).entries
-    return {name: e.seconds for name, e in entries.items() if e.seconds}
+    return {name: e.seconds for name, e in file.entries.items() if e.seconds}
 
 
 def plan_all(time_limit: float | None, device: str | None = None) -> int:

@@ -304,18 +304,16 @@ def test_the_estimate_is_within_1_percent_of_the_h200s_allocator_on_every_clean_
     """The GPU truth for the estimator: deep-1.6b on an H200 (torch 2.11.0+cu130), max_memory_allocated against the
     analytic estimate. Every measured peak is 67,959,808-69,006,848 B above it (the CUDA libraries' workspaces,
     0.2-0.3% of 22-34 GB), so 1% holds with room; the simulation agreed as closely (0.9969-0.9980)."""
-    import json
-
+    from gptcore.gate import results
     from tests.test_gate import ROOT
 
     cfg, seen = get_model("deep-1.6b"), []
     for log, recipes in H200_CLEAN.items():
-        for line in (ROOT / "tests" / "data" / "gpu-h200" / log).read_text().splitlines():
-            record = json.loads(line)
-            recipe = record.get("name", "").removeprefix("test_memory_recipes[deep-1.6b-").removesuffix("]")
-            if recipe in recipes and record["entry"]:
+        for record in results.read(ROOT / "tests" / "data" / "gpu-h200" / log):
+            recipe = record.name.removeprefix("test_memory_recipes[deep-1.6b-").removesuffix("]")
+            if recipe in recipes and record.entry:
                 est = analytic(cfg, get_recipe(recipe), batch=cfg.batch_size, seq=cfg.block_size, device="cuda")
-                measured = record["entry"]["peak_allocated_bytes"]
+                measured = record.entry["peak_allocated_bytes"]
                 assert 0 < measured - est.total_bytes < 0.01 * measured, recipe
                 seen.append(recipe)
     assert sorted(seen) == sorted(r for recipes in H200_CLEAN.values() for r in recipes)

@@ -111,15 +111,21 @@ profile() {
   done
 }
 
-pack_now() {  # OUT_DIR into the archive: written beside it, then renamed over it
-  mkdir -p "$out" && tar czf "$pack.part" --exclude="./$(basename "$pack")" --exclude="./$(basename "$pack").part" \
-    -C "$out" . 2>/dev/null && mv -f "$pack.part" "$pack"
+pack_now() {  # OUT_DIR into the archive: written beside it, then renamed over it. tar's exit 1 is "a file changed
+  # as it was read" (a log being appended): the archive holds it as read, and stands
+  mkdir -p "$out" || return
+  tar czf "$pack.part" --exclude="./$(basename "$pack")*" -C "$out" . 2>/dev/null
+  [ $? -le 1 ] && mv -f "$pack.part" "$pack"
 }
 if [ -n "$pack" ] && [ "$stages" != plan ]; then
   mkdir -p "$(dirname "$pack")" && pack=$(cd "$(dirname "$pack")" && pwd)/$(basename "$pack") || exit 2
-  ( while sleep 15; do pack_now; done ) &
+  rm -f "$pack.stop"
+  # the packer stops at the next second once asked, never in the middle of a pack (a killed packer left its tar
+  # writing beside the last pack, which then failed)
+  every=${GPTCORE_PACK_EVERY:-15}  # seconds between packs (a test packs every second)
+  ( n=0; while [ ! -e "$pack.stop" ]; do sleep 1; n=$((n + 1)); if [ "$n" -ge "$every" ]; then n=0; pack_now; fi; done ) &
   packer=$!
-  trap 'kill "$packer" 2>/dev/null; pack_now' EXIT
+  trap 'touch "$pack.stop"; wait "$packer"; rm -f "$pack.stop"; pack_now' EXIT
   trap 'exit 143' TERM
 fi
 

@@ -289,41 +289,6 @@ def test_the_worker_refuses_a_checkout_whose_gptcore_it_did_not_import(tmp_path)
         run_driver(tmp_path, "cpu-small", "ckpt-fp32", Options(warmup=1, steps=1), write_driver(tmp_path), False)
 
 
-@pytest.mark.slow  # 4 worker processes: ~20 s on 2 idle cores, minutes on a busy one
-def test_compare_head_with_the_working_tree_under_another_interpreter(repo, tmp_path, monkeypatch, capsys):
-    """A = HEAD under this interpreter, B = the working tree (a comment added) under another one (a wrapper around
-    this one, as another virtual environment's python would be): each side runs its own checkout's gptcore under
-    its own interpreter, rounds interleaved, and the same code gives the same exact figures and ledger."""
-    (repo / "gptcore" / "units.py").write_text((repo / "gptcore" / "units.py").read_text() + "\n# uncommitted\n")
-    other = wrapper(tmp_path / "python-b", f'exec "{sys.executable}" "$@"')
-    monkeypatch.chdir(repo)
-    out_json = tmp_path / "run.json"
-    args = ["compare", "HEAD", "-k", CASE, "--rounds", "2", *QUICK, "--python-b", other, "--json", str(out_json)]
-    assert main(args) == 0
-    captured = capsys.readouterr()
-    assert (
-        f"A = HEAD ({git(repo, 'rev-parse', 'HEAD')[:10]}), torch {torch.__version__} ({sys.executable}), B = working "
-        f"tree, torch {torch.__version__} ({other})" in captured.out
-    ), captured.out
-    line = next(line for line in captured.out.splitlines() if line.startswith(f"{CASE}: "))
-    assert "tok/s" in line and "B/A" in line and " same;" in line and "peak memory" in line and "loss" in line
-    assert line.endswith("; work =")  # the same code and torch: every count of the ledger agrees
-    assert "round 2/2" in captured.err and "running B/A" in captured.err
-    data = json.loads(out_json.read_text())
-    case = data["cases"][0]
-    assert data["b"]["sha"] is None and data["failed"] is False
-    assert (data["a"]["python"], data["b"]["python"]) == (sys.executable, other)
-    assert len(case["tokens_per_s_a"]) == len(case["tokens_per_s_b"]) == 2
-    assert case["memory"]["status"] == case["loss"]["status"] == "ok"  # same code: exact figures agree
-    assert case["work"] == [] and case["rounds_a"][0]["work"]["op_calls"]["backward"] > 0
-    # 2 rounds: no 95% interval, and no p below 1/3
-    assert case["speed"]["verdict"] == SAME and case["speed"]["low"] is None
-    for record in case["rounds_a"] + case["rounds_b"]:  # each revision ran its own checkout's gptcore
-        assert not record["gptcore"].startswith(str(ROOT)) and "gptcore-compare-" in record["gptcore"]
-    assert case["rounds_a"][0]["gptcore"] != case["rounds_b"][0]["gptcore"]  # HEAD's worktree, then the tree's copy
-    assert git(repo, "worktree", "list").count("\n") == 0  # the temporary worktree is gone
-
-
 PRE_ROOMS = "7205ef1f67ff3f758e22508bcbc789fe87037648"
 """The last commit of gptcore as one flat package (gptcore/train.py, gptcore/measure.py), before the rooms."""
 
@@ -354,21 +319,45 @@ def across_the_move(tmp_path: Path) -> tuple[Path, str]:
     return path, old
 
 
-@pytest.mark.slow  # 2 worker processes (one round: the exact figures need no more): ~15 s on 2 idle cores
-def test_compare_runs_a_revision_from_before_the_rooms_against_this_one(across_the_move, tmp_path, monkeypatch, capsys):
+@pytest.mark.slow  # 2 driver processes and one interpreter's torch version: ~15 s on 2 idle cores
+def test_compare_runs_a_revision_from_before_the_rooms_against_the_working_tree_under_another_interpreter(
+    across_the_move, tmp_path, monkeypatch, capsys
+):
+    """A = the last revision before the rooms under this interpreter, B = the working tree (a comment added, not
+    committed) under another one (a wrapper around this one, as another virtual environment's python would be):
+    each side runs its own checkout's gptcore under its own interpreter, and the same model and step on both sides
+    of the move give the same exact figures and the same ledger. One round: the exact figures need no more (the
+    order of the rounds is tested apart)."""
     repo, old = across_the_move
+    (repo / "gptcore" / "units.py").write_text((repo / "gptcore" / "units.py").read_text() + "\n# uncommitted\n")
+    other = wrapper(tmp_path / "python-b", f'exec "{sys.executable}" "$@"')
     monkeypatch.chdir(repo)
     out_json = tmp_path / "run.json"
     # an uncheckpointed case: the tracker follows checkpoint's saved RNG states since, so a checkpointed case's
     # ledger counts 5,056-byte allocations the old revision did not see
     case = "cpu-small-fp32"
-    assert main(["compare", old, "-k", case, "--rounds", "1", *QUICK, "--json", str(out_json)]) == 0
-    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith(f"{case}: "))
-    # the same model and step on both sides of the move: the exact figures agree, every count of the ledger too
-    assert " ok; loss " in line and line.endswith(" ok; work =")
-    case = json.loads(out_json.read_text())["cases"][0]
-    assert case["memory"]["status"] == case["loss"]["status"] == "ok" and case["work"] == []
-    assert case["rounds_a"][0]["work"]["op_calls"]["backward"] > 0  # the old revision's own ledger was read
+    args = ["compare", old, "-k", case, "--rounds", "1", *QUICK, "--python-b", other, "--json", str(out_json)]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert (
+        f"A = {old} ({old[:10]}), torch {torch.__version__} ({sys.executable}), B = working tree, torch "
+        f"{torch.__version__} ({other})" in captured.out
+    ), captured.out
+    line = next(line for line in captured.out.splitlines() if line.startswith(f"{case}: "))
+    assert "tok/s" in line and "B/A" in line and "peak memory" in line
+    assert " ok; loss " in line and line.endswith(" ok; work =")  # every count of the ledger agrees
+    assert "round 1/1" in captured.err and "running B/A" in captured.err
+    data = json.loads(out_json.read_text())
+    result = data["cases"][0]
+    assert data["a"]["sha"] == old and data["b"]["sha"] is None and data["failed"] is False
+    assert (data["a"]["python"], data["b"]["python"]) == (sys.executable, other)
+    assert len(result["tokens_per_s_a"]) == len(result["tokens_per_s_b"]) == 1
+    assert result["memory"]["status"] == result["loss"]["status"] == "ok" and result["work"] == []
+    assert result["rounds_a"][0]["work"]["op_calls"]["backward"] > 0  # the old revision's own ledger was read
+    for record in result["rounds_a"] + result["rounds_b"]:  # each revision ran its own checkout's gptcore
+        assert not record["gptcore"].startswith(str(ROOT)) and "gptcore-compare-" in record["gptcore"]
+    assert result["rounds_a"][0]["gptcore"] != result["rounds_b"][0]["gptcore"]  # the old worktree, the tree's copy
+    assert git(repo, "worktree", "list").count("\n") == 0  # the temporary worktree is gone
 
 
 @pytest.mark.slow  # 5 worker processes and git bisect: ~20 s on 2 idle cores

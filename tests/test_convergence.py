@@ -9,17 +9,15 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from gptcore import identity
 from gptcore.config import Schedule
 from gptcore.gate import baselines, schema
 from gptcore.gate.schema import BaselineError, Entry, Tolerances
 from gptcore.gate.verdicts import verdict_of
-from gptcore.measure.convergence import Convergence, converge, schedule_recipe, torch_threads
+from gptcore.measure.convergence import Convergence, converge, schedule_recipe
 from gptcore.presets import CPU_SHAPE_SHORT, STUDIES, get_model, get_recipe
 from gptcore.training import trainer as train
-from gptcore.training.trainer import Trainer
 
 pytestmark = pytest.mark.cpu
 
@@ -191,14 +189,13 @@ def test_a_schedule_that_decays_too_early_fails_the_convergence_gate_and_no_benc
     real = train.lr_at
     assert BENCH_HORIZON < recipe.warmup_steps  # what the benchmark reads lies inside the warm-up
 
-    def losses_to_horizon() -> list[torch.Tensor]:
-        with torch_threads(1):
-            t = Trainer(cfg, recipe, "cpu")
-            return [t.step() for _ in range(BENCH_HORIZON)]
-
-    clean = losses_to_horizon()
-    monkeypatch.setattr(train, "lr_at", _early_decay(real))
-    assert torch.equal(torch.stack(losses_to_horizon()), torch.stack(clean))
+    # the Trainer reads its learning rate from lr_at(step, recipe) and from nothing else the plant touches: the same
+    # rate at every step the benchmark reads is the same step (the planted run below fails, so the plant is read)
+    planted_lr = _early_decay(real)
+    assert [planted_lr(step, recipe) for step in range(BENCH_HORIZON)] == [
+        real(step, recipe) for step in range(BENCH_HORIZON)
+    ]
+    monkeypatch.setattr(train, "lr_at", planted_lr)
 
     planted = converge(cfg, get_recipe("ckpt-fp32"), CPU_SHAPE_SHORT, threads=1)
     file = baselines.load(ROOT / "baselines" / "cpu.json", expect_slug="cpu")

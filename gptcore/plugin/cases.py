@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from gptcore.gate import plan, results, shards
 from gptcore.gate.results import Plan, Record
 from gptcore.gate.schema import BaselineError, Entry
 from gptcore.gate.session import Gate
+from gptcore.measure import heap
 from gptcore.plugin.options import GATE, under_xdist
 
 
@@ -26,11 +28,20 @@ class CaseHooks:
         self.bench: set[str] = set()
         self.history: dict[str, float] = {}
         self.reports: dict[str, list[pytest.TestReport]] = {}
+        self.freezes = False
+        """Whether this session keeps the collector off the heap (gptcore.measure.heap): only in a process where
+        nothing froze before it, never in a run inside another's process (whose objects it would keep)."""
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         if config.getoption("shard"):
             shard(config, items, self)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.freezes = gc.get_freeze_count() == 0
+        if self.freezes:
+            heap.freeze()
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
@@ -54,6 +65,8 @@ class CaseHooks:
             self.reports.setdefault(report.nodeid, []).append(report)
 
     def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        if self.freezes:  # a compiled case leaves inductor's loaded kernels behind for good
+            heap.refreeze_if_grown()
         reports = self.reports.pop(nodeid, [])
         if nodeid not in self.bench or not reports or self.gate.log is None:
             return

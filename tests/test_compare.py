@@ -360,19 +360,19 @@ def test_compare_runs_a_revision_from_before_the_rooms_against_the_working_tree_
     assert git(repo, "worktree", "list").count("\n") == 0  # the temporary worktree is gone
 
 
-@pytest.mark.slow  # 5 worker processes and git bisect: ~20 s on 2 idle cores
+@pytest.mark.slow  # 3 driver processes and git bisect: ~15 s on 2 idle cores
 def test_bisect_names_the_commit_that_planted_a_regression(repo, monkeypatch, capsys):
+    """GOOD, the planted commit, a harmless one (BAD): GOOD and BAD are measured first, then git bisect runs a step
+    on the one commit between them in a worktree of its own and names it."""
     good = git(repo, "rev-parse", "HEAD")
-    (repo / "NOTES").write_text("harmless\n")
-    commit(repo, "harmless 1")
     config = repo / "gptcore" / "presets.py"
     text = config.read_text()
     planted = "_CPU = GPTConfig(n_layer=4, n_head=4, n_embd=160,"
     assert text.count("_CPU = GPTConfig(n_layer=4, n_head=4, n_embd=128,") == 1
     config.write_text(text.replace("_CPU = GPTConfig(n_layer=4, n_head=4, n_embd=128,", planted))
     bad_commit = commit(repo, "widen cpu-small")
-    (repo / "NOTES").write_text("harmless again\n")
-    commit(repo, "harmless 2")
+    (repo / "NOTES").write_text("harmless\n")
+    commit(repo, "harmless")
     monkeypatch.chdir(repo)
     assert main(["bisect", good, "HEAD", "-k", CASE, "--metric", "peak_memory", *QUICK]) == 0
     out = capsys.readouterr().out

@@ -28,9 +28,6 @@ class CaseHooks:
         self.bench: set[str] = set()
         self.history: dict[str, float] = {}
         self.reports: dict[str, list[pytest.TestReport]] = {}
-        self.freezes = False
-        """Whether this session keeps the collector off the heap (gptcore.measure.heap): only in a process where
-        nothing froze before it, never in a run inside another's process (whose objects it would keep)."""
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -39,8 +36,10 @@ class CaseHooks:
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        self.freezes = gc.get_freeze_count() == 0
-        if self.freezes:
+        # the collector kept off what the session holds before its first case (gptcore.measure.heap), in a process
+        # where nothing froze before (never in a run inside a test's process, whose objects it would keep); once:
+        # a freeze after a case could keep that case's model, held by a failure's traceback, for the whole session
+        if gc.get_freeze_count() == 0:
             heap.freeze()
 
     @pytest.hookimpl(tryfirst=True)
@@ -65,8 +64,6 @@ class CaseHooks:
             self.reports.setdefault(report.nodeid, []).append(report)
 
     def pytest_runtest_logfinish(self, nodeid: str) -> None:
-        if self.freezes:  # a compiled case leaves inductor's loaded kernels behind for good
-            heap.refreeze_if_grown()
         reports = self.reports.pop(nodeid, [])
         if nodeid not in self.bench or not reports or self.gate.log is None:
             return

@@ -10,6 +10,9 @@ from typing import Literal, get_args
 
 # Each set of names is written once, as a Literal: the fields' type hints, and what the checks accept.
 Precision = Literal["fp32", "tf32", "fp16", "bf16", "bf16-pure"]
+HALF_PRECISIONS: tuple[Precision, ...] = ("fp16", "bf16", "bf16-pure")
+"""The precisions whose matmuls run in a half type. On CPU their kernels' scratch, which the CPU peak counts, depends
+on the CPU's instruction set (gptcore.memory.scratch)."""
 Attention = Literal["manual", "sdpa", "flash", "math"]
 Optimizer = Literal["adamw", "sgd"]
 AdamWImpl = Literal["foreach", "fused", "for-loop"]

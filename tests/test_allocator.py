@@ -13,17 +13,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 import torch._functorch.config as functorch_config
 
+from gptcore.config import HALF_PRECISIONS
 from gptcore.measure.cpu_peak import measured_steps
 from gptcore.memory import allocator
 from gptcore.memory.categories import UNTRACKED
+from gptcore.memory.scratch import OpScratch, kernel_scratch
 from gptcore.memory.tracker import LiveBytes
 from gptcore.presets import RECIPES, STUDIES, get_model
 from gptcore.training import trainer as trainer_module
@@ -137,15 +141,76 @@ first rung peaks in backward with four Python numbers kept for it (4 x 8 B). The
 that peak inside AdamW's foreach update, which scales by Python numbers, hold the 12 B of scratch of one such op."""
 
 
+def half_cases() -> list[tuple[str, str]]:
+    return [(m, r) for m, r in eager_cases() if RECIPES[r].precision in HALF_PRECISIONS]
+
+
+@contextlib.contextmanager
+def aten_matmuls(recipe: str) -> Iterator[None]:
+    """A half-precision recipe's matmuls on ATen's own kernels, oneDNN off: no kernel scratch on any CPU, as on a CPU
+    where oneDNN has no half-precision kernels (no AVX-512). Any other recipe as it runs."""
+    if RECIPES[recipe].precision not in HALF_PRECISIONS:
+        yield
+        return
+    with torch.backends.mkldnn.flags(enabled=False):
+        yield
+
+
 @pytest.mark.parametrize(("model", "recipe"), eager_cases(), ids=[f"{m}-{r}" for m, r in eager_cases()])
 def test_on_every_eager_case_the_allocator_equals_the_trackers_peak_plus_what_it_cannot_see(
     model: str, recipe: str
 ) -> None:
     gc.enable()
-    peak, by_category = measured_steps(Trainer(get_model(model), RECIPES[recipe], "cpu"), 2)
+    with aten_matmuls(recipe):
+        peak, by_category = measured_steps(Trainer(get_model(model), RECIPES[recipe], "cpu"), 2)
     # the breakdown is the tracker's at its peak, and UNTRACKED what the allocator counted beyond it
     assert by_category.get(UNTRACKED, 0) == UNSEEN.get((model, recipe), 0)
     assert sum(by_category.values()) == peak
+
+
+@pytest.mark.parametrize(("model", "recipe"), half_cases(), ids=[f"{m}-{r}" for m, r in half_cases()])
+def test_on_this_cpus_half_precision_kernels_the_allocator_sees_at_most_one_kernels_scratch_more(
+    model: str, recipe: str
+) -> None:
+    # oneDNN's kernels where this CPU has them (AVX-512): their scratch is in the allocator's count and not the
+    # tracker's, at most what one op held inside itself (OpScratch); the tracked peak is the same as without them
+    gc.enable()
+    cfg = get_model(model)
+    peak, by_category = measured_steps(Trainer(cfg, RECIPES[recipe], "cpu"), 2)
+    with aten_matmuls(recipe):
+        aten_peak, aten_by_category = measured_steps(Trainer(cfg, RECIPES[recipe], "cpu"), 2)
+    untracked = by_category.pop(UNTRACKED, 0)
+    seen = UNSEEN.get((model, recipe), 0)
+    assert peak - untracked == aten_peak - aten_by_category.pop(UNTRACKED, 0)
+    assert by_category == aten_by_category
+    assert 0 <= untracked - seen <= kernel_scratch(cfg, RECIPES[recipe])
+
+
+def test_op_scratch_is_what_one_op_allocates_and_frees_inside_itself() -> None:
+    t = torch.ones(100)
+    with OpScratch() as scratch:
+        t.div_(2.0)  # the number as a float64 tensor and its float32 copy: 8 + 4 B, freed before the op returns
+        kept = t * 2  # an output is no scratch: 400 B allocated before and kept after
+    assert scratch.most == 12 and kept.untyped_storage().nbytes() == 400
+    with OpScratch() as scratch:
+        kept = t.sum()
+    assert scratch.most == 0
+
+
+def test_a_half_precision_matmul_on_onednn_holds_scratch_only_the_allocator_sees() -> None:
+    # with oneDNN's kernels off, a bf16 matmul holds nothing but its output on any CPU; on, what oneDNN's kernel for
+    # this CPU holds (0 where it has none: no AVX-512), all of it inside the op, freed before it returns
+    a, b = torch.randn(512, 384).bfloat16(), torch.randn(384, 384).bfloat16()
+    held = {}
+    for enabled in (False, True):
+        with torch.backends.mkldnn.flags(enabled=enabled), OpScratch() as scratch:
+            before = allocator.allocated_bytes()
+            out = a @ b
+        assert allocator.allocated_bytes() - before == out.untyped_storage().nbytes() == 512 * 384 * 2
+        held[enabled] = scratch.most
+        del out
+    assert held[False] == 0
+    assert (held[True] > 0) == torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def test_every_eager_case_of_the_tier_is_checked_and_every_unseen_entry_is_one() -> None:

@@ -419,6 +419,8 @@ def test_gate_says_where_pytest_benchmark_history_is_when_it_split_the_storage(m
 def test_html_judges_each_expected_effect_as_the_gate_does(pages: dict[str, Path]) -> None:
     """The report's 'does each optimization still pay' comes from the gate's own rule: the same outcomes as
     Gate.expect on the same figures."""
+    from gptcore.gate.expectations import Figures
+    from gptcore.gate.schema import Entry
     from gptcore.gate.session import Gate
     from gptcore.measure.runner import Measurement
 
@@ -429,7 +431,8 @@ def test_html_judges_each_expected_effect_as_the_gate_does(pages: dict[str, Path
     for bench in json.loads(CPU_RUN.read_text())["benchmarks"]:
         info = bench["extra_info"]
         m = Measurement(**{k: v for k, v in info.items() if k in names})
-        gate._expect(info["model"], info["recipe"], m, info["estimate_bytes"])
+        measured = Entry.from_measurement(m, precision=info["precision"], cpu_model=info.get("cpu_model"))
+        gate._expect(info["model"], info["recipe"], m.device, Figures.of(measured, info["estimate_bytes"]), 1)
     judged = {f"{o.model} {o.claim}": o.status for o in gate.expected.outcomes}
     claims = (
         "checkpoint vs fp32",

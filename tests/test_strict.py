@@ -15,6 +15,7 @@ import pytest
 
 from gptcore.gate import baselines, checks, schema, verdicts
 from gptcore.measure.work import CompileStats
+from gptcore.memory.categories import UNTRACKED
 from tests.test_gate import ROOT
 
 pytestmark = pytest.mark.cpu
@@ -94,3 +95,68 @@ def test_a_cpu_file_counts_the_models_that_recorded_its_entries(tmp_path) -> Non
     committed = json.loads((ROOT / "baselines" / "cpu.json").read_text())  # the file as committed says the same
     models = Counter(e["cpu_model"] for e in committed["benchmarks"].values() if e.get("cpu_model"))
     assert committed["device"] == {"slug": "cpu", "name": "CPU", "type": "cpu", "models": dict(sorted(models.items()))}
+
+
+HALF_EAGER, HALF_COMPILED = "test_cpu_recipes[cpu-small-bf16-pure]", "test_cpu_recipes[cpu-small-bf16-pure-budget-0.60]"
+SCRATCH = 786_560
+"""What oneDNN's kernel held inside one 512 x 384 by 384 x 384 bf16 matmul with AVX-512 and no bf16 (an Intel Xeon,
+family 6 model 207, under ONEDNN_MAX_CPU_ISA=AVX512_CORE; gptcore.memory.scratch): more than the 2% tolerance of
+either case's peak."""
+
+
+def _on_other_cpu(case: str) -> tuple[schema.Entry, schema.Entry, schema.Tolerances]:
+    """The recorded entry of ``case`` (a copy) and the same figures measured on another CPU whose half-precision
+    kernels held ``SCRATCH`` bytes at the peak."""
+    recorded = baselines.load(ROOT / "baselines" / "cpu.json", "cpu")
+    base = copy.deepcopy(recorded.entries[case])
+    assert base.precision == "bf16-pure" and base.cpu_model != OTHER_CPU
+    assert SCRATCH > recorded.tolerances.memory * base.peak_allocated_bytes
+    measured = dataclasses.replace(
+        copy.deepcopy(base), cpu_model=OTHER_CPU, peak_allocated_bytes=base.peak_allocated_bytes + SCRATCH
+    )
+    if measured.eager_breakdown:
+        measured.peak_by_category[UNTRACKED] = measured.peak_by_category.get(UNTRACKED, 0) + SCRATCH
+    else:
+        measured.kernel_scratch_bytes = SCRATCH
+    return base, measured, recorded.tolerances
+
+
+def _memory(case: str, measured: schema.Entry, base: schema.Entry, tol, strict: bool = True) -> checks.Check:
+    verdict = verdicts.verdict_of(case, measured, base, tol, strict=strict)
+    [check] = [c for c in verdict.checks if c.metric == "peak memory"]
+    return check
+
+
+@pytest.mark.parametrize("case", [HALF_EAGER, HALF_COMPILED])
+def test_a_half_precision_peak_from_another_cpu_model_is_judged_without_its_kernels_scratch(case: str) -> None:
+    base, measured, tol = _on_other_cpu(case)
+    assert _memory(case, measured, base, tol).status == checks.OK  # the whole peak is +4% or more: the kernels'
+    # the same peak on the recording CPU model is a change of the code's: judged whole
+    assert _memory(case, dataclasses.replace(measured, cpu_model=base.cpu_model), base, tol).status == checks.FAIL
+    # 3% more than the kernels hold fails on any CPU model
+    more = base.peak_allocated_bytes * 3 // 100
+    grown = dataclasses.replace(measured, peak_allocated_bytes=measured.peak_allocated_bytes + more)
+    if grown.eager_breakdown:
+        grown.peak_by_category = {**grown.peak_by_category}
+        grown.peak_by_category["activations"] += more
+    assert _memory(case, grown, base, tol).status == checks.FAIL
+
+
+def test_a_tracked_half_precision_peak_below_another_cpu_models_fails_strict_as_leaner() -> None:
+    base, measured, tol = _on_other_cpu(HALF_EAGER)
+    base.peak_allocated_bytes += 8  # the recorded activations 8 B more than the code now holds
+    base.peak_by_category["activations"] += 8
+    strict = _memory(HALF_EAGER, measured, base, tol)
+    assert strict.status == checks.FAIL and checks.LEANER in strict.note and "activations" in strict.note
+    assert _memory(HALF_EAGER, measured, base, tol, strict=False).status == checks.OK
+
+
+def test_a_compiled_half_precision_peak_is_leaner_only_below_what_the_baselines_kernels_held() -> None:
+    base, measured, tol = _on_other_cpu(HALF_COMPILED)
+    below = dataclasses.replace(measured, peak_allocated_bytes=base.peak_allocated_bytes - 8)
+    assert base.kernel_scratch_bytes is None  # recorded before kernels were measured: how low is not known
+    assert _memory(HALF_COMPILED, below, base, tol).status == checks.OK
+    base.kernel_scratch_bytes = 0  # a CPU whose kernels held nothing (no AVX-512): 8 B below it is the code's
+    strict = _memory(HALF_COMPILED, below, base, tol)
+    assert strict.status == checks.FAIL and checks.LEANER in strict.note
+    assert _memory(HALF_COMPILED, below, base, tol, strict=False).status == checks.OK

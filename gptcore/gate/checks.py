@@ -8,9 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gptcore.config import HALF_PRECISIONS
 from gptcore.gate.rules import Status, delta, judge, non_finite
 from gptcore.gate.schema import Entry, Tolerances
 from gptcore.measure.clocks import BUSY_SHARE
+from gptcore.memory.categories import UNTRACKED
 from gptcore.units import format_bytes
 
 if TYPE_CHECKING:
@@ -101,6 +103,82 @@ def memory_check(
         return Check("peak memory", now, before, None, status, "no figure to compare")
     note = f"{now:,} B vs {before:,} B ({now - before:+,} B), tolerance +{tol.memory:.0%}"
     return Check("peak memory", now, before, d, status, note + (f"; {where}" if where else ""))
+
+
+def other_kernels(measured: Entry, baseline: Entry) -> bool:
+    """A half-precision CPU case measured on another CPU model than its entry's: their matmul kernels' scratch
+    differs (gptcore.memory.scratch), so only the peak without it compares."""
+    return (
+        measured.precision in HALF_PRECISIONS
+        and measured.cpu_model is not None
+        and baseline.cpu_model is not None
+        and measured.cpu_model != baseline.cpu_model
+    )
+
+
+def kernel_note(model: str, cases: int) -> str:
+    """The line under the end table for ``cases`` half-precision cases whose entries ``model`` recorded."""
+    return (
+        f"peak memory of {cases} half-precision case(s) recorded on {model}, another CPU model: judged without the "
+        "matmul kernels' scratch, which moves with the CPU (eager: tracked bytes, exactly; compiled: within this "
+        "CPU's kernel scratch); the table's Δ is the whole peak's"
+    )
+
+
+def leaner(memory: Check, where: str | None) -> Check:
+    """--baseline-strict: ``memory`` failed as leaner than its baseline (its figure is exact)."""
+    memory.status = FAIL
+    memory.note = (
+        f"{LEANER}: {memory.note.split(', tolerance')[0]}; {where or 'no breakdown'}; refresh with --update-baselines"
+    )
+    return memory
+
+
+def kernel_memory_check(measured: Entry, baseline: Entry, tol: Tolerances, *, strict: bool) -> Check:
+    """The peak of a half-precision CPU case against an entry another CPU model recorded (:func:`other_kernels`),
+    without what the matmul kernels held. Eager: the tracked peaks, exact, judged as any CPU peak (both ways under
+    ``strict``). Compiled: each peak less the most one op held on its CPU is a lower bound, the peak itself an upper
+    one; only a change beyond both bounds is one the code made (above: beyond the tolerance; below: leaner, under
+    ``strict``), the rest passes, said."""
+    now, before = measured.peak_allocated_bytes, baseline.peak_allocated_bytes
+    why = f"{baseline.cpu_model}'s matmul kernels held other scratch than this CPU's"
+    if measured.eager_breakdown and baseline.eager_breakdown:
+        untracked = {UNTRACKED: 0}
+        where = moved_categories(measured.peak_by_category | untracked, baseline.peak_by_category | untracked)
+        check = memory_check(measured.kernel_free_peak(), baseline.kernel_free_peak(), tol, where=where)
+        check.note += f"; tracked bytes only: {why}"
+        if strict and check.delta is not None and check.delta < 0:
+            return leaner(check, where)
+        return check
+    if now is None or before is None or measured.kernel_scratch_bytes is None:
+        return Check("peak memory", now, before, None, Status.NO_FIGURE, f"not compared: {why}, not measured")
+    least = measured.kernel_free_peak()
+    base_least = before - baseline.kernel_scratch_bytes if baseline.kernel_scratch_bytes is not None else None
+    d = delta(now, before, relative=True)
+    said = f"{now:,} B vs {before:,} B; {why}: this CPU's up to {measured.kernel_scratch_bytes:,} B"
+    if least > before * (1 + tol.memory):
+        return Check(
+            "peak memory",
+            now,
+            before,
+            d,
+            FAIL,
+            f"{said}, and without them at least {least:,} B, tolerance +{tol.memory:.0%}",
+        )
+    if strict and base_least is not None and now < base_least:
+        return leaner(
+            Check(
+                "peak memory",
+                now,
+                before,
+                d,
+                OK,
+                f"{said}, the baseline's without its kernels' "
+                f"{baseline.kernel_scratch_bytes:,} B at least {base_least:,} B",
+            ),
+            None,
+        )
+    return Check("peak memory", now, before, d, OK, f"{said}: within what the kernels hold")
 
 
 CLOCK_TOL = 0.05

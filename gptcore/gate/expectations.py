@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from gptcore.gate.schema import Entry, kernel_free_peak
 from gptcore.presets import LADDER, RECIPES
 from gptcore.units import format_bytes, unit_for
 
@@ -139,6 +140,12 @@ class Figures:
     tokens_per_s: float | None
     tokens_per_s_iqr: float | None
     estimate: int | str | None
+
+    @classmethod
+    def of(cls, entry: Entry, estimate: int | str | None) -> Figures:
+        """A measured case's figures as the gate judges them: its peak without the matmul kernels' scratch, which
+        the estimate leaves out and the CPU model moves (``Entry.kernel_free_peak``)."""
+        return cls(entry.kernel_free_peak(), entry.tokens_per_s, entry.tokens_per_s_iqr, estimate)
 
 
 @dataclass(frozen=True)
@@ -262,9 +269,16 @@ class Session:
 
     def record_info(self, info: dict) -> list[EffectResult]:
         """``record`` from a benchmark's extra_info (model, recipe, device, world_size, peak_allocated_bytes,
-        tokens_per_s, tokens_per_s_iqr, estimate_bytes), as the report reads a saved run."""
+        tokens_per_s, tokens_per_s_iqr, estimate_bytes), as the report reads a saved run; the peak without the matmul
+        kernels' scratch, as the gate judges it (gptcore.gate.schema.kernel_free_peak)."""
         figures = Figures(
-            info.get("peak_allocated_bytes"),
+            kernel_free_peak(
+                info.get("peak_allocated_bytes"),
+                str(info.get("precision", "fp32")),
+                info.get("cpu_model"),
+                info.get("peak_by_category"),
+                info.get("kernel_scratch_bytes"),
+            ),
             info.get("tokens_per_s"),
             info.get("tokens_per_s_iqr"),
             info.get("estimate_bytes"),

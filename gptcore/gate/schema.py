@@ -7,7 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gptcore.config import HALF_PRECISIONS
 from gptcore.measure.convergence import Convergence
+from gptcore.memory.categories import COMPILED_STEP, UNTRACKED
 
 if TYPE_CHECKING:
     from gptcore.measure.work import WorkLedger
@@ -103,6 +105,9 @@ class Entry:
     """What was live at the peak by category (the CPU tracker's), to say where a memory change is."""
     estimate_by_category: dict[str, int] | None = None
     """The memory estimate's peak by category (any device), the same where the device has no tracker."""
+    kernel_scratch_bytes: int | None = None
+    """CPU, a compiled half-precision case: the most of its peak that this CPU's matmul kernels may hold
+    (gptcore.memory.scratch); None elsewhere."""
     convergence: Convergence | None = None
     """A convergence case's whole run (validation curve, time-to-loss); None for a benchmark case."""
     seconds: float | None = None
@@ -136,6 +141,7 @@ class Entry:
             work=WorkLedger.from_json(m.work) if m.work else None,
             peak_by_category=m.peak_by_category,
             estimate_by_category=estimate_by_category,
+            kernel_scratch_bytes=getattr(m, "kernel_scratch_bytes", None),
             seconds=getattr(m, "case_seconds", None) or None,
             clocks=getattr(m, "clocks", None),
             speed_note=busy or (f"speed not recorded: {unfit}" if unfit else None),
@@ -155,6 +161,17 @@ class Entry:
             precision=precision,
             cpu_model=cpu_model if device.startswith("cpu") else None,
             convergence=run,
+        )
+
+    @property
+    def eager_breakdown(self) -> bool:
+        """The peak has the CPU tracker's breakdown: an eager single-process CPU case."""
+        return eager_breakdown(self.peak_by_category)
+
+    def kernel_free_peak(self) -> int | None:
+        """The peak without what the matmul kernels held at it (:func:`kernel_free_peak`)."""
+        return kernel_free_peak(
+            self.peak_allocated_bytes, self.precision, self.cpu_model, self.peak_by_category, self.kernel_scratch_bytes
         )
 
     def loss_reference(self, cpu_model: str | None) -> tuple[float | None, str | None]:
@@ -178,6 +195,7 @@ class Entry:
             "work": self.work.to_json() if self.work else None,
             **({"peak_by_category": self.peak_by_category} if self.peak_by_category else {}),
             **({"estimate_by_category": self.estimate_by_category} if self.estimate_by_category else {}),
+            **({"kernel_scratch_bytes": self.kernel_scratch_bytes} if self.kernel_scratch_bytes is not None else {}),
             **({"convergence": self.convergence.to_json()} if self.convergence else {}),
             **({"seconds": round(self.seconds, 2)} if self.seconds is not None else {}),
             **({"clocks": self.clocks} if self.clocks else {}),
@@ -229,10 +247,36 @@ class Entry:
             loss_by_cpu=dict(by_cpu),
             peak_by_category=_categories(data.get("peak_by_category"), where, "peak_by_category"),
             estimate_by_category=_categories(data.get("estimate_by_category"), where, "estimate_by_category"),
+            kernel_scratch_bytes=get(data, "kernel_scratch_bytes", (int,), "kernel_scratch_bytes")
+            if "kernel_scratch_bytes" in data
+            else None,
             convergence=_convergence(data.get("convergence"), where),
             seconds=get(data, "seconds", num, "seconds") if "seconds" in data else None,
             clocks=get(data, "clocks", (dict,), "clocks") if "clocks" in data else None,
         )
+
+
+def eager_breakdown(by_category: dict[str, int] | None) -> bool:
+    """``by_category`` is the CPU tracker's breakdown of a peak: an eager single-process CPU case's."""
+    return bool(by_category) and COMPILED_STEP not in by_category
+
+
+def kernel_free_peak(
+    peak: int | None,
+    precision: str,
+    cpu_model: str | None,
+    by_category: dict[str, int] | None,
+    kernel_scratch: int | None,
+) -> int | None:
+    """A CPU peak without what the matmul kernels held at it, which for a half-precision case depends on the CPU's
+    instruction set (gptcore.memory.scratch): an eager case's tracked peak (its peak less the bytes only the
+    allocator counted), exact; a compiled case's peak less ``kernel_scratch``, the most one op held, so at least
+    that. Any other peak as it is: no CPU model moves it."""
+    if peak is None or precision not in HALF_PRECISIONS or cpu_model is None:
+        return peak
+    if eager_breakdown(by_category):
+        return peak - by_category.get(UNTRACKED, 0)
+    return peak - (kernel_scratch or 0)
 
 
 def _convergence(value: Any, where: str) -> Convergence | None:

@@ -90,6 +90,8 @@ class Gate:
     """--update-loss-references: add this CPU model's losses to the recorded entries, and nothing else."""
     loss_references: dict[str, int] = field(default_factory=dict)
     """The CPU model whose loss each gated case was held to, and how many cases (said under the table)."""
+    kernel_peaks: dict[str, int] = field(default_factory=dict)
+    """Half-precision cases whose entry another CPU model recorded, by that model (``checks.other_kernels``)."""
     missing: list[str] = field(default_factory=list)
     not_gated: dict[str, int] = field(default_factory=dict)
     regressions: list[str] = field(default_factory=list)
@@ -179,6 +181,7 @@ class Gate:
             notes.append(f"expectations not checked, their reference did not run (-k?): {', '.join(unchecked)}")
         for model, n in self.loss_references.items():
             notes.append(f"loss held to the reference of {model} ({n} case{'s' if n > 1 else ''})")
+        notes += [checks.kernel_note(model, n) for model, n in self.kernel_peaks.items()]
         if self.history_note and self.rows:
             notes.append(self.history_note)
         return notes + self.regressions
@@ -216,15 +219,15 @@ class Gate:
                 f"{node.name}: {left:,} B were still allocated when it began, left by a case before it: its peak "
                 "includes them"
             )
-        unmet = [] if error else self._expect(model, recipe, m, estimate, world)
+        figures = Figures.of(measured, estimate)
+        unmet = [] if error else self._expect(model, recipe, m.device, figures, world)
         if not error:  # what the expected effects judged, kept for a merge of shards to judge them again
-            figures = [m.peak_allocated_bytes, m.tokens_per_s, m.tokens_per_s_iqr, estimate]
             self.cases[node.nodeid]["effect"] = {
                 "model": model,
                 "recipe": recipe,
                 "device": m.device.split(":")[0],
                 "world": world,
-                "figures": figures,
+                "figures": list(dataclasses.astuple(figures)),
             }
         return self._outcome(node, m.device, error, verdict, unmet)
 
@@ -309,6 +312,8 @@ class Gate:
             other = "" if model == measured.cpu_model else ", another CPU model: the wider tolerance"
             key = f"{model}{other}"
             self.loss_references[key] = self.loss_references.get(key, 0) + 1
+        if baseline is not None and checks.other_kernels(measured, baseline):
+            self.kernel_peaks[baseline.cpu_model] = self.kernel_peaks.get(baseline.cpu_model, 0) + 1
         summary = verdict.summary() if not unfit else f"machine unfit; {verdict.summary()}"
         if verdict.missing:
             summary += " (strict: FAIL)" if self.strict else ""
@@ -336,10 +341,9 @@ class Gate:
         self.rows.append(row)
         self.cases[node.nodeid]["row"] = row.cells()
 
-    def _expect(self, model: str, recipe: str, m: Measurement, estimate: int | str | None, world: int = 1) -> list[str]:
+    def _expect(self, model: str, recipe: str, device: str, figures: Figures, world: int = 1) -> list[str]:
         """Judge the expectations this case completes (gptcore.gate.expectations); the failures' lines."""
-        figures = Figures(m.peak_allocated_bytes, m.tokens_per_s, m.tokens_per_s_iqr, estimate)
-        judged = self.expected.record(model, recipe, m.device.split(":")[0], figures, world)
+        judged = self.expected.record(model, recipe, device.split(":")[0], figures, world)
         return [o.line for o in judged if o.status == "FAIL"]
 
     def take_record(self, r: Record, where: str) -> Entry | None:

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from gptcore.config import GPTConfig, Recipe
+from gptcore.config import HALF_PRECISIONS, GPTConfig, Recipe
 from gptcore.measure.clocks import BUSY_SHARE, Clocks, Sample, open_clocks
 from gptcore.measure.clocks import summary as clock_summary
 from gptcore.measure.cpu_peak import TRACKED_STEPS, cpu_peak, measured_steps
@@ -35,6 +35,7 @@ from gptcore.measure.timing import (
 )
 from gptcore.measure.work import compile_stats, count_step
 from gptcore.memory import allocator
+from gptcore.memory.scratch import kernel_scratch
 
 # -- one case ------------------------------------------------------------------------------------------------------
 
@@ -59,6 +60,10 @@ class Measurement:
     peak_by_category: dict[str, int] | None = None
     """What was live at the peak, by category (CPU: from the tracked warm-up; None on a GPU, whose allocator has no
     categories)."""
+    kernel_scratch_bytes: int | None = None
+    """CPU, a compiled half-precision case: the most bytes one op held inside itself in an eager step at the same
+    shapes (gptcore.memory.scratch), the most of its peak that this CPU's matmul kernels may hold. An eager case's
+    tracker names the bytes instead (its breakdown's 'untracked')."""
     loss: float | None = None
     """Loss of the last timed optimizer step."""
     loss_step: int = 0
@@ -145,6 +150,11 @@ class CaseRunner:
 
         if self.device.type == "cpu":
             allocator.load()  # built and loaded before anything runs: a case that cannot count fails at once
+            r = self.recipe
+            if r.compile and r.precision in HALF_PRECISIONS and r.parallel.mode == "none":  # before the case's own
+                # Trainer, which seeds torch again: the probe's step changes nothing the case draws
+                self.m.kernel_scratch_bytes = kernel_scratch(self.cfg, r)
+                gc.collect()
         elif self.device.type == "cuda":  # what an earlier case left allocated is in this case's peak: the gate says so
             gc.collect()
             torch.cuda.empty_cache()

@@ -6,8 +6,10 @@
   8-byte float64 tensor made by the argument parser outside the dispatcher), and the scratch an op makes of a Python
   number operand.
 - On every eager case of the CPU tier it equals the tracker's peak to the byte, plus exactly the bytes of those two
-  kinds that are live at the peak: 32 B in one case, 12 B in six, 0 in the other twenty. The tracker also follows
-  checkpoint's saved RNG states now (5,056 bytes per checkpointed block), which it used to miss.
+  kinds that are live at the peak: 32 B in one case, 12 B in six, 0 in the other twenty, with half-precision matmuls
+  on ATen's own kernels (as on every CPU without AVX-512). On oneDNN's, where this CPU has them, it also counts their
+  scratch, at most what one op holds inside itself (gptcore.memory.scratch), and the tracked bytes do not move. The
+  tracker also follows checkpoint's saved RNG states (5,056 bytes per checkpointed block).
 - A compiled budget that silently stops saving fails the CPU tier.
 """
 

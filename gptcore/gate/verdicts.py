@@ -3,8 +3,9 @@ rule of ``gptcore.gate.rules``.
 
 Gate rules (defaults per device type, stored in each file's ``tolerances`` and overridable per run):
 
-* peak memory (allocated bytes) fails above +``memory`` (2%); on CPU the tracked bytes are exact and
-  deterministic, so any change there is real;
+* peak memory (allocated bytes) fails above +``memory`` (2%); on CPU the counted bytes are exact and
+  deterministic, so any change there is real; a half-precision case measured on another CPU model than its
+  entry's is judged without its matmul kernels' scratch, which moves with the CPU (``checks.kernel_memory_check``);
 * tokens/s fails below -``speed`` (5%) on a GPU; on CPU it is reported, not gated, unless a run asks for it
   with --speed-tol;
 * the loss of the last timed step must stay within ``loss`` nats (fp32/tf32) or ``loss_amp`` nats (fp16/bf16),
@@ -110,8 +111,10 @@ def verdict_of(
 ) -> Verdict:
     """Verdicts of ``measured`` against ``baseline`` (None: no baseline recorded) under ``tol``; ``unfit``: why
     the machine could not time this case (its speed is then not gated); ``strict`` (--baseline-strict): an exact
-    figure that went down (the work ledger's counts, CPU tracked memory) fails as leaner than the baseline, on any
-    device and any CPU model: both measured the same on every CPU model (docs/gate.md, "Strict on every CPU")."""
+    figure that went down (the work ledger's counts, the CPU peak) fails as leaner than the baseline, on any device
+    and any CPU model: both measured the same on every CPU model, but for the scratch of half-precision matmul
+    kernels, which a bf16 case's peak is judged without on another model (``checks.kernel_memory_check``;
+    docs/gate.md, "Strict on every CPU")."""
     if measured.convergence is not None:
         return Verdict(case, convergence_checks(measured, baseline, tol))
     if baseline is None:

@@ -145,40 +145,28 @@ def kernel_memory_check(measured: Entry, baseline: Entry, tol: Tolerances, *, st
     if measured.eager_breakdown and baseline.eager_breakdown:
         untracked = {UNTRACKED: 0}
         where = moved_categories(measured.peak_by_category | untracked, baseline.peak_by_category | untracked)
-        check = memory_check(measured.kernel_free_peak(), baseline.kernel_free_peak(), tol, where=where)
-        check.note += f"; tracked bytes only: {why}"
-        if strict and check.delta is not None and check.delta < 0:
-            return leaner(check, where)
-        return check
+        tracked = memory_check(measured.kernel_free_peak(), baseline.kernel_free_peak(), tol, where=where)
+        tracked.note += f"; tracked bytes only: {why}"
+        if strict and tracked.delta is not None and tracked.delta < 0:
+            return leaner(tracked, where)
+        return tracked
     if now is None or before is None or measured.kernel_scratch_bytes is None:
         return Check("peak memory", now, before, None, Status.NO_FIGURE, f"not compared: {why}, not measured")
     least = measured.kernel_free_peak()
-    base_least = before - baseline.kernel_scratch_bytes if baseline.kernel_scratch_bytes is not None else None
     d = delta(now, before, relative=True)
     said = f"{now:,} B vs {before:,} B; {why}: this CPU's up to {measured.kernel_scratch_bytes:,} B"
+
+    def check(status: Status, more: str) -> Check:
+        return Check("peak memory", now, before, d, status, said + more)
+
     if least > before * (1 + tol.memory):
-        return Check(
-            "peak memory",
-            now,
-            before,
-            d,
-            FAIL,
-            f"{said}, and without them at least {least:,} B, tolerance +{tol.memory:.0%}",
-        )
-    if strict and base_least is not None and now < base_least:
+        return check(FAIL, f", and without them at least {least:,} B, tolerance +{tol.memory:.0%}")
+    scratch = baseline.kernel_scratch_bytes
+    if strict and scratch is not None and now < before - scratch:
         return leaner(
-            Check(
-                "peak memory",
-                now,
-                before,
-                d,
-                OK,
-                f"{said}, the baseline's without its kernels' "
-                f"{baseline.kernel_scratch_bytes:,} B at least {base_least:,} B",
-            ),
-            None,
+            check(OK, f", the baseline's without its kernels' {scratch:,} B at least {before - scratch:,} B"), None
         )
-    return Check("peak memory", now, before, d, OK, f"{said}: within what the kernels hold")
+    return check(OK, ": within what the kernels hold")
 
 
 CLOCK_TOL = 0.05

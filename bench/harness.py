@@ -83,8 +83,9 @@ def benchmark_case(
     reason = unsupported_reason(recipe, device, cfg)
     if reason:
         pytest.skip(reason)
-    timing = timing.on(recipe, device)
-    rounds = timing.speed_rounds if gate.cpu_speed and timing.speed_rounds else timing.rounds
+    speed = bool(gate.cpu_speed and timing.speed_rounds)
+    timing = timing.on(recipe, device, speed=speed)
+    rounds = timing.speed_rounds if speed else timing.rounds
     warmup, rounds, steps_per_round = gate.timing(timing.warmup, rounds, timing.steps_per_round)
     estimate, estimate_by_category = estimate_of(model, recipe, device)
     reason = cannot_fit(estimate, device)  # a GPU case the estimate says cannot fit: skipped, not an OOM

@@ -354,16 +354,20 @@ class Timing:
     speed_rounds: int | None = None
     """CPU: the rounds ``--cpu-speed`` times, for a median worth reading; ``rounds`` is what the exact checks need."""
 
-    def on(self, recipe: Recipe, device: str) -> Timing:
-        """The timing of one case: a bf16 case on CPU times one round and reads its loss at the end of it (step 4
-        where the study reads step 8). A CPU without native bf16 (no AVX512-BF16: a Zen 3 EPYC, GitHub's hosted
+    def on(self, recipe: Recipe, device: str, *, speed: bool = False) -> Timing:
+        """The timing of one case: a bf16 case on CPU reads its loss at step 4 (where the study reads step 8), taken
+        by one round of one step and then the ledger's step (gptcore.measure.runner: the ledger's step is the loss
+        step where the two meet). A CPU without native bf16 (no AVX512-BF16: a Zen 3 EPYC, GitHub's hosted
         runners) emulates bf16 matmuls about 23x slower than fp32, and every check keeps its meaning in fewer
         steps: the peak (the two tracked warm-up steps), the loss (bf16 forward, backward and three optimizer
-        updates), the work ledger (one steady step). Speed is not gated on CPU; ``--cpu-speed`` still times
-        ``speed_rounds``."""
+        updates), the work ledger (one steady step). Speed is not gated on CPU; with ``speed`` (``--cpu-speed``)
+        the study's rounds of ``steps_per_round`` steps are timed and the loss is still read at step 4."""
         if device != "cpu" or not recipe.precision.startswith("bf16") or self.loss_step is None:
             return self
-        return dataclasses.replace(self, rounds=1, loss_step=self.warmup + self.steps_per_round)
+        loss_step = self.warmup + self.steps_per_round
+        if speed:
+            return dataclasses.replace(self, loss_step=loss_step)
+        return dataclasses.replace(self, rounds=1, steps_per_round=max(1, self.steps_per_round - 1), loss_step=loss_step)
 
 
 @dataclass(frozen=True)

@@ -171,16 +171,23 @@ def test_an_error_that_is_not_out_of_memory_is_raised() -> None:
     assert out_of_memory_in(wrapped) is oom
 
 
-def test_a_cpu_bf16_case_reads_its_loss_after_one_round_and_every_other_case_keeps_its_study_timing() -> None:
+def test_a_cpu_bf16_case_takes_four_steps_its_ledger_step_the_loss_step_and_every_other_case_keeps_its_timing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from gptcore.config import Timing
 
     study = Timing(warmup=2, rounds=3, steps_per_round=2, loss_step=8, speed_rounds=11)
     bf16 = study.on(RECIPES["ckpt-bf16"], "cpu")
-    # the two tracked warm-up steps (the peak), one timed round, the loss after it, then one ledger step
-    assert (bf16.warmup, bf16.rounds, bf16.steps_per_round, bf16.loss_step) == (2, 1, 2, 4)
-    assert bf16.speed_rounds == 11  # --cpu-speed still times the study's rounds
+    # the two tracked warm-up steps (the peak), one timed round of one step, then the ledger's step, whose loss is
+    # read: step 4, as before the ledger's step was the loss step
+    assert (bf16.warmup, bf16.rounds, bf16.steps_per_round, bf16.loss_step) == (2, 1, 1, 4)
+    speed = study.on(RECIPES["ckpt-bf16"], "cpu", speed=True)  # --cpu-speed times the study's rounds
+    assert (speed.rounds, speed.steps_per_round, speed.loss_step, speed.speed_rounds) == (3, 2, 4, 11)
     assert study.on(RECIPES["bf16-pure"], "cpu").loss_step == 4
     assert study.on(RECIPES["ckpt-fp32"], "cpu") is study and study.on(RECIPES["ckpt-bf16"], "cuda") is study
+    steps = []
+    step = Trainer.step
+    monkeypatch.setattr(Trainer, "step", lambda self, batch=None: steps.append(1) or step(self, batch))
     m = run_case(
         TINY,
         RECIPES["ckpt-bf16"],
@@ -190,4 +197,8 @@ def test_a_cpu_bf16_case_reads_its_loss_after_one_round_and_every_other_case_kee
         steps_per_round=bf16.steps_per_round,
         loss_step=bf16.loss_step,
     )
-    assert m.loss_step == 4 and len(m.round_seconds) == 1 and m.peak_allocated_bytes > 0 and m.work is not None
+    assert len(steps) == 4 and m.loss_step == 4 and len(m.round_seconds) == 1 and m.work is not None
+    monkeypatch.setattr(Trainer, "step", step)
+    # the loss of the ledger's step, counted under its modes, is that of a plain fourth step, bit for bit
+    assert m.loss == Trainer(TINY, RECIPES["ckpt-bf16"], "cpu").run(4)[-1]
+    assert m.peak_allocated_bytes > 0

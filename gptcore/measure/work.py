@@ -214,6 +214,14 @@ def _host_step_counters(optimizers: list[torch.optim.Optimizer]) -> set[int]:
 def count_step(trainer, batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> WorkLedger:
     """The work ledger of one ``trainer.step(batch)`` (a gptcore Trainer, warmed up so that optimizer state and
     compiled graphs exist). The step is taken: the trainer is one step further afterwards."""
+    return counted_step(trainer, batch)[0]
+
+
+def counted_step(
+    trainer, batch: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> tuple[WorkLedger, torch.Tensor]:
+    """``count_step``, with the loss the step returned (the modes only count: the loss of a plain step, bit for
+    bit)."""
     if batch is None:  # made outside the counted step, as a DataLoader would
         batch = trainer.step_batch()
     tracker = LiveBytes(round_to=512 if trainer.device.type == "cuda" else 1)
@@ -221,13 +229,13 @@ def count_step(trainer, batch: tuple[torch.Tensor, torch.Tensor] | None = None) 
     with phases(tracker, trainer.model, trainer.optimizers):
         before, before_bytes = tracker.allocations, tracker.allocated_bytes
         with tracker, counts:
-            trainer.step(batch)
+            loss = trainer.step(batch)
     allocations = tracker.allocations - before
     by_op = dict(counts.allocs)
     outside = allocations - sum(by_op.values())  # in-place storage resizes bypass the dispatcher
     if outside:
         by_op[OUTSIDE] = outside
-    return WorkLedger(
+    ledger = WorkLedger(
         flops={p: counts.flops[p] for p in PHASES},
         op_calls={p: counts.calls[p] for p in PHASES},
         syncs=counts.syncs,
@@ -239,6 +247,7 @@ def count_step(trainer, batch: tuple[torch.Tensor, torch.Tensor] | None = None) 
         flops_by_op=dict(counts.flops_by_op),
         uncounted_flops_by_op=dict(counts.uncounted),
     )
+    return ledger, loss
 
 
 @contextmanager

@@ -160,3 +160,21 @@ def test_a_compiled_half_precision_peak_is_leaner_only_below_what_the_baselines_
     strict = _memory(HALF_COMPILED, below, base, tol)
     assert strict.status == checks.FAIL and checks.LEANER in strict.note
     assert _memory(HALF_COMPILED, below, base, tol, strict=False).status == checks.OK
+
+
+@pytest.mark.parametrize("case", [HALF_EAGER, HALF_COMPILED])
+def test_the_end_tables_peak_delta_of_a_half_precision_case_from_another_cpu_model_is_what_the_gate_compared(
+    case: str,
+) -> None:
+    from gptcore.gate.session import Row
+    from gptcore.gate.summary import gate_table
+
+    base, measured, tol = _on_other_cpu(case)
+    check = _memory(case, measured, base, tol)
+    whole = f"{(measured.peak_allocated_bytes / base.peak_allocated_bytes - 1):+.1%}"  # +4% or more: the kernels'
+    row = Row(case, measured, base, "ok", status={"peak memory": check.status})
+    [line] = [line for line in gate_table([row]).splitlines() if case in line]
+    if measured.eager_breakdown:  # the tracked bytes, the figures the check compared: equal
+        assert check.delta == 0 and " +0.0% " in line and f" {whole} " not in line
+    else:  # the whole peak, judged within the bounds of the two CPUs' kernel scratch
+        assert f" {whole} " in line

@@ -121,7 +121,8 @@ def kernel_note(model: str, cases: int) -> str:
     return (
         f"peak memory of {cases} half-precision case(s) recorded on {model}, another CPU model: judged without the "
         "matmul kernels' scratch, which moves with the CPU (eager: tracked bytes, exactly; compiled: within this "
-        "CPU's kernel scratch); the table's Δ is the whole peak's"
+        "CPU's kernel scratch); the table's Δ is the tracked bytes' for an eager case, the whole peak's for a "
+        "compiled one"
     )
 
 

@@ -9,11 +9,13 @@ from typing import TYPE_CHECKING
 
 from tabulate import tabulate
 
+from gptcore.gate.checks import other_kernels
 from gptcore.gate.rules import Status, delta, delta_text
 from gptcore.units import common_unit, format_bytes
 
 if TYPE_CHECKING:
     from gptcore.gate.expectations import EffectResult
+    from gptcore.gate.schema import Entry
     from gptcore.gate.session import Gate, Row
 
 __all__ = ["CONVERGENCE", "PAYS", "convergence_table", "expectations_table", "gate_markdown", "gate_table"]
@@ -66,6 +68,16 @@ def _pct(measured: float | None, baseline: float | None, status: str | None = No
     return delta_text(delta(measured, baseline, relative=True), status)
 
 
+def _judged_peaks(
+    m: Entry | None, b: Entry | None, peak: int | None, base_peak: int | None
+) -> tuple[int | None, int | None]:
+    """The two peaks the gate compared: the tracked bytes of an eager half-precision case whose entry another CPU
+    model recorded (gptcore.gate.checks.other_kernels), else the whole peaks."""
+    if m and b and other_kernels(m, b) and m.eager_breakdown and b.eager_breakdown:
+        return m.kernel_free_peak(), b.kernel_free_peak()
+    return peak, base_peak
+
+
 def _num(value: float | None, fmt: str) -> str:
     return "—" if value is None else format(value, fmt)
 
@@ -107,7 +119,7 @@ def gate_table(rows: Sequence[Row], tablefmt: str = "simple") -> str:
                 _pct(m.tokens_per_s if m else None, b.tokens_per_s if b else None, row.status.get("tokens/s")),
                 format_bytes(peak, unit),
                 format_bytes(base_peak, unit),
-                _pct(peak, base_peak, row.status.get("peak memory")),
+                _pct(*_judged_peaks(m, b, peak, base_peak), row.status.get("peak memory")),
                 est_meas,
                 row.mfu,
                 ("val " if m and m.convergence else "") + _num(loss, ".4f"),

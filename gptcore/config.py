@@ -367,7 +367,8 @@ class Timing:
         loss_step = self.warmup + self.steps_per_round
         if speed:
             return dataclasses.replace(self, loss_step=loss_step)
-        return dataclasses.replace(self, rounds=1, steps_per_round=max(1, self.steps_per_round - 1), loss_step=loss_step)
+        one_step_less = max(1, self.steps_per_round - 1)
+        return dataclasses.replace(self, rounds=1, steps_per_round=one_step_less, loss_step=loss_step)
 
 
 @dataclass(frozen=True)

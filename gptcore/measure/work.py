@@ -217,9 +217,7 @@ def count_step(trainer, batch: tuple[torch.Tensor, torch.Tensor] | None = None) 
     return counted_step(trainer, batch)[0]
 
 
-def counted_step(
-    trainer, batch: tuple[torch.Tensor, torch.Tensor] | None = None
-) -> tuple[WorkLedger, torch.Tensor]:
+def counted_step(trainer, batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[WorkLedger, torch.Tensor]:
     """``count_step``, with the loss the step returned (the modes only count: the loss of a plain step, bit for
     bit)."""
     if batch is None:  # made outside the counted step, as a DataLoader would

@@ -289,8 +289,8 @@ class CaseRunner:
         return kept or m.round_seconds
 
     def _count_work(self) -> None:
-        """The work ledger of one more step (after the loss and the peaks are read), and MFU from its FLOPs where
-        they differ from the analytic formula."""
+        """The work ledger of one more step (after the peaks are read; the loss step itself where that is the next
+        step, whose loss is then read from it), and MFU from its FLOPs where they differ from the analytic formula."""
         trainer, m = self.trainer, self.m
         try:
             with compile_stats() as again:

@@ -4,6 +4,7 @@ weekly torch-upgrade job runs the CPU tier and compare under the newest torch re
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -77,6 +78,39 @@ def test_ci_keeps_inductors_compile_cache_where_ci_run_compiles_into_it() -> Non
     # a new torch pin starts a new cache; a gptcore change restores the newest one of the same pin
     assert "hashFiles('.ci/run', 'constraints-cpu.txt')" in cache["with"]["key"]
     assert cache["with"]["key"].startswith(cache["with"]["restore-keys"])
+
+
+def _cpu_key(step: dict, cpuinfo: Path, tmp_path: Path) -> str:
+    """What the workflow's CPU step writes to $GITHUB_OUTPUT, reading ``cpuinfo`` for /proc/cpuinfo."""
+    out = tmp_path / "github_output"
+    out.write_text("")
+    command = step["run"].replace("/proc/cpuinfo", str(cpuinfo))
+    subprocess.run(["bash", "-c", command], check=True, env={"GITHUB_OUTPUT": str(out), "PATH": "/usr/bin:/bin"})
+    [line] = out.read_text().splitlines()
+    return line
+
+
+def test_ci_restores_inductors_cache_only_from_a_runner_of_the_same_cpu(tmp_path: Path) -> None:
+    # inductor keys a compiled graph on torch but not on the CPU: one whose kernels were written for AVX-512,
+    # restored where they compile for AVX2, computes NaN (docs/gate.md), and the hosted runners are not all one CPU
+    ci = load("ci.yml")
+    cache = next(s for s in steps(ci, "cpu") if s.get("uses", "").startswith("actions/cache"))
+    cpu = next(s for s in steps(ci, "cpu") if s.get("id") == "cpu")
+    assert steps(ci, "cpu").index(cpu) < steps(ci, "cpu").index(cache)
+    assert "${{ steps.cpu.outputs.key }}" in cache["with"]["restore-keys"]  # so in the key too (its prefix)
+    first = "processor\t: 0\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC 7763 64-Core Processor\n"
+    flags = "flags\t\t: fpu avx avx2 fma\n"
+    cpuinfo = tmp_path / "cpuinfo"
+
+    def key_of(text: str) -> str:
+        cpuinfo.write_text(text)
+        return _cpu_key(cpu, cpuinfo, tmp_path)
+
+    key = key_of(first + flags + "\nprocessor\t: 1\n" + flags)
+    assert re.fullmatch(r"key=[0-9a-f]{16}", key)
+    assert key_of(first + flags + "\nprocessor\t: 1\nflags\t\t: other\n") == key  # the first CPU's block only
+    assert key_of(first + flags.replace("fma", "fma avx512f avx512bw")) != key  # another instruction set
+    assert key_of(first.replace("model\t\t: 1", "model\t\t: 17") + flags) != key  # another model
 
 
 def test_ci_posts_the_gates_markdown_on_the_pull_request_and_the_gpu_job_writes_it() -> None:

@@ -233,7 +233,7 @@ def counted_step(trainer, batch: tuple[torch.Tensor, torch.Tensor] | None = None
     outside = allocations - sum(by_op.values())  # in-place storage resizes bypass the dispatcher
     if outside:
         by_op[OUTSIDE] = outside
-    ledger = WorkLedger(
+    return WorkLedger(
         flops={p: counts.flops[p] for p in PHASES},
         op_calls={p: counts.calls[p] for p in PHASES},
         syncs=counts.syncs,
@@ -244,8 +244,7 @@ def counted_step(trainer, batch: tuple[torch.Tensor, torch.Tensor] | None = None
         allocations_by_op=by_op,
         flops_by_op=dict(counts.flops_by_op),
         uncounted_flops_by_op=dict(counts.uncounted),
-    )
-    return ledger, loss
+    ), loss
 
 
 @contextmanager

@@ -116,6 +116,20 @@ def other_kernels(measured: Entry, baseline: Entry) -> bool:
     )
 
 
+def tracked_only(measured: Entry, baseline: Entry) -> bool:
+    """The gate compares the two peaks' tracked bytes only: an eager half-precision case whose entry another CPU
+    model recorded (:func:`other_kernels`), both with the tracker's breakdown."""
+    return other_kernels(measured, baseline) and measured.eager_breakdown and baseline.eager_breakdown
+
+
+def compared_peaks(measured: Entry, baseline: Entry) -> tuple[int | None, int | None]:
+    """The two peaks the gate compares (the end table's Δ): the tracked bytes where :func:`tracked_only`, else the
+    whole peaks."""
+    if tracked_only(measured, baseline):
+        return measured.kernel_free_peak(), baseline.kernel_free_peak()
+    return measured.peak_allocated_bytes, baseline.peak_allocated_bytes
+
+
 def kernel_note(model: str, cases: int) -> str:
     """The line under the end table for ``cases`` half-precision cases whose entries ``model`` recorded."""
     return (
@@ -143,10 +157,10 @@ def kernel_memory_check(measured: Entry, baseline: Entry, tol: Tolerances, *, st
     ``strict``), the rest passes, said."""
     now, before = measured.peak_allocated_bytes, baseline.peak_allocated_bytes
     why = f"{baseline.cpu_model}'s matmul kernels held other scratch than this CPU's"
-    if measured.eager_breakdown and baseline.eager_breakdown:
+    if tracked_only(measured, baseline):
         untracked = {UNTRACKED: 0}
         where = moved_categories(measured.peak_by_category | untracked, baseline.peak_by_category | untracked)
-        tracked = memory_check(measured.kernel_free_peak(), baseline.kernel_free_peak(), tol, where=where)
+        tracked = memory_check(*compared_peaks(measured, baseline), tol, where=where)
         tracked.note += f"; tracked bytes only: {why}"
         if strict and tracked.delta is not None and tracked.delta < 0:
             return leaner(tracked, where)

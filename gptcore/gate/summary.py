@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from tabulate import tabulate
 
-from gptcore.gate.checks import other_kernels
+from gptcore.gate.checks import compared_peaks
 from gptcore.gate.rules import Status, delta, delta_text
 from gptcore.units import common_unit, format_bytes
 
@@ -67,15 +67,6 @@ def _pct(measured: float | None, baseline: float | None, status: str | None = No
     return delta_text(delta(measured, baseline, relative=True), status)
 
 
-def _compared_peaks(row: Row) -> tuple[int | None, int | None]:
-    """The two peaks the gate compared, for the Δ cell: the tracked bytes of an eager half-precision case whose
-    entry another CPU model recorded (``checks.other_kernels``), else the whole peaks."""
-    m, b = row.measured, row.baseline
-    if m and b and other_kernels(m, b) and m.eager_breakdown and b.eager_breakdown:
-        return m.kernel_free_peak(), b.kernel_free_peak()
-    return (m.peak_allocated_bytes if m else None, b.peak_allocated_bytes if b else None)
-
-
 def _num(value: float | None, fmt: str) -> str:
     return "—" if value is None else format(value, fmt)
 
@@ -117,7 +108,7 @@ def gate_table(rows: Sequence[Row], tablefmt: str = "simple") -> str:
                 _pct(m.tokens_per_s if m else None, b.tokens_per_s if b else None, row.status.get("tokens/s")),
                 format_bytes(peak, unit),
                 format_bytes(base_peak, unit),
-                _pct(*_compared_peaks(row), row.status.get("peak memory")),
+                _pct(*(compared_peaks(m, b) if m and b else (peak, base_peak)), row.status.get("peak memory")),
                 est_meas,
                 row.mfu,
                 ("val " if m and m.convergence else "") + _num(loss, ".4f"),

@@ -522,6 +522,27 @@ def test_update_rewrites_only_the_cases_that_ran_and_keeps_tolerances(tmp_path: 
     assert [p.name for p in tmp_path.iterdir()] == ["cpu.json"]  # no temp file left behind
 
 
+def test_a_study_is_judged_by_its_own_tolerances_and_recording_keeps_them(tmp_path: Path) -> None:
+    """tolerances_by_test: the cases of a study with its own noise evidence (by its test function) are held to its
+    tolerances, every other case to the file's; --update-baselines rewrites entries and keeps both."""
+    path = tmp_path / "cpu.json"
+    names = ("test_noisy[a]", "test_steady[a]", "test_other[a]")
+    baselines.update(path, "cpu", dict.fromkeys(names, BASE), device_name="CPU A", device_type="cpu")
+    data = json.loads(path.read_text())
+    data["tolerances"].update(memory=0.02)
+    data["tolerances_by_test"] = {"test_noisy": {"memory": 0.2}, "test_steady": {"memory": 0.001, "loss": 0.5}}
+    _write(path, data)
+    file = baselines.load(path, expect_slug="cpu")
+    fatter = measured(peak_allocated_bytes=int(BASE.peak_allocated_bytes * 1.1))  # +10%
+    verdicts = {name: verdict_of(name, fatter, file.entries[name], file.tolerances_for(name)) for name in names}
+    assert not verdicts["test_noisy[a]"].failed  # within its own 20%
+    assert verdicts["test_steady[a]"].failed and verdicts["test_other[a]"].failed  # its own 0.1%; the file's 2%
+    assert file.tolerances_for("test_steady[a]").loss == 0.5 and file.tolerances_for("test_other[a]").loss == 1e-6
+    assert file.tolerances_for("test_steady[a]").speed is None  # the fields it does not name are the file's
+    baselines.update(path, "cpu", {"test_noisy[a]": measured(loss=3.0)}, device_name="CPU A", device_type="cpu")
+    assert json.loads(path.read_text())["tolerances_by_test"] == data["tolerances_by_test"]
+
+
 def test_a_failed_write_leaves_the_old_file_intact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "cpu.json"
     baselines.update(path, "cpu", {"a": BASE}, device_name="CPU A", device_type="cpu")
@@ -546,6 +567,9 @@ def test_a_failed_write_leaves_the_old_file_intact(tmp_path: Path, monkeypatch: 
         (lambda d: d["benchmarks"]["a"].update(peak_allocated_bytes=1.5), "peak_allocated_bytes: expected int"),
         (lambda d: d["tolerances"].update(memroy=0.1), "tolerances.memroy: unknown field"),
         (lambda d: d["tolerances"].update(speed=2), "tolerances.speed: must be in [0, 1]"),
+        (lambda d: d.update(tolerances_by_test={"test_x": {"sped": 0.1}}), "tolerances_by_test.test_x.sped: unknown"),
+        (lambda d: d.update(tolerances_by_test={"test_x": {"loss": -1}}), "tolerances_by_test.test_x.loss: must be"),
+        (lambda d: d.update(tolerances_by_test={"test_x": 0.1}), "tolerances_by_test: must be an object of objects"),
     ],
 )
 def test_validation_errors_name_the_file_and_the_field(tmp_path: Path, mutate, message: str) -> None:

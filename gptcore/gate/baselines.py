@@ -1,6 +1,7 @@
 """Baseline files: one per device (``baselines/<device-slug>.json``), their schema (an ``Entry`` per case, the
-device's ``Tolerances``), validation with errors that name the file and the field, and atomic updates that rewrite
-only the cases that ran. How a measurement is judged against its entry is ``gptcore.gate.verdicts``."""
+device's ``Tolerances`` and, where a study's own noise was measured, that study's), validation with errors that name
+the file and the field, and atomic updates that rewrite only the cases that ran. How a measurement is judged against
+its entry is ``gptcore.gate.verdicts``."""
 
 from __future__ import annotations
 
@@ -31,11 +32,23 @@ class BaselineFile:
     device_type: str
     tolerances: Tolerances
     entries: dict[str, Entry] = field(default_factory=dict)
+    tolerances_by_test: dict[str, dict[str, float]] = field(default_factory=dict)
+    """A study's own tolerances, by its benchmark's test function (``test_memory_recipes``): the figures that study's
+    two runs on this device measured (scripts/gpu_noise.py), over ``tolerances`` for its cases. Studies differ in
+    noise: on the H200 the ladder's tokens/s moved by at most 1.69% between two runs, deep-1.6b in pure bf16 (a
+    75 ms step) by 8.1%. ``tolerances`` is then the rule over every study's evidence: what a study with none of
+    its own is held to."""
     torch: str | None = None
     cuda: str | None = None
     driver: str | None = None
     recorded_at: str | None = None
     commit: str | None = None
+
+    def tolerances_for(self, case: str) -> Tolerances:
+        """The tolerances of ``case`` (a benchmark's name, ``test_ladder[gpt2-ladder-0]``): its study's own where
+        the file has them, else the file's."""
+        own = self.tolerances_by_test.get(case.split("[", 1)[0])
+        return dataclasses.replace(self.tolerances, **own) if own else self.tolerances
 
     def cpu_models(self) -> dict[str, int]:
         """How many entries each CPU model recorded (a CPU file gathers several; empty on a GPU)."""
@@ -54,6 +67,7 @@ class BaselineFile:
             "recorded_at": self.recorded_at,
             "commit": self.commit,
             "tolerances": dataclasses.asdict(self.tolerances),
+            **({"tolerances_by_test": self.tolerances_by_test} if self.tolerances_by_test else {}),
             "benchmarks": {name: self.entries[name].to_json() for name in sorted(self.entries)},
         }
 
@@ -82,14 +96,12 @@ def parse(data: Any, path: Path, expect_slug: str | None = None) -> BaselineFile
             f"{where}: device.slug: this file holds baselines of {device['name']!r} "
             f"({device['slug']}), this run is on {expect_slug!r}"
         )
-    known = {f.name for f in dataclasses.fields(Tolerances)}
-    unknown = set(data["tolerances"]) - known
-    if unknown:
-        raise BaselineError(
-            f"{where}: tolerances.{sorted(unknown)[0]}: unknown field; known: {', '.join(sorted(known))}"
-        )
-    tol = dataclasses.replace(Tolerances.default_for(device["type"]), **data["tolerances"])
-    tol.validate(where)
+    tol = _tolerances(data["tolerances"], Tolerances.default_for(device["type"]), f"{where}: tolerances")
+    by_test = data.get("tolerances_by_test", {})
+    if not isinstance(by_test, dict) or not all(isinstance(v, dict) for v in by_test.values()):
+        raise BaselineError(f"{where}: tolerances_by_test: must be an object of objects (a test's own tolerances)")
+    for test, own in by_test.items():
+        _tolerances(own, tol, f"{where}: tolerances_by_test.{test}")
     entries = {
         name: Entry.from_json(value, f"{where}: benchmarks[{name!r}]") for name, value in data["benchmarks"].items()
     }
@@ -100,6 +112,7 @@ def parse(data: Any, path: Path, expect_slug: str | None = None) -> BaselineFile
         device_type=device["type"],
         tolerances=tol,
         entries=entries,
+        tolerances_by_test=by_test,
         torch=data.get("torch"),
         cuda=data.get("cuda"),
         driver=data.get("driver"),
@@ -122,6 +135,17 @@ def load(path: str | Path, expect_slug: str | None = None) -> BaselineFile | Non
     except json.JSONDecodeError as err:
         raise BaselineError(f"{path}: not valid JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
     return parse(data, path, expect_slug)
+
+
+def _tolerances(fields: dict, base: Tolerances, where: str) -> Tolerances:
+    """``base`` with ``fields`` over it, validated; BaselineError naming ``where`` and the field otherwise."""
+    known = {f.name for f in dataclasses.fields(Tolerances)}
+    unknown = set(fields) - known
+    if unknown:
+        raise BaselineError(f"{where}.{sorted(unknown)[0]}: unknown field; known: {', '.join(sorted(known))}")
+    tol = dataclasses.replace(base, **fields)
+    tol.validate(where)
+    return tol
 
 
 def write_atomic(path: str | Path, data: dict) -> None:

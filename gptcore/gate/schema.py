@@ -73,14 +73,16 @@ class Tolerances:
         return wide if other_cpu and wide is not None else self.loss_amp if amp else self.loss
 
     def validate(self, where: str) -> None:
+        """BaselineError where a tolerance is out of range; ``where`` names the file and the object, as
+        ``baselines/x.json: tolerances``."""
         for name in ("memory", "speed", "loss", "loss_amp", "loss_other_cpu", "loss_amp_other_cpu", "work", "val_loss"):
             value = getattr(self, name)
             if value is None and name in ("speed", "loss_other_cpu", "loss_amp_other_cpu"):
                 continue
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-                raise BaselineError(f"{where}: tolerances.{name}: must be a number >= 0, got {value!r}")
+                raise BaselineError(f"{where}.{name}: must be a number >= 0, got {value!r}")
         if self.speed is not None and self.speed > 1:
-            raise BaselineError(f"{where}: tolerances.speed: must be in [0, 1], got {self.speed}")
+            raise BaselineError(f"{where}.speed: must be in [0, 1], got {self.speed}")
 
 
 @dataclass

@@ -134,8 +134,10 @@ class Gate:
             self.files[slug] = baselines.load(self.path_for(slug), expect_slug=slug)
         return self.files[slug]
 
-    def tolerances(self, file: BaselineFile | None, device_type: str) -> Tolerances:
-        base = file.tolerances if file else Tolerances.default_for(device_type)
+    def tolerances(self, file: BaselineFile | None, device_type: str, case: str) -> Tolerances:
+        """The tolerances ``case`` is judged with: its study's in the file, else the file's, else the device type's
+        defaults; the command line's (--speed-tol ...) over them."""
+        base = file.tolerances_for(case) if file else Tolerances.default_for(device_type)
         return dataclasses.replace(base, **self.overrides)
 
     @staticmethod
@@ -303,7 +305,7 @@ class Gate:
             self._row(node, Row(node.name, measured, baseline, what, estimate, status=status, mfu=mfu))
             return None
         verdict = verdicts.verdict_of(
-            node.name, measured, baseline, self.tolerances(file, device_type), unfit, strict=self.strict
+            node.name, measured, baseline, self.tolerances(file, device_type, node.name), unfit, strict=self.strict
         )
         if any(c.failed and c.note.startswith(checks.LEANER) for c in verdict.checks):
             self.leaner.append(node.nodeid)

@@ -82,7 +82,10 @@ def case_checks(r: Record, e: Entry | None, tol: Tolerances) -> tuple[Check, Che
 
 
 def now_vs_baseline_figure(group: str, recs: Sequence[Record], base: BaselineFile | None, tol: Tolerances) -> str:
-    """tokens/s (IQR error bars) and peak memory, now against baseline, with the tolerance bands; one row a case."""
+    """tokens/s (IQR error bars) and peak memory, now against baseline, with the tolerance bands; one row a case.
+    A group is one study's benchmark: its own tolerances in the file, where it has them, over ``tol``."""
+    if base is not None and recs:
+        tol = base.tolerances_for(recs[0].name)
     plt = _pyplot()
     from matplotlib.patches import Patch
     from matplotlib.ticker import MaxNLocator

@@ -187,6 +187,10 @@ def build_html(run: str | Path, *, baselines_dir: str | Path = "baselines", hist
         + ("" if base else " (<b>no such file</b>: no baseline)")
         + f"; tolerances: memory +{tol.memory:.0%}, tokens/s "
         + ("<b>not gated</b> (reported only, as on CPU)" if tol.speed is None else f"−{tol.speed:.0%}")
+        + "".join(
+            f"; {html.escape(test)}'s own: " + ", ".join(f"{k} {v:g}" for k, v in own.items())
+            for test, own in (base.tolerances_by_test.items() if base else ())
+        )
         + "</p>",
         f"<p>A CPU tokens/s figure is flagged <span class=busy>busy</span> when the process had less than "
         f"{BUSY_SHARE:.0%} of the CPU while timed (a shared machine): compare it with care.</p>",

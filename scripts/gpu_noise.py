@@ -155,7 +155,7 @@ def summary(cases: list[Case]) -> dict[str, dict]:
     return out
 
 
-def test_of(name: str) -> str:
+def study_of(name: str) -> str:
     """The benchmark's test function of a case (``test_ladder[gpt2-ladder-0]`` -> ``test_ladder``): its study."""
     return name.split("[", 1)[0]
 
@@ -164,7 +164,7 @@ def by_test(cases: list[Case]) -> dict[str, dict[str, dict]]:
     """The rule over each study's cases alone, by the study's test function, in the cases' order."""
     groups: dict[str, list[Case]] = {}
     for c in cases:
-        groups.setdefault(test_of(c.name), []).append(c)
+        groups.setdefault(study_of(c.name), []).append(c)
     return {test: summary(group) for test, group in groups.items()}
 
 
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"  {figure:<9} {s['cases']:>3} case(s): largest {unit(s['largest'])}, sigma {unit(s['sigma'])}"
                     f" -> {unit(s['tolerance'])}"
-                    + (f" (largest IQR/median in a run {s['largest_iqr']:.2%})" if s.get("largest_iqr") else "")
+                    + ("" if s.get("largest_iqr") is None else f" (largest IQR/median in a run {s['largest_iqr']:.2%})")
                 )
     if args.json:
         evidence = {

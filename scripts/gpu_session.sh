@@ -13,7 +13,7 @@
 #   budget       why a compile memory budget runs out of memory: the partitioner's plan, the allocator's history
 #   profile      device facts, the bf16 matmul peak, the top ladder rung under torch.profiler, the report
 # Usage: bash scripts/gpu_session.sh STAGE[,STAGE...] [OUT_DIR] [--time-limit SECONDS] [--resume-from DIR]
-#          [--pack FILE] [--device SLUG (plan)]
+#          [--pack FILE] [-k EXPR] [--device SLUG (plan)]
 #   OUT_DIR        where everything is written as it ends (default $OUT, else out/gpu)
 #   --time-limit   the job's seconds, e.g. 3600 for Slurm's --time=1:00:00 (default $GPTCORE_TIME_LIMIT; none: no
 #                  job-wide deadline); stages named together run one after another and share it: no stage or case
@@ -21,6 +21,8 @@
 #   --resume-from  a folder of an earlier job's STAGE.jsonl logs, where OUT_DIR starts empty on each job
 #   --pack FILE    OUT_DIR as one .tar.gz, rewritten every 15 s and at the end (replaced whole, never half
 #                  written), for a job that can hand back only a file or a few: a kill keeps the last 15 s
+#   -k EXPR        the pytest stages run only the cases EXPR matches (pytest's -k; and-ed with a stage's own), e.g.
+#                  `memory,verify -k budget`: record the memory recipes left out, then run the budgets again
 # A failed smoke stops the rest.
 set -uo pipefail
 stages=${1:?stage: plan, smoke, ladder, memory, char, convergence, verify, budget or profile (several: smoke,ladder)}
@@ -30,6 +32,7 @@ limit=${GPTCORE_TIME_LIMIT:-}
 resume_from=""
 device=""
 pack=""
+select=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --time-limit) limit=${2:?--time-limit: seconds}; shift 2 ;;
@@ -40,7 +43,8 @@ while [ $# -gt 0 ]; do
     --device=*) device=${1#*=}; shift ;;
     --pack) pack=${2:?--pack: a file for the .tar.gz}; shift 2 ;;
     --pack=*) pack=${1#*=}; shift ;;
-    -*) echo "unknown option $1: --time-limit SECONDS, --resume-from DIR, --pack FILE, --device SLUG (plan)" >&2
+    -k) select=${2:?-k: a pytest -k expression}; shift 2 ;;
+    -*) echo "unknown option $1: --time-limit SECONDS, --resume-from DIR, --pack FILE, -k EXPR, --device SLUG (plan)" >&2
       exit 2 ;;
     *) out=$1; shift ;;
   esac
@@ -135,7 +139,8 @@ for stage in ${stages//,/ }; do
     plan) "$py" scripts/gpu_stage.py plan ${limit:+--time-limit "$limit"} ${device:+--device "$device"} ;;
     smoke|ladder|memory|char|convergence|verify)
       setup
-      "$py" scripts/gpu_stage.py run "$stage" --out "$out" ${resume_from:+--resume "$resume_from/$stage.jsonl"} ;;
+      "$py" scripts/gpu_stage.py run "$stage" --out "$out" ${resume_from:+--resume "$resume_from/$stage.jsonl"} \
+        ${select:+-k "$select"} ;;
     budget|profile) if "$py" scripts/gpu_stage.py fits "$stage"; then setup; "$stage"; fi ;;
   esac
   code=$?

@@ -1,7 +1,7 @@
 """Run one stage of a GPU run in a time-limited or preemptible job, or plan every stage on CPU.
 
     python scripts/gpu_stage.py plan [--time-limit S] [--device SLUG]  # every stage, its cases, a planned time
-    python scripts/gpu_stage.py run STAGE --out DIR        # one stage, everything written under DIR as it ends
+    python scripts/gpu_stage.py run STAGE --out DIR [-k EXPR]  # one stage (its cases EXPR matches), written as it ends
     python scripts/gpu_stage.py fits STAGE                 # exit 0 if a script stage fits what is left of the job
     python scripts/gpu_stage.py job-end [--time-limit S]   # the Unix time a job started now must be done by
 
@@ -214,8 +214,20 @@ def fits(name: str) -> int:
     return 0
 
 
-def run(name: str, out: Path, resume: Path | None) -> int:
-    """Run a pytest stage with its deadline, results log and baselines under ``out``; 1-line diagnoses at the end."""
+def selected(pytest_args: list[str], select: str | None) -> list[str]:
+    """A stage's pytest arguments narrowed to the cases ``select`` (pytest's ``-k`` expression) matches too: and-ed
+    with the stage's own ``-k`` where it has one (pytest keeps only the last ``-k`` given)."""
+    if not select:
+        return list(pytest_args)
+    if "-k" not in pytest_args:
+        return [*pytest_args, "-k", select]
+    i = pytest_args.index("-k") + 1
+    return [*pytest_args[:i], f"({pytest_args[i]}) and ({select})", *pytest_args[i + 1 :]]
+
+
+def run(name: str, out: Path, resume: Path | None, select: str | None = None) -> int:
+    """Run a pytest stage with its deadline, results log and baselines under ``out``, on the cases ``select``
+    matches (all where None); 1-line diagnoses at the end."""
     stage = STAGES[name]
     start, deadline = seconds_left(stage)
     if not start:
@@ -234,7 +246,7 @@ def run(name: str, out: Path, resume: Path | None) -> int:
         sys.executable,
         "-m",
         "pytest",
-        *stage.pytest,
+        *selected(stage.pytest, select),
         *stage.options,
         "-p",
         "no:cacheprovider",
@@ -275,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     run_p.add_argument("stage", choices=[n for n in ORDER if STAGES[n].pytest])
     run_p.add_argument("--out", type=Path, required=True, help="where everything is written as it ends")
     run_p.add_argument("--resume", type=Path, default=None, help="a results log of an earlier job of this stage")
+    run_p.add_argument("-k", dest="select", default=None, help="only the cases this pytest -k EXPR matches")
     fits_p = sub.add_parser("fits", help="exit 0 if a script stage fits what is left of the job")
     fits_p.add_argument("stage", choices=[n for n in ORDER if not STAGES[n].pytest])
     end_p = sub.add_parser(
@@ -290,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         limit = time_limit(args.time_limit)
         print("" if limit is None else int(job_end(time.time(), limit)))  # empty: no limit
         return 0
-    return run(args.stage, args.out, args.resume)
+    return run(args.stage, args.out, args.resume, args.select)
 
 
 if __name__ == "__main__":

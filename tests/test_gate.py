@@ -543,6 +543,17 @@ def test_a_study_is_judged_by_its_own_tolerances_and_recording_keeps_them(tmp_pa
     assert json.loads(path.read_text())["tolerances_by_test"] == data["tolerances_by_test"]
 
 
+def test_a_tolerance_under_ten_percent_reads_as_measured_not_rounded_away() -> None:
+    """The H200's tolerances (3.4% tokens/s, 0.5% memory) are written as such in the failure notes, not as the
+    '3%' and '0%' that a whole-percent format makes of them."""
+    from gptcore.gate.checks import memory_check, speed_check
+
+    tol = dataclasses.replace(GPU, speed=0.034, memory=0.005)
+    assert speed_check(900.0, 1000.0, tol).note.endswith("tolerance -3.4%")
+    assert memory_check(1_010_000, 1_000_000, tol).note.endswith("tolerance +0.5%")
+    assert speed_check(900.0, 1000.0, dataclasses.replace(tol, speed=0.17)).note.endswith("tolerance -17%")
+
+
 def test_a_failed_write_leaves_the_old_file_intact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "cpu.json"
     baselines.update(path, "cpu", {"a": BASE}, device_name="CPU A", device_type="cpu")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gptcore.config import HALF_PRECISIONS
-from gptcore.gate.rules import Status, delta, judge, non_finite
+from gptcore.gate.rules import Status, delta, judge, non_finite, percent
 from gptcore.gate.schema import Entry, Tolerances
 from gptcore.measure.clocks import BUSY_SHARE
 from gptcore.memory.categories import UNTRACKED
@@ -101,7 +101,7 @@ def memory_check(
     status, d = judge(now, before, tol.memory, worse="higher", relative=True, report_change=report_change)
     if d is None:
         return Check("peak memory", now, before, None, status, "no figure to compare")
-    note = f"{now:,} B vs {before:,} B ({now - before:+,} B), tolerance +{tol.memory:.0%}"
+    note = f"{now:,} B vs {before:,} B ({now - before:+,} B), tolerance +{percent(tol.memory)}"
     return Check("peak memory", now, before, d, status, note + (f"; {where}" if where else ""))
 
 
@@ -175,7 +175,7 @@ def kernel_memory_check(measured: Entry, baseline: Entry, tol: Tolerances, *, st
         return Check("peak memory", now, before, d, status, said + more)
 
     if least > before * (1 + tol.memory):
-        return check(FAIL, f", and without them at least {least:,} B, tolerance +{tol.memory:.0%}")
+        return check(FAIL, f", and without them at least {least:,} B, tolerance +{percent(tol.memory)}")
     scratch = baseline.kernel_scratch_bytes
     if strict and scratch is not None and now < before - scratch:
         return leaner(
@@ -222,7 +222,8 @@ def speed_check(
         return Check("tokens/s", now, before, d, NOT_GATED, off)
     if tol.speed is None:
         return Check("tokens/s", now, before, d, status, "reported only on CPU; gate it with --speed-tol")
-    return Check("tokens/s", now, before, d, status, f"{now:,.0f} vs {before:,.0f} tok/s, tolerance -{tol.speed:.0%}")
+    note = f"{now:,.0f} vs {before:,.0f} tok/s, tolerance -{percent(tol.speed)}"
+    return Check("tokens/s", now, before, d, status, note)
 
 
 def loss_check(

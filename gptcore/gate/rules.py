@@ -30,6 +30,12 @@ class Status(enum.StrEnum):
 Worse = Literal["higher", "lower", "either"]
 
 
+def percent(fraction: float) -> str:
+    """A relative tolerance as people read it, to three significant digits: 0.034 -> '3.4%', 0.005 -> '0.5%',
+    0.02 -> '2%' (a plain ':.0%' prints the first two as '3%' and '0%')."""
+    return f"{fraction * 100:.3g}%"
+
+
 def delta(measured: float | None, reference: float | None, relative: bool) -> float | None:
     """measured / reference - 1 (relative) or measured - reference; None without both figures (or a zero
     reference for a relative delta)."""

@@ -14,7 +14,7 @@ from typing import Any
 
 from gptcore.gate.baselines import BaselineFile
 from gptcore.gate.checks import Check, memory_check, speed_check, speed_incomparable
-from gptcore.gate.rules import Status
+from gptcore.gate.rules import Status, percent
 from gptcore.gate.schema import Entry, Tolerances
 from gptcore.hunt.findings import Finding
 from gptcore.measure.convergence import Convergence
@@ -146,14 +146,14 @@ def now_vs_baseline_figure(group: str, recs: Sequence[Record], base: BaselineFil
         else:
             ax_m.text(0, y, "  no figure (compiled: not tracked on CPU)", va="center", fontsize=7)
     ax_s.set_yticks(range(n), [r.name for r in reversed(recs)], fontsize=8)
-    gated = "not gated: reported only" if tol.speed is None else f"gated: fails below −{tol.speed:.0%}"
+    gated = "not gated: reported only" if tol.speed is None else f"gated: fails below −{percent(tol.speed)}"
     ax_s.set_title(
         f"{group}: tokens/s, now vs baseline\n({gated})",
         fontsize=10,
         color=COLORS["fail"] if tol.speed is None else "black",
     )
     ax_s.set_xlabel("tokens/s (median over rounds; error bars: IQR over rounds)")
-    ax_m.set_title(f"{group}: peak memory, now vs baseline\n(gated: fails above +{tol.memory:.0%})", fontsize=10)
+    ax_m.set_title(f"{group}: peak memory, now vs baseline\n(gated: fails above +{percent(tol.memory)})", fontsize=10)
     ax_m.set_xlabel(f"peak allocated memory ({unit})")
     ax_s.set_ylabel("case")
     ax_m.set_ylabel("case")

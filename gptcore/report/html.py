@@ -20,7 +20,7 @@ from typing import Any
 from gptcore import identity, storage
 from gptcore.gate import baselines, expectations
 from gptcore.gate.baselines import BaselineFile
-from gptcore.gate.rules import Status, delta_text
+from gptcore.gate.rules import Status, delta_text, percent
 from gptcore.gate.schema import Tolerances
 from gptcore.hunt.history import analyse as analyse_history
 from gptcore.measure.clocks import BUSY_SHARE
@@ -185,8 +185,8 @@ def build_html(run: str | Path, *, baselines_dir: str | Path = "baselines", hist
         f"{' (dirty)' if commit.get('dirty') else ''}, run at {html.escape(str(data.get('datetime', '?')))}; "
         f"baselines: {html.escape(str(base_path))}"
         + ("" if base else " (<b>no such file</b>: no baseline)")
-        + f"; tolerances: memory +{tol.memory:.0%}, tokens/s "
-        + ("<b>not gated</b> (reported only, as on CPU)" if tol.speed is None else f"−{tol.speed:.0%}")
+        + f"; tolerances: memory +{percent(tol.memory)}, tokens/s "
+        + ("<b>not gated</b> (reported only, as on CPU)" if tol.speed is None else f"−{percent(tol.speed)}")
         + "".join(
             f"; {html.escape(test)}'s own: " + ", ".join(f"{k} {v:g}" for k, v in own.items())
             for test, own in (base.tolerances_by_test.items() if base else ())

@@ -10,6 +10,7 @@ import copy
 import dataclasses
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -541,6 +542,41 @@ def test_a_study_is_judged_by_its_own_tolerances_and_recording_keeps_them(tmp_pa
     assert file.tolerances_for("test_steady[a]").speed is None  # the fields it does not name are the file's
     baselines.update(path, "cpu", {"test_noisy[a]": measured(loss=3.0)}, device_name="CPU A", device_type="cpu")
     assert json.loads(path.read_text())["tolerances_by_test"] == data["tolerances_by_test"]
+
+
+def test_a_failed_cases_report_keeps_warnings_and_drops_torchs_debug_trace(tmp_path: Path) -> None:
+    """pyproject's log_level: torch.compile's structured trace (the torch.__trace logger) writes empty DEBUG
+    records by the hundred; a failed case's report keeps WARNING and up, so the failure stays readable."""
+    (tmp_path / "test_logs.py").write_text(
+        "import logging\n"
+        "def test_fails():\n"
+        "    trace = logging.getLogger('torch.__trace')\n"
+        "    trace.setLevel(logging.DEBUG)\n"  # as torch sets its trace logger
+        "    trace.debug('%s-%s', 'trace', 'record')\n"  # the text only in the log, not in the source shown
+        "    logging.getLogger('gptcore').warning('%s-%s', 'kept', 'warning')\n"
+        "    assert False\n"
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-c",
+            str(ROOT / "pyproject.toml"),
+            "--rootdir",
+            str(tmp_path),
+            "-p",
+            "no:cacheprovider",
+            str(tmp_path / "test_logs.py"),
+        ],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "kept-warning" in done.stdout and "trace-record" not in done.stdout
 
 
 def test_a_tolerance_under_ten_percent_reads_as_measured_not_rounded_away() -> None:

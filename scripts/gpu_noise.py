@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gptcore.gate import results  # noqa: E402
+from gptcore.gate.baselines import study_of  # noqa: E402
 from gptcore.gate.schema import AMP_PRECISIONS  # noqa: E402
 
 SIGMAS = 4.0
@@ -153,11 +154,6 @@ def summary(cases: list[Case]) -> dict[str, dict]:
     iqrs = [max(c.iqr_rel) for c in cases if c.iqr_rel]
     out["speed"]["largest_iqr"] = max(iqrs) if iqrs else None
     return out
-
-
-def study_of(name: str) -> str:
-    """The benchmark's test function of a case (``test_ladder[gpt2-ladder-0]`` -> ``test_ladder``): its study."""
-    return name.split("[", 1)[0]
 
 
 def by_test(cases: list[Case]) -> dict[str, dict[str, dict]]:

@@ -191,28 +191,18 @@ def test_the_h200s_second_runs_pass_against_the_committed_baselines():
     from gptcore.gate.verdicts import verdict_of
 
     file = baselines.load(ROOT / "baselines" / "nvidia-h200.json", expect_slug="nvidia-h200")
-    judged = {}
-    for path in H200_SECOND:
-        for record in results.latest(results.read(path)).values():
-            if record.entry:
-                now = Entry.from_json(record.entry, f"{path}: {record.name}")
-                verdict = verdict_of(record.name, now, file.entries[record.name], file.tolerances_for(record.name))
-                judged[record.name] = [c.metric for c in verdict.failed]
+    pairs = {
+        record.name: (Entry.from_json(record.entry, f"{path}: {record.name}"), file.entries[record.name])
+        for path in H200_SECOND
+        for record in results.latest(results.read(path)).values()
+        if record.entry
+    }
+    judged = {name: verdict_of(name, *pair, file.tolerances_for(name)).failed for name, pair in pairs.items()}
     assert len(judged) == 16 and all(failed == [] for failed in judged.values()), judged
     # under the ladder's tolerances alone the two false failures come back: the study's own evidence is what passes
     ladder = file.tolerances_for("test_ladder[x]")
-    again = {n: verdict_of(n, *pair, ladder) for n, pair in _pairs(file, "test_memory_recipes").items()}
-    assert sorted(n for n, v in again.items() if v.failed) == [
+    memory = {name: pair for name, pair in pairs.items() if name.startswith("test_memory_recipes[")}
+    assert sorted(name for name, pair in memory.items() if verdict_of(name, *pair, ladder).failed) == [
         "test_memory_recipes[deep-1.6b-bf16-pure]",
         "test_memory_recipes[deep-1.6b-compile]",
     ]
-
-
-def _pairs(file, test: str) -> dict:
-    from gptcore.gate.schema import Entry
-
-    out = {}
-    for record in results.latest(results.read(H200 / "memory-verify.jsonl")).values():
-        if record.entry and record.name.startswith(test + "["):
-            out[record.name] = (Entry.from_json(record.entry, record.name), file.entries[record.name])
-    return out

@@ -47,7 +47,7 @@ class BaselineFile:
     def tolerances_for(self, case: str) -> Tolerances:
         """The tolerances of ``case`` (a benchmark's name, ``test_ladder[gpt2-ladder-0]``): its study's own where
         the file has them, else the file's."""
-        own = self.tolerances_by_test.get(case.split("[", 1)[0])
+        own = self.tolerances_by_test.get(study_of(case))
         return dataclasses.replace(self.tolerances, **own) if own else self.tolerances
 
     def cpu_models(self) -> dict[str, int]:
@@ -70,6 +70,12 @@ class BaselineFile:
             **({"tolerances_by_test": self.tolerances_by_test} if self.tolerances_by_test else {}),
             "benchmarks": {name: self.entries[name].to_json() for name in sorted(self.entries)},
         }
+
+
+def study_of(case: str) -> str:
+    """The key of a case's study in ``tolerances_by_test``: its benchmark's test function
+    (``test_ladder[gpt2-ladder-0]`` -> ``test_ladder``)."""
+    return case.split("[", 1)[0]
 
 
 def parse(data: Any, path: Path, expect_slug: str | None = None) -> BaselineFile:

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Literal, get_args
 
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from gptcore.config import GPTConfig, Recipe
 from gptcore.memory.analytic import Question
@@ -118,6 +120,37 @@ def _swappable_fakes(mode) -> Iterator[None]:
         converter.tensor_memo = memo
 
 
+_CROSS_ENTROPY_DEFAULTS = dict(
+    weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean", label_smoothing=0.0
+)
+
+
+def _defaults(kwargs: dict, defaults: dict) -> bool:
+    return all(kwargs.get(k, v) == v for k, v in defaults.items()) and kwargs.keys() <= defaults.keys()
+
+
+class _CudaAutocast(TorchFunctionMode):
+    """CUDA's autocast policy where it differs from the CPU's in what a GPT's step saves: the CPU's fake run then
+    makes the tensors CUDA's autocast makes (checked against the dispatcher's own tables in the tests).
+
+    - ``F.cross_entropy``: on the CPU's fp32 list, so the CPU casts the logits to fp32 and saves fp32
+      log-probabilities. CUDA's autocast has no entry for it: its parts run under autocast, ``log_softmax`` with
+      the dtype cross-entropy passes it (the logits' own: its fp32_set_opt_dtype policy keeps a dtype that is set)
+      and ``nll_loss`` on the fp32 list, which casts those log-probabilities to fp32 and saves the copy.
+    - ``F.softmax`` without a dtype: fp32 on CUDA (fp32_set_opt_dtype), the input's dtype on the CPU (no entry)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        low = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+        if low is not None and args and isinstance(args[0], torch.Tensor) and args[0].dtype == low:
+            if func is F.cross_entropy and len(args) == 2 and _defaults(kwargs, _CROSS_ENTROPY_DEFAULTS):
+                logits, targets = args
+                return F.nll_loss(F.log_softmax(logits, 1, dtype=logits.dtype), targets)
+            if func is F.softmax and kwargs.get("dtype") is None:
+                return F.softmax(*args, **{**kwargs, "dtype": torch.float32})
+        return func(*args, **kwargs)
+
+
 def _fake_run(cfg: GPTConfig, recipe: Recipe, cuda: bool) -> _SegmentTracker:
     """Two training iterations of a Trainer built and fed on fake tensors, tracked (``track_training``)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -135,7 +168,7 @@ def _fake_run(cfg: GPTConfig, recipe: Recipe, cuda: bool) -> _SegmentTracker:
         shape = (recipe.batch_size(cfg), cfg.block_size)
         batches = [(torch.randint(cfg.vocab_size, shape), torch.randint(cfg.vocab_size, shape)) for _ in range(2)]
         tracker = _SegmentTracker(round_to=512 if cuda else 1)
-        with tracker.segments(trainer.model):
+        with tracker.segments(trainer.model), _CudaAutocast() if cuda else nullcontext():
             track_training(trainer, batches=batches, tracker=tracker)
     return tracker
 
@@ -183,8 +216,6 @@ def _extrapolated(cfg: GPTConfig, recipe: Recipe, cuda: bool) -> Simulation | No
 def _cpu_stands_in_for_cuda(cfg: GPTConfig, recipe: Recipe) -> tuple[str, ...]:
     """Where the CPU kernels a CUDA simulation runs save other tensors than CUDA's would (the estimate has both)."""
     notes = []
-    if recipe.attention == "manual" and recipe.precision in ("fp16", "bf16"):
-        notes.append("manual attention: CPU autocast keeps softmax in bf16, CUDA's runs it in fp32")
     if cfg.dropout > 0:
         notes.append(
             "dropout: masks in the input's dtype on the CPU, bool on CUDA"
@@ -206,8 +237,9 @@ def simulate(question: Question, method: Method = "auto") -> Simulation:
     """Two training iterations of the real Trainer on fake tensors, tracked: the peak, its phase and step, and
     the breakdown at it. On the CPU this equals a real tracked run (``track_training``) byte for byte.
 
-    A CUDA question runs the CPU's kernels on fake tensors with CUDA's 512-byte rounding (a CPU-only machine
-    cannot fake CUDA's kernel choices); the differences that remain are in ``notes``. ``method``: ``direct``
+    A CUDA question runs the CPU's kernels on fake tensors with CUDA's 512-byte rounding and CUDA's autocast
+    policy where it differs from the CPU's (``_CudaAutocast``); a CPU-only machine cannot fake CUDA's kernel
+    choices, and the differences that remain are in ``notes``. ``method``: ``direct``
     simulates every layer; ``extrapolate`` simulates 2 and 3 layers and extends each segment's peak linearly
     (exact for a uniform stack, see ``_extrapolated``); ``auto`` extrapolates beyond 4 layers and falls back to a
     direct run if the extrapolation's own check fails."""

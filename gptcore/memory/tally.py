@@ -113,9 +113,16 @@ class Run:
         return 4 if self.cuda else self.param_bytes
 
     @property
-    def logprob_bytes(self) -> int:
-        """Log-probabilities: cross-entropy runs in fp32 under autocast."""
+    def loss_bytes(self) -> int:
+        """nll_loss and its gradient: fp32 under autocast (on both devices' fp32 lists)."""
         return 4 if self.autocast else self.param_bytes
+
+    @property
+    def logprob_bytes(self) -> int:
+        """Log-probabilities. Under autocast the CPU casts the logits to fp32 for cross-entropy (on its fp32 list);
+        CUDA's autocast has no entry for cross-entropy, and its log_softmax keeps the logits' dtype (the one
+        cross-entropy passes it), so nll_loss casts the log-probabilities to fp32 and saves that copy too."""
+        return self.matmul_bytes if self.cuda else self.loss_bytes
 
     @property
     def prob_bytes(self) -> int:

@@ -153,12 +153,19 @@ def gpt_backward(run: Run, tally: Tally, grads: Gradients, blocks: list[Saved], 
     """loss.backward(): cross-entropy, lm_head, ln_f, the blocks top-down, the embeddings."""
     param_bytes, BTC = run.param_bytes, run.BTC
     n = run.BT * run.V
-    scalars = [tally.temporary(run.logprob_bytes) for _ in range(2)]
-    d_nll = tally.temporary(run.logprob_bytes * n)
-    d_logits = tally.temporary(run.logprob_bytes * n)
-    tally.free(d_nll, head["logprobs"], *head["nll"])
-    if run.autocast:  # back through the fp32 upcast
-        d_logits = tally.replace(d_logits, 2 * n)
+    scalars = [tally.temporary(run.loss_bytes) for _ in range(2)]
+    d_nll = tally.temporary(run.loss_bytes * n)
+    if head["nll_input"] is not None:  # CUDA autocast: back through nll_loss's fp32 cast, then log_softmax
+        tally.free(head["nll_input"], *head["nll"])
+        d_logprobs = tally.replace(d_nll, run.logprob_bytes * n)
+        d_logits = tally.temporary(run.logprob_bytes * n)
+        tally.free(d_logprobs, head["logprobs"])
+    else:
+        tally.free(*head["nll"])  # nll_loss's node is done: its total_weight (and the loss) are gone
+        d_logits = tally.temporary(run.logprob_bytes * n)
+        tally.free(d_nll, head["logprobs"])
+        if run.autocast:  # back through the fp32 upcast
+            d_logits = tally.replace(d_logits, 2 * n)
     if run.vocab_rows != run.V:  # back through logits[..., :vocab_size]: a zero-padded full-width gradient
         d_logits = tally.replace(d_logits, run.matmul_bytes * run.B * run.T * run.vocab_rows)
     dx = linear_backward(

@@ -237,10 +237,13 @@ def gpt_forward(run: Run, tally: Tally) -> tuple[Handle, list[Saved], Saved]:
     logits = tally.new(run.matmul_bytes * run.B * run.T * run.vocab_rows, LOGITS_AND_LOSS)
     tally.free(ln_f_out if autocast else None)
     n = run.BT * run.V
-    upcast = tally.new(4 * n, LOGITS_AND_LOSS) if autocast else None  # cross-entropy runs in fp32 under autocast
+    # cross-entropy = log_softmax, then nll_loss (see Run.logprob_bytes for where autocast casts to fp32)
+    upcast = tally.new(4 * n, LOGITS_AND_LOSS) if autocast and not run.cuda else None
     head["logprobs"] = tally.new(run.logprob_bytes * n, LOGITS_AND_LOSS)
+    cast = run.logprob_bytes != run.loss_bytes  # CUDA autocast: nll_loss's fp32 copy, saved for its backward
+    head["nll_input"] = tally.new(run.loss_bytes * n, LOGITS_AND_LOSS) if cast else None
     # the loss and nll's total_weight
-    head["nll"] = (tally.new(run.logprob_bytes, LOGITS_AND_LOSS), tally.new(run.logprob_bytes, LOGITS_AND_LOSS))
+    head["nll"] = (tally.new(run.loss_bytes, LOGITS_AND_LOSS), tally.new(run.loss_bytes, LOGITS_AND_LOSS))
     tally.free(upcast)
     tally.free(*cache)  # leaving autocast clears its cache: bias copies die, saved weight copies live on
     return logits, blocks, head

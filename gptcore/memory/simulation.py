@@ -43,8 +43,8 @@ class _SegmentTracker(LiveBytes):
     block the live bytes move in parallel for every block index, so a segment's peak is affine in the block index
     and in the number of layers: what makes extrapolation exact."""
 
-    def __init__(self, round_to: int) -> None:
-        super().__init__(round_to=round_to)
+    def __init__(self, round_to: int, counts_rng_state: bool) -> None:
+        super().__init__(round_to=round_to, counts_rng_state=counts_rng_state)
         self.part: object = "setup"
         self.micro = 0
         self.segment_peaks: dict[tuple, tuple[int, int]] = {}  # segment -> (live bytes, event) at its peak
@@ -167,7 +167,7 @@ def _fake_run(cfg: GPTConfig, recipe: Recipe, cuda: bool) -> _SegmentTracker:
                     group["foreach"] = True
         shape = (recipe.batch_size(cfg), cfg.block_size)
         batches = [(torch.randint(cfg.vocab_size, shape), torch.randint(cfg.vocab_size, shape)) for _ in range(2)]
-        tracker = _SegmentTracker(round_to=512 if cuda else 1)
+        tracker = _SegmentTracker(round_to=512 if cuda else 1, counts_rng_state=not cuda)
         with tracker.segments(trainer.model), _CudaAutocast() if cuda else nullcontext():
             track_training(trainer, batches=batches, tracker=tracker)
     return tracker

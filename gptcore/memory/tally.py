@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 
 Handle = int | None
 
+CPU_RNG_STATE_BYTES = 5056
+"""``torch.get_rng_state()``: the CPU generator's state, which non-reentrant checkpointing keeps for each block (host
+memory on CUDA, where the allocator does not count it)."""
+
 
 class Tally:
     """Live bytes by category through a symbolic run; keeps the peak, its phase and the breakdown at it."""
@@ -111,6 +115,11 @@ class Run:
     def stat_bytes(self) -> int:
         """LayerNorm's saved mean and rstd: fp32 on CUDA, the input's dtype on the CPU."""
         return 4 if self.cuda else self.param_bytes
+
+    @property
+    def rng_state_bytes(self) -> int:
+        """What one ``torch.get_rng_state()`` adds to the device's memory: the CPU's, nothing on CUDA."""
+        return 0 if self.cuda else CPU_RNG_STATE_BYTES
 
     @property
     def loss_bytes(self) -> int:

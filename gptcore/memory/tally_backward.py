@@ -86,12 +86,14 @@ def block_backward(run: Run, tally: Tally, grads: Gradients, i: int, saved: Save
     autocast, matmul_bytes, param_bytes, BTC = run.autocast, run.matmul_bytes, run.param_bytes, run.BTC
     prefix = f"transformer.h.{i}"
     d = tally.temporary(2 * BTC) if autocast else dy  # AddBackward casts the fp32 gradient for the bf16 branch
+    rng_state = saved.get("rng_state")
     if run.recipe.checkpoint:  # recompute the block from its saved input: activations again, for one block
         cache: list = []
         tally.forward_category = RECOMPUTED
+        fork = tally.activation(run.rng_state_bytes)  # fork_rng keeps the generator's state around the recomputation
         _, saved = block_forward(run, tally, saved["x"], cache, keep=True, recompute=True)
         tally.forward_category = ACTIVATIONS
-        tally.free(*cache)
+        tally.free(*cache, fork)
     # MLP: out = x_mid + dropout(c_proj(gelu(c_fc(ln_2(x_mid)))))
     d = dropout_backward(tally, d, dy, saved.get("mlp_resid_mask"), matmul_bytes * BTC)
     d_gelu = linear_backward(
@@ -145,7 +147,7 @@ def block_backward(run: Run, tally: Tally, grads: Gradients, i: int, saved: Save
     )
     d_ln = layernorm_backward(run, tally, grads, f"{prefix}.ln_1", (d_ln, saved["x"], *saved["ln1_stats"]))
     dx = tally.temporary(param_bytes * BTC)
-    tally.free(d_mid, d_ln)
+    tally.free(d_mid, d_ln, rng_state)
     return dx
 
 

@@ -227,8 +227,10 @@ def gpt_forward(run: Run, tally: Tally) -> tuple[Handle, list[Saved], Saved]:
     x, emb_mask = dropout(run, tally, x, BTC, param_bytes)
     blocks = []
     for _ in range(run.L):
+        # checkpoint keeps the CPU generator's state for the block's recomputation
+        rng_state = tally.activation(run.rng_state_bytes) if run.recipe.checkpoint else None
         x, saved = block_forward(run, tally, x, cache, keep=not run.recipe.checkpoint)
-        blocks.append(saved)
+        blocks.append({**saved, "rng_state": rng_state})
     head: Saved = {"x": x, "positions": positions, "emb_mask": emb_mask}
     ln_f_out = tally.activation(param_bytes * BTC)
     head["ln_f_stats"] = layernorm_stats(run, tally)

@@ -61,9 +61,11 @@ from gptcore.memory.categories import (
 class LiveBytes(TorchDispatchMode):
     """Counts the bytes of live storages created by ops while active, plus those registered with ``track``."""
 
-    def __init__(self, round_to: int = 1) -> None:
+    def __init__(self, round_to: int = 1, counts_rng_state: bool = True) -> None:
         super().__init__()
         self.round_to = round_to
+        self.counts_rng_state = counts_rng_state
+        """Count ``torch.get_rng_state()``'s tensor: the device's memory on the CPU, host memory beside CUDA."""
         self.live = 0
         self.peak = 0
         self.peak_event = 0
@@ -241,7 +243,8 @@ def _outside_the_dispatcher(tracker: LiveBytes) -> Iterator[None]:
 
     def get_rng_state() -> torch.Tensor:  # a tensor made outside the dispatcher, which checkpoint keeps per block
         state = original_get_rng_state()
-        tracker.track(state)
+        if tracker.counts_rng_state:
+            tracker.track(state)
         return state
 
     torch.UntypedStorage.resize_ = resize_
@@ -376,7 +379,8 @@ def track_training(
     if trainer.recipe.compile:
         raise ValueError("compile: the storage tracker cannot see inside compiled kernels; track an eager recipe")
     if tracker is None:
-        tracker = LiveBytes(round_to=512 if trainer.device.type == "cuda" else 1)
+        cuda = trainer.device.type == "cuda"
+        tracker = LiveBytes(round_to=512 if cuda else 1, counts_rng_state=not cuda)
     with phases(tracker, trainer.model, trainer.optimizers), tracker:
         for step in range(steps if batches is None else len(batches)):
             tracker.step = step + 1

@@ -1,8 +1,10 @@
 """On a GPU: the memory estimate against the CUDA caching allocator's own peak (the smoke stage's last check).
 
 The one check of gptcore's memory accounting that needs CUDA: three real training steps of GPT-2 124M in bf16
-autocast, their ``torch.cuda.max_memory_allocated`` against the analytic estimate (within 10%) and the fake-tensor
-simulation (within 3%), the goals the memory-recipe study reports against. Skipped, with the reason, without CUDA.
+autocast, their ``torch.cuda.max_memory_allocated`` against the analytic estimate and the fake-tensor simulation,
+within 1% each (the memory-recipe study's goals are 10% and 3%; on the H200, torch 2.11.0+cu130, every eager peak
+measured was 68-80 MB above the estimate, the CUDA libraries' workspaces: 0.48% here). Skipped, with the reason,
+without CUDA.
 """
 
 from __future__ import annotations
@@ -39,5 +41,5 @@ def test_the_estimate_matches_the_cuda_allocator():
         f"gpt2 bf16: measured {measured:,} B, analytic {analytic:,} B ({analytic / measured:.3f}), "
         f"simulated {simulated:,} B ({simulated / measured:.3f})"
     )
-    assert analytic == pytest.approx(measured, rel=0.10)
-    assert simulated == pytest.approx(measured, rel=0.03)
+    assert analytic == pytest.approx(measured, rel=0.01)
+    assert simulated == pytest.approx(measured, rel=0.01)

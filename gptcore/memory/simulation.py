@@ -125,7 +125,8 @@ _CROSS_ENTROPY_DEFAULTS = dict(
 )
 
 
-def _defaults(kwargs: dict, defaults: dict) -> bool:
+def _all_default(kwargs: dict, defaults: dict) -> bool:
+    """Whether ``kwargs`` names only arguments of ``defaults``, each at its default value."""
     return all(kwargs.get(k, v) == v for k, v in defaults.items()) and kwargs.keys() <= defaults.keys()
 
 
@@ -143,7 +144,7 @@ class _CudaAutocast(TorchFunctionMode):
         kwargs = kwargs or {}
         low = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
         if low is not None and args and isinstance(args[0], torch.Tensor) and args[0].dtype == low:
-            if func is F.cross_entropy and len(args) == 2 and _defaults(kwargs, _CROSS_ENTROPY_DEFAULTS):
+            if func is F.cross_entropy and len(args) == 2 and _all_default(kwargs, _CROSS_ENTROPY_DEFAULTS):
                 logits, targets = args
                 return F.nll_loss(F.log_softmax(logits, 1, dtype=logits.dtype), targets)
             if func is F.softmax and kwargs.get("dtype") is None:

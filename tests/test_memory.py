@@ -253,7 +253,9 @@ def test_the_estimate_is_the_simulations_peak_to_the_byte_under_every_single_pro
             assert est.total_bytes == sim.peak_bytes, name
 
 
-def test_checkpoint_keeps_one_cpu_generator_state_per_block_as_the_estimate_counts_it():
+def test_the_generator_state_the_estimate_counts_has_the_installed_torchs_size():
+    """Checkpoint keeps ``torch.get_rng_state()`` per block (where the estimate counts it, the byte-exact test above
+    shows); the estimate's constant is that tensor's size."""
     from gptcore.memory.tally import CPU_RNG_STATE_BYTES
 
     assert torch.get_rng_state().nbytes == CPU_RNG_STATE_BYTES

@@ -239,11 +239,12 @@ def gpt_forward(run: Run, tally: Tally) -> tuple[Handle, list[Saved], Saved]:
     logits = tally.new(run.matmul_bytes * run.B * run.T * run.vocab_rows, LOGITS_AND_LOSS)
     tally.free(ln_f_out if autocast else None)
     n = run.BT * run.V
-    # cross-entropy = log_softmax, then nll_loss (see Run.logprob_bytes for where autocast casts to fp32)
-    upcast = tally.new(4 * n, LOGITS_AND_LOSS) if autocast and not run.cuda else None
+    # cross-entropy = log_softmax, then nll_loss; under autocast one of them casts to fp32 first (Run.logprob_bytes):
+    # the CPU's the logits (a temporary), CUDA's nll_loss the log-probabilities (a copy it saves for backward)
+    nll_casts = run.logprob_bytes != run.loss_bytes
+    upcast = tally.new(4 * n, LOGITS_AND_LOSS) if autocast and not nll_casts else None
     head["logprobs"] = tally.new(run.logprob_bytes * n, LOGITS_AND_LOSS)
-    cast = run.logprob_bytes != run.loss_bytes  # CUDA autocast: nll_loss's fp32 copy, saved for its backward
-    head["nll_input"] = tally.new(run.loss_bytes * n, LOGITS_AND_LOSS) if cast else None
+    head["nll_input"] = tally.new(run.loss_bytes * n, LOGITS_AND_LOSS) if nll_casts else None
     # the loss and nll's total_weight
     head["nll"] = (tally.new(run.loss_bytes, LOGITS_AND_LOSS), tally.new(run.loss_bytes, LOGITS_AND_LOSS))
     tally.free(upcast)

@@ -156,9 +156,9 @@ class EffectResult:
     model: str
     status: Literal["ok", "FAIL", "not measured"]
     measured: str
-    """The case against its reference, e.g. '19.67 MiB vs 35.49 MiB (0.554x)'."""
+    """The case against its reference, e.g. '19.68 MiB vs 35.49 MiB (0.554x)'."""
     expected: str
-    """The bound, with the estimate's prediction where there is one, e.g. 'at most 20.38 MiB: estimate 0.554x + 2%'."""
+    """The bound, with the estimate's prediction where there is one, e.g. 'at most 20.39 MiB: estimate 0.554x + 2%'."""
     line: str
     """One line for a failure (or the reason it was not measured)."""
 

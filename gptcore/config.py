@@ -5,6 +5,7 @@ Parallel), Study and its Schedule; the named values are in gptcore.presets. Froz
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -32,6 +33,9 @@ CHAR_VOCAB = 77
 def _check(ok: bool, field: str, message: str) -> None:
     if not ok:
         raise ValueError(f"{field}: {message}")
+
+
+_RANGES = {"beta1": 1, "beta2": 1, "weight_decay": math.inf, "momentum": math.inf, "seed": math.inf}  # [0, bound)
 
 
 def _check_counts(obj: object, *names: str) -> None:
@@ -97,7 +101,7 @@ class DDPOptions:
             "parallel.ddp.gradient_as_bucket_view",
             "must be true or false",
         )
-        _check(self.bucket_cap_mb > 0, "parallel.ddp.bucket_cap_mb", f"must be > 0, got {self.bucket_cap_mb}")
+        _check(0 < self.bucket_cap_mb < math.inf, "parallel.ddp.bucket_cap_mb", "must be a finite number > 0")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -230,7 +234,12 @@ class Recipe:
         _check_counts(self, "batch_divisor", "grad_accum_steps", "vocab_multiple", "decay_steps")
         _check(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
         _check(self.num_workers >= 0, "num_workers", "must be >= 0")
-        _check(self.lr > 0 and 0 <= self.min_lr <= self.lr, "min_lr", "need 0 <= min_lr <= lr and lr > 0")
+        _check(0 < self.lr < math.inf, "lr", f"must be a finite number > 0, got {self.lr}")
+        _check(0 <= self.min_lr <= self.lr, "min_lr", f"need 0 <= min_lr <= lr, got {self.min_lr} (lr {self.lr})")
+        for name, high in _RANGES.items():  # what torch's AdamW and SGD (and numpy's seeding) accept
+            _check(0 <= getattr(self, name) < high, name, f"must be in [0, {high}), got {getattr(self, name)}")
+        # clip_grad_norm_ with a max norm <= 0 scales the gradients by it: 0 erases them, below 0 ascends the loss
+        _check(self.grad_clip is None or 0 < self.grad_clip < math.inf, "grad_clip", "must be a number > 0, or None")
         _check(self.compile or self.compile_scope == "model", "compile_scope", "regional compiling needs compile=True")
         if self.memory_budget is not None:
             _check(self.compile, "memory_budget", "an activation memory budget needs compile=True")

@@ -82,12 +82,26 @@ def files(storage: Path) -> list[Path]:
     return sorted(found, key=lambda p: (len(p.relative_to(storage).parts), p))
 
 
+def _wrong_shape(data: object) -> str | None:
+    """What a decoded saved run has of another shape than pytest-benchmark writes (None: nothing)."""
+    if not isinstance(data, dict):
+        return "not an object"
+    for key in ("commit_info", "machine_info"):
+        if not isinstance(data.get(key) or {}, dict):
+            return f"{key} is not an object"
+    benchmarks = data.get("benchmarks") or []
+    if not isinstance(benchmarks, list) or not all(isinstance(b, dict) for b in benchmarks):
+        return "benchmarks is not a list of objects"
+    return None
+
+
 def read(storage: str | Path) -> Saved:
     """Every committed run of the most common device under ``storage`` (a ``file://`` URL or a folder), in commit
     order. ValueError for a folder that is missing or holds no saved run."""
     storage = Path(str(storage).removeprefix("file://"))
     if not storage.is_dir():
-        raise ValueError(f"{storage}: no such directory (pytest-benchmark's storage, e.g. .benchmarks/cpu)")
+        what = "not a directory" if storage.exists() else "no such directory"
+        raise ValueError(f"{storage}: {what} (pytest-benchmark's storage, e.g. .benchmarks/cpu)")
     paths = files(storage.resolve())
     if not paths:
         raise ValueError(f"{storage}: no saved pytest-benchmark run (save some with --benchmark-autosave)")
@@ -97,10 +111,12 @@ def read(storage: str | Path) -> Saved:
         name = str(path.relative_to(storage.resolve()))
         try:
             data = json.loads(path.read_text())
-            if not isinstance(data, dict):
-                raise ValueError("not an object")
         except (OSError, UnicodeDecodeError, ValueError) as err:
             skipped.append(f"{name}: not a readable run ({type(err).__name__})")
+            continue
+        wrong = _wrong_shape(data)
+        if wrong:
+            skipped.append(f"{name}: not a readable run ({wrong})")
             continue
         info = data.get("commit_info") or {}
         commit = str(info.get("id") or "")

@@ -18,6 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from gptcore.cli.arguments import positive  # noqa: E402
 from gptcore.measure.runner import run_case  # noqa: E402
 from gptcore.presets import get_model, get_recipe  # noqa: E402
 
@@ -40,11 +41,13 @@ def cv(values: list[float]) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--runs", type=positive, default=5, help="runs per load (two at least: a spread)")
     parser.add_argument("--model", default="cpu-small")
     parser.add_argument("--recipe", default="ckpt-fp32")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    if args.runs < 2:
+        parser.error(f"--runs: a spread needs 2 runs at least, got {args.runs}")
     idle = runs(args.model, args.recipe, args.runs)
     loops = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(2)]
     try:

@@ -15,9 +15,14 @@ import multiprocessing
 import statistics
 import sys
 import time
+from pathlib import Path
 
-from gptcore.config import Schedule
-from gptcore.presets import CPU_SHAPE_SHORT, STUDIES, get_model, get_recipe
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's gptcore, installed or not
+
+from gptcore.cli.arguments import positive  # noqa: E402
+from gptcore.config import Schedule  # noqa: E402
+from gptcore.presets import CPU_SHAPE_SHORT, STUDIES, get_model, get_recipe  # noqa: E402
 
 SEEDS = (1337, 1, 2)
 FULL = STUDIES["cpu-shape"].schedule
@@ -45,7 +50,7 @@ def run_one(job: tuple[str, str, str, Schedule, int]) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="JSON file to write")
-    parser.add_argument("--jobs", type=int, default=2, help="runs side by side (one thread each)")
+    parser.add_argument("--jobs", type=positive, default=2, help="runs side by side (one thread each)")
     args = parser.parse_args()
     jobs = [(s, m, r, sch, seed) for s, m, r, sch in CASES for seed in SEEDS]
     jobs.sort(key=lambda j: j[3].steps, reverse=True)  # the long runs first

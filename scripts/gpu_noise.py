@@ -245,7 +245,11 @@ def main(argv: list[str] | None = None) -> int:
             "not_compared": left_out,
             "cases": [asdict(c) for c in cases],
         }
-        args.json.write_text(json.dumps(evidence, indent=2) + "\n")
+        try:
+            args.json.write_text(json.dumps(evidence, indent=2) + "\n")
+        except OSError as err:
+            print(f"gpu_noise: --json {args.json}: {err.strerror or err}", file=sys.stderr)
+            return 2
         print(f"evidence: {args.json}")
     return 0
 

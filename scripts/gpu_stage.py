@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import math
 import os
 import shlex
 import shutil
@@ -178,6 +179,8 @@ def time_limit(given: str | None) -> float | None:
     try:
         seconds = float(text)
     except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds):
         sys.exit(f"gpu_stage: time limit {text!r} is not a number of seconds")
     if seconds <= MARGIN_SECONDS + MIN_STAGE_SECONDS:
         sys.exit(f"gpu_stage: time limit {seconds:.0f} s leaves no stage {MIN_STAGE_SECONDS:.0f} s")

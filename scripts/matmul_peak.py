@@ -11,11 +11,16 @@ import argparse
 import json
 import statistics
 import sys
+from pathlib import Path
 
 import torch
 
-from gptcore.measure.timing import StepTimer
-from gptcore.training.trainer import resolve_device
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's gptcore, installed or not
+
+from gptcore.cli.arguments import positive  # noqa: E402
+from gptcore.measure.timing import StepTimer  # noqa: E402
+from gptcore.training.trainer import resolve_device  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, "fp32": torch.float32}
 
@@ -51,11 +56,16 @@ def matmul_tflops(device: torch.device, dtype: str, size: int, rounds: int = 20)
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", choices=DTYPES, default="bf16")
-    parser.add_argument("--size", type=int, default=8192)
+    parser.add_argument("--size", type=positive, default=8192)
     parser.add_argument("--device", default=None)
     parser.add_argument("--json", default=None, help="write the result here too")
     args = parser.parse_args()
-    result = matmul_tflops(resolve_device(args.device), args.dtype, args.size)
+    try:
+        device = resolve_device(args.device)
+    except (ValueError, RuntimeError) as err:  # a device torch does not know, or CUDA without one
+        print(f"matmul_peak: {err}", file=sys.stderr)
+        return 2
+    result = matmul_tflops(device, args.dtype, args.size)
     print(json.dumps(result))
     if args.json:
         with open(args.json, "w") as f:

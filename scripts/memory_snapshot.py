@@ -16,19 +16,26 @@ import json
 import os
 import pickle
 import sys
+from pathlib import Path
 
 import torch
 
-from gptcore.memory.snapshot import peak_of_trace
-from gptcore.presets import get_model, get_recipe
-from gptcore.units import format_bytes
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's gptcore, installed or not
+
+from gptcore.cli.arguments import positive  # noqa: E402
+from gptcore.memory.snapshot import peak_of_trace  # noqa: E402
+from gptcore.presets import get_model, get_recipe  # noqa: E402
+from gptcore.units import format_bytes  # noqa: E402
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="deep-1.6b")
     parser.add_argument("--recipe", default="budget-0.05")
-    parser.add_argument("--steps", type=int, default=3, help="optimizer steps (the optimizer state exists from 1 on)")
+    parser.add_argument(
+        "--steps", type=positive, default=3, help="optimizer steps (the optimizer state exists from 1 on)"
+    )
     parser.add_argument("--max-entries", type=int, default=200_000, help="allocator events kept")
     parser.add_argument("--out", default=".")
     args = parser.parse_args()

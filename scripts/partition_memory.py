@@ -16,12 +16,16 @@ import json
 import multiprocessing
 import sys
 from dataclasses import asdict
+from pathlib import Path
 
 from tabulate import tabulate
 
-from gptcore.memory.partition import check_plannable
-from gptcore.presets import get_model, get_recipe
-from gptcore.units import common_unit, format_bytes
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's gptcore, installed or not
+
+from gptcore.memory.partition import check_plannable  # noqa: E402
+from gptcore.presets import get_model, get_recipe  # noqa: E402
+from gptcore.units import common_unit, format_bytes  # noqa: E402
 
 SIZES = ("input_bytes", "saved_bytes", "forward_peak_bytes", "backward_peak_bytes")
 

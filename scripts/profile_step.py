@@ -15,29 +15,40 @@ import os
 import shutil
 import sys
 import time
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from gptcore.presets import get_model, get_recipe
-from gptcore.training.trainer import Trainer, resolve_device
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's gptcore, installed or not
+
+from gptcore.cli.arguments import positive  # noqa: E402
+from gptcore.presets import get_model, get_recipe  # noqa: E402
+from gptcore.training.trainer import Trainer, resolve_device  # noqa: E402
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gpt2")
     parser.add_argument("--recipe", default="ladder-8")
-    parser.add_argument("--batch", type=int, default=None)
+    parser.add_argument("--batch", type=positive, default=None)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=positive, default=5)
     parser.add_argument("--device", default=None)
     parser.add_argument("--out", default=".")
     args = parser.parse_args()
-    cfg = get_model(args.model)
-    if args.batch:
-        cfg = dataclasses.replace(cfg, batch_size=args.batch)
-    device = resolve_device(args.device)
-    trainer = Trainer(cfg, get_recipe(args.recipe), device)
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        parser.error(f"--out {args.out}: not a folder")
+    try:
+        cfg, recipe = get_model(args.model), get_recipe(args.recipe)
+        if args.batch:
+            cfg = dataclasses.replace(cfg, batch_size=args.batch)
+        device = resolve_device(args.device)
+        trainer = Trainer(cfg, recipe, device)
+    except (ValueError, RuntimeError) as err:  # unknown names, a device torch does not know, a recipe it cannot run
+        print(f"profile_step: {err}", file=sys.stderr)
+        return 2
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     t0 = time.perf_counter()
     for _ in range(args.warmup):

@@ -6,11 +6,14 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 
 from gptcore.cli import main
 from gptcore.presets import MODELS, RECIPES, RENAMED_RECIPES
+from gptcore.training.trainer import Trainer
 from tests.helpers import run_cli
 
 pytestmark = pytest.mark.cpu
@@ -124,8 +127,11 @@ def test_an_old_recipe_name_runs_with_one_deprecation_line():
         (["train", "--model", "cpu-small", "--set", "parallel=ddp"], "parallel is a group of fields; set parallel.ddp"),
         (
             ["train", "--model", "cpu-small", "--recipe", "ddp", "--set", "parallel.ddp.bucket_cap_mb=0"],
-            "parallel.ddp.bucket_cap_mb: must be > 0",
+            "parallel.ddp.bucket_cap_mb: must be a finite number > 0",
         ),
+        (["train", "--model", "cpu-small", "--set", "grad_clip=-1"], "grad_clip: must be a number > 0, or None"),
+        (["train", "--model", "cpu-small", "--set", "beta1=2"], "beta1: must be in [0, 1), got 2.0"),
+        (["train", "--model", "cpu-small", "--set", "seed=-1"], "seed: must be in [0, inf), got -1"),
         (["estimate", "--model", "gpt2-xxl"], "unknown 'gpt2-xxl'"),
         (["estimate", "--model", "gpt2", "--seq", "0"], "argument --seq: must be >= 1"),
         (["train"], "required"),
@@ -136,6 +142,40 @@ def test_bad_input_is_one_line_and_exit_code_2(args, expected, capsys):
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("gptcore: error:") and expected in err, err
+
+
+def test_out_of_memory_on_the_cpu_is_one_line_and_exit_code_1(monkeypatch, capsys):
+    # the CPU allocator's failure is a RuntimeError, not torch.OutOfMemoryError. Building: a vocabulary padded to
+    # 2**40 rows, 2**47 floats and more, beyond any address space; in a step: a real allocation of 2**62 bytes
+    assert main(["train", "--model", "cpu-small", "--steps", "1", "--set", f"vocab_multiple={2**40}"]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == "gptcore: error: out of memory on cpu building the model and its optimizer"
+    assert "Traceback" not in err
+    monkeypatch.setattr(Trainer, "step", lambda self, batch=None: torch.empty(2**62, dtype=torch.uint8))
+    assert main(["train", "--model", "cpu-small", "--steps", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].startswith("gptcore: error: out of memory on cpu after step 0 (peak"), err
+    assert "Traceback" not in err
+
+
+def test_an_output_that_cannot_be_written_is_one_line_before_any_work(tmp_path, capsys):
+    # a comparison or a merge can take an hour: where it writes is checked first, not after
+    run = str(Path(__file__).parent / "data" / "cpu-report-run.json")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for args, expected in (
+        (["report", run, "--html", str(tmp_path)], f"--html {tmp_path}: is a folder; give a file"),
+        (["report", run, "--plot", str(a_file)], f"--plot {a_file}: not a folder"),
+        (
+            ["compare", "HEAD", "-k", "x", "--json", "/proc/nope/x.json"],
+            "--json /proc/nope/x.json: cannot create its folder",
+        ),
+        (["history", "--storage", str(tmp_path), "--markdown", str(tmp_path)], "--markdown"),
+    ):
+        assert main(args) == 2, args
+        out, err = capsys.readouterr()
+        assert err.count("\n") == 1 and err.startswith("gptcore: error:") and expected in err, err
+        assert out == "", out  # nothing was done before the line
 
 
 def test_bad_input_from_the_shell_has_no_traceback():

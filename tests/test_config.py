@@ -163,6 +163,15 @@ def test_invalid_model_shapes_name_the_field(fields, field):
         (dict(attention="flash"), "attention"),
         (dict(precision="fp8"), "precision"),
         (dict(grad_accum_steps=0), "grad_accum_steps"),
+        (dict(grad_clip=0.0), "grad_clip"),  # clip_grad_norm_ would erase every gradient
+        (dict(grad_clip=-1.0), "grad_clip"),  # and below 0 turn descent into ascent
+        (dict(lr=float("inf")), "lr"),
+        (dict(lr=float("nan")), "lr"),
+        (dict(beta1=1.0), "beta1"),
+        (dict(beta2=-0.1), "beta2"),
+        (dict(weight_decay=-0.1), "weight_decay"),
+        (dict(momentum=float("nan")), "momentum"),
+        (dict(seed=-1), "seed"),
     ],
 )
 def test_invalid_recipes_name_the_field(fields, field):

@@ -246,6 +246,37 @@ def test_a_results_log_that_cannot_be_written_stops_the_run_before_the_first_cas
     assert "passed" not in result.stdout.str()
 
 
+def test_a_verdict_file_that_cannot_be_written_stops_the_run_before_the_first_case(run, tmp_path: Path) -> None:
+    # written at the end: a run must not pass and then lose its verdict
+    result = run(None, "--gate-markdown", str(tmp_path))
+    _assert_usage_error(result, f"--gate-markdown {tmp_path}: is a folder; give a file this run can write")
+    assert "passed" not in result.stdout.str()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--mem-tol", "nan"), "--mem-tol: nan is out of range"),  # NaN passes every figure: the gate off
+        (("--speed-tol", "nan"), "--speed-tol: nan is out of range"),
+        (("--loss-tol", "inf"), "--loss-tol: inf is out of range"),
+        (("--bench-rounds", "0"), "--bench-rounds: 0 is out of range (at least 1)"),
+        (("--bench-steps", "0"), "--bench-steps: 0 is out of range (at least 1)"),
+        (("--bench-warmup", "-1"), "--bench-warmup: -1 is out of range (at least 0)"),
+        (("--deadline", "nan"), "--deadline: nan is not a positive number of seconds"),
+    ],
+)
+def test_an_option_out_of_range_stops_the_run_before_the_first_case(run, args, message) -> None:
+    result = run(None, *args)
+    _assert_usage_error(result, message)
+    assert "passed" not in result.stdout.str()
+
+
+def test_a_baseline_file_that_is_not_text_is_a_clear_error(run, tmp_path: Path) -> None:
+    (tmp_path / "baselines").mkdir()
+    (tmp_path / "baselines" / "cpu.json").write_bytes(b"\xff\xfe{}")
+    _assert_usage_error(run(None), "cpu.json: not a baseline file (not UTF-8 text)")
+
+
 PLANTED_MLP = """
 import torch
 import gptcore.training.model as model
@@ -614,6 +645,8 @@ def test_a_failed_write_leaves_the_old_file_intact(tmp_path: Path, monkeypatch: 
         (lambda d: d["benchmarks"]["a"].update(peak_allocated_bytes=1.5), "peak_allocated_bytes: expected int"),
         (lambda d: d["tolerances"].update(memroy=0.1), "tolerances.memroy: unknown field"),
         (lambda d: d["tolerances"].update(speed=2), "tolerances.speed: must be in [0, 1]"),
+        # NaN compares false with every bound: it would pass every figure, the gate off without a word
+        (lambda d: d["tolerances"].update(memory=float("nan")), "tolerances.memory: must be a finite number >= 0"),
         (lambda d: d.update(tolerances_by_test={"test_x": {"sped": 0.1}}), "tolerances_by_test.test_x.sped: unknown"),
         (lambda d: d.update(tolerances_by_test={"test_x": {"loss": -1}}), "tolerances_by_test.test_x.loss: must be"),
         (lambda d: d.update(tolerances_by_test={"test_x": 0.1}), "tolerances_by_test: must be an object of objects"),

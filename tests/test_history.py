@@ -270,9 +270,13 @@ def test_bad_input_is_one_line_each_and_the_rest_goes_on(tmp_path: Path, capsys)
     )
     assert main(["history", "--storage", str(tmp_path / "runs"), "-k", "nope"]) == 2
     assert capsys.readouterr().err.splitlines()[-1].endswith("nothing to analyse: no case matching 'nope'")
-    unwritable = str(tmp_path / "no" / "dir" / "x.json")
+    (tmp_path / "a-file").write_text("")
+    unwritable = str(tmp_path / "a-file" / "x.json")  # its folder would be a file: checked before the analysis
     assert main(["history", "--storage", str(tmp_path / "runs"), "--json", unwritable]) == 2
-    assert capsys.readouterr().err.splitlines()[-1].startswith(f"gptcore: error: --json {tmp_path / 'no'}")
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"gptcore: error: --json {unwritable}: cannot create its folder"), (
+        err
+    )
 
 
 def test_json_and_markdown_keep_each_change_and_the_command_that_hunts_it(tmp_path: Path, capsys):

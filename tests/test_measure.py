@@ -163,6 +163,24 @@ def test_out_of_memory_while_compiling_is_a_failed_case_too(monkeypatch: pytest.
     assert m.tokens_per_s is None and m.round_seconds == []
 
 
+def test_the_cpu_allocators_failure_is_out_of_memory_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the CPU allocator raises a plain RuntimeError: a real one, 2**62 bytes (more than any address space holds)
+    with pytest.raises(RuntimeError) as failed:
+        torch.empty(2**62, dtype=torch.uint8)
+    assert out_of_memory_in(failed.value) is failed.value
+    step = Trainer.step
+
+    def step_then_cpu_oom(self, batch=None):
+        if self.step_count == 3:
+            torch.empty(2**62, dtype=torch.uint8)
+        return step(self, batch)
+
+    monkeypatch.setattr(Trainer, "step", step_then_cpu_oom)
+    m = run_case(CPU_SMALL, RECIPES["fp32"], "cpu", warmup=2, rounds=3, steps_per_round=1)
+    assert m.error.startswith("out of memory after 3 steps: [enforce fail at"), m.error
+    assert "DefaultCPUAllocator: can't allocate memory" in m.error and m.loss is None
+
+
 def test_an_error_that_is_not_out_of_memory_is_raised() -> None:
     assert out_of_memory_in(RuntimeError("boom")) is None
     oom = torch.OutOfMemoryError("x")

@@ -113,8 +113,8 @@ def test_the_script_writes_the_evidence_and_a_bad_log_is_one_line(tmp_path):
         timeout=120,
     )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
-    assert (
-        bad.stderr.strip() == f"gpu_noise: {tmp_path / 'bad.jsonl'}: line 1: Expecting value: line 1 column 1 (char 0)"
+    assert bad.stderr.strip() == (
+        f"gpu_noise: {tmp_path / 'bad.jsonl'}: line 1: not a JSON line (Expecting value: line 1 column 1 (char 0))"
     )
 
 

@@ -98,6 +98,7 @@ def test_cli_report_prints_the_three_tables_per_metric(capsys: pytest.CaptureFix
         ("{not json", "not valid JSON"),
         (json.dumps({"machine_info": {}}), "not a pytest-benchmark JSON"),
         (json.dumps({"benchmarks": [{"name": "test_other", "extra_info": {}}]}), "no gptcore benchmark cases"),
+        (json.dumps({"benchmarks": [{"extra_info": {"model": 5, "recipe": ["x"]}}]}), "no gptcore benchmark cases"),
     ],
 )
 def test_bad_or_missing_file_is_one_line_and_exit_2(

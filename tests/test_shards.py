@@ -203,6 +203,102 @@ def test_the_shards_pytest_benchmark_runs_are_saved_as_one_run_that_history_read
     assert len(storage.read(where).runs) == 2  # a refused run writes nothing
 
 
+def shard_log(path: Path, plan: dict | None = None, record: dict | None = None) -> Path:
+    """A one-shard log of one passed case (no figures), its plan and record updated with ``plan`` and ``record``."""
+    import json
+
+    lines = [
+        {"plan": {"shard": [1, 1], "cases": ["b.py::test_x[a]"], "slug": "cpu", "commit": "c0", **(plan or {})}},
+        {"nodeid": "b.py::test_x[a]", "name": "test_x[a]", "outcome": "passed", "seconds": 1.0, **(record or {})},
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("plan", "record", "message"),
+    [
+        ({"shard": [0, 3]}, None, "not a shard's plan (ValueError: shard 0 of 3: expected 1 <= K <= N)"),
+        ({"shard": [1, 0]}, None, "shard 1 of 0: expected 1 <= K <= N"),
+        ({"cases": "abc"}, None, "cases: must be a list of case ids"),
+        ({"slug": "../../x"}, None, "slug '../../x': not a device slug"),  # it names the baseline file written
+        ({"recording": {"bogus": 1}}, None, "recording: unknown field 'bogus'"),
+        (None, {"name": ["x"]}, "line 2: name: list where the log has str"),
+        (None, {"seconds": "1"}, "line 2: seconds: str where the log has int or float"),
+        (None, {"failures": [1]}, "line 2: failures: must be a list of strings"),
+        (None, {"effect": {"model": "x"}}, "line 2: effect: no 'recipe'"),
+        (None, {"row": {"bogus": 1}}, "line 2: row: unknown cell 'bogus'"),
+    ],
+)
+def test_a_shard_log_of_the_wrong_shape_is_one_line_naming_the_file_and_the_field(tmp_path, plan, record, message):
+    # the record is the log's last line: only a line cut short by a kill is excused there, not a field of a wrong type
+    log = shard_log(tmp_path / "shard.jsonl", plan, record)
+    merged = merge_cli(str(log), "--baselines-dir", str(tmp_path))
+    assert merged.returncode == 2 and "Traceback" not in merged.stderr, merged.stdout + merged.stderr
+    assert merged.stderr.count("\n") == 1 and str(log) in merged.stderr and message in merged.stderr, merged.stderr
+    assert list(tmp_path.iterdir()) == [log]  # nothing recorded
+
+
+def test_a_log_or_a_baseline_file_that_is_not_text_is_one_line(tmp_path):
+    log = tmp_path / "shard.jsonl"
+    log.write_bytes(b"\xff\xfe{}\n")
+    merged = merge_cli(str(log))
+    assert merged.returncode == 2 and f"{log}: not a results log (not UTF-8 text)" in merged.stderr
+    (tmp_path / "baselines").mkdir()
+    (tmp_path / "baselines" / "cpu.json").write_bytes(b"\xff\xfe{}")
+    merged = merge_cli(str(shard_log(log, record={"slug": "cpu"})), "--baselines-dir", str(tmp_path / "baselines"))
+    assert merged.returncode == 2 and "cpu.json: not a baseline file (not UTF-8 text)" in merged.stderr
+    assert "Traceback" not in merged.stderr
+
+
+def test_merge_into_a_baselines_folder_that_does_not_exist_is_refused_as_the_plugin_refuses_it(tmp_path):
+    # a misspelt folder would judge every case "no baseline" and pass: exit 2, as pytest's --baselines-dir is refused
+    missing = tmp_path / "no-such-baselines"
+    merged = merge_cli(str(shard_log(tmp_path / "shard.jsonl")), "--baselines-dir", str(missing))
+    assert merged.returncode == 2 and f"--baselines-dir {missing}: no such folder" in merged.stderr, merged.stderr
+    assert not missing.exists()
+    ok = merge_cli(str(tmp_path / "shard.jsonl"), "--baselines-dir", str(tmp_path))
+    assert ok.returncode == 0, ok.stdout + ok.stderr  # the same log into a folder that exists
+
+
+def test_merge_checks_where_it_writes_before_it_records_anything(tmp_path):
+    log = shard_log(tmp_path / "shard.jsonl")
+    for option, target, message in (
+        ("--gate-markdown", tmp_path, "is a folder; give a file"),
+        ("--gate-markdown", log / "verdict.md", "cannot create its folder"),
+        ("--benchmark-storage", log, "not a folder"),
+        ("--benchmark-storage", log / "storage", f"cannot create it under {log}"),
+    ):
+        merged = merge_cli(str(log), "--baselines-dir", str(tmp_path), option, str(target))
+        assert merged.returncode == 2 and f"{option} {target}: {message}" in merged.stderr, merged.stderr
+
+
+@pytest.mark.parametrize(
+    ("run", "message"),
+    [
+        ([], "not an object"),
+        ({"commit_info": None, "machine_info": {}}, "commit_info: not an object"),
+        (
+            {"commit_info": {}, "machine_info": {}, "benchmarks": [{}]},
+            "benchmarks: not a list of benchmarks with their fullname",
+        ),
+        ({"commit_info": {}, "machine_info": {}, "benchmarks": []}, "datetime: None is not an ISO date"),
+    ],
+)
+def test_a_pytest_benchmark_json_of_the_wrong_shape_is_refused_naming_what_it_lacks(tmp_path, run, message):
+    import json
+
+    from gptcore.gate import results
+    from gptcore.gate.merge import MergeError, save_run
+
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(run))
+    plan = results.Plan((1, 1), [], "cpu", "c0")
+    with pytest.raises(MergeError) as refused:
+        save_run([path], tmp_path / "storage", plan)
+    assert str(refused.value) == f"{path}: not a pytest-benchmark JSON ({message})"
+
+
 WHOLE = ROOT / "tests" / "data" / "whole-tier-shards"
 """The CPU tier (37 cases) run once (one.jsonl) and as three shards (shard-K.jsonl), one after another on one machine
 at 2607fdd (AMD EPYC family 25 model 1, torch 2.13.0+cpu: docs/gate.md), with the baselines both were judged against

@@ -27,6 +27,8 @@ def planted(root: Path) -> Path:
     save(machine, 4, None, figures)  # outside git
     save(machine, 5, "d" * 40, figures, slug="nvidia-h100")  # another device
     (machine / "0006_broken.json").write_text("{")
+    for number, shape in (("0007", '{"commit_info": "abc"}'), ("0008", '{"benchmarks": ["x"]}')):
+        (machine / f"{number}_{'e' * 40}_20261101_000000.json").write_text(shape)  # JSON, not of a saved run's shape
     return root
 
 
@@ -38,9 +40,11 @@ def test_history_and_the_html_chart_read_the_same_runs_and_leave_out_the_same(tm
     assert [r.number for r in runs] == ["0002", "0001"]
     assert found.skipped == left_out
     reasons = {line.split(":")[0].rsplit("/", 1)[-1][:4]: line for line in left_out}
-    assert set(reasons) == {"0003", "0004", "0005", "0006"}
+    assert set(reasons) == {"0003", "0004", "0005", "0006", "0007", "0008"}
     assert "uncommitted changes" in reasons["0003"] and "outside git" in reasons["0004"]
     assert "device nvidia-h100" in reasons["0005"] and "not a readable run" in reasons["0006"]
+    assert reasons["0007"].endswith("not a readable run (commit_info is not an object)")
+    assert reasons["0008"].endswith("not a readable run (benchmarks is not a list of objects)")
 
 
 @pytest.mark.parametrize("depth", [".benchmarks", ".benchmarks/cpu", ".benchmarks/cpu/Linux-CPython-3.11-64bit"])
@@ -54,6 +58,9 @@ def test_the_storage_root_a_device_folder_or_a_machine_folder_all_hold_the_same_
 def test_a_missing_or_empty_folder_is_one_line(tmp_path: Path):
     with pytest.raises(ValueError, match="no such directory"):
         storage.read(tmp_path / "nowhere")
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(ValueError, match="a-file: not a directory"):
+        storage.read(tmp_path / "a-file")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="no saved pytest-benchmark run"):
         load_history(tmp_path / "empty")

@@ -44,6 +44,33 @@ def fraction(text: str) -> float:
     return value
 
 
+def check_output(option: str, path: str | None, *, folder: bool = False) -> None:
+    """UsageError, before any work, where ``path`` (a file the command writes, whose folder is made here, or with
+    ``folder`` a folder it fills) could not be written: a long comparison or merge must not end in a traceback, or
+    with its baselines recorded and its verdict lost. ``None``: the option was not given."""
+    import os
+    from pathlib import Path
+
+    if path is None:
+        return
+    target = Path(path)
+    if folder:
+        if target.exists() and not target.is_dir():
+            raise UsageError(f"{option} {path}: not a folder")
+        existing = next(p for p in (target, *target.parents) if p.exists())  # what mkdir(parents=True) starts from
+        if not existing.is_dir() or not os.access(existing, os.W_OK):
+            raise UsageError(f"{option} {path}: cannot create it under {existing}")
+        return
+    if target.is_dir():
+        raise UsageError(f"{option} {path}: is a folder; give a file")
+    try:  # the folder it goes in is made now, as the pytest plugin makes --results-log's
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"{option} {path}: cannot create its folder: {err.strerror or err}") from None
+    if not os.access(target if target.exists() else target.parent, os.W_OK):
+        raise UsageError(f"{option} {path}: not writable")
+
+
 def interpreter(value: str) -> str:
     """An interpreter given as a path (relative to the cwd) or a name on PATH, made absolute: compare runs it in a
     temporary worktree. Not resolved through links: a venv's python is a link, and its venv is the point. Whether

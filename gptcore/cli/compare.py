@@ -8,7 +8,15 @@ import statistics
 import sys
 import time
 
-from gptcore.cli.arguments import add_hunt_arguments, exact_text, hunt_options, interpreter, interval
+from gptcore.cli.arguments import (
+    UsageError,
+    add_hunt_arguments,
+    check_output,
+    exact_text,
+    hunt_options,
+    interpreter,
+    interval,
+)
 
 NAME = "compare"
 HELP = (
@@ -67,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
 
+    check_output("--json", args.json)
     start = time.perf_counter()
     try:
         a, b, results = compare(
@@ -122,6 +131,9 @@ def run(args: argparse.Namespace) -> int:
             steps=args.steps,
             seconds=seconds,
         )
-        with open(args.json, "w") as f:
-            json.dump(data, f, indent=1)
+        try:
+            with open(args.json, "w") as f:
+                json.dump(data, f, indent=1)
+        except OSError as err:
+            raise UsageError(f"--json {args.json}: {err.strerror or err}") from None
     return 1 if any(r.failed for r in results) else 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gptcore.cli.arguments import UsageError
+from gptcore.cli.arguments import UsageError, check_output
 
 NAME = "history"
 HELP = (
@@ -46,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
         from gptcore.identity import session_slug
 
         args.storage = f".benchmarks/{session_slug()}"
+    check_output("--json", args.json)
+    check_output("--markdown", args.markdown)
     found = history.analyse(args.storage, args.expr)
     for line in found.skipped:
         print(f"gptcore history: {line}", file=sys.stderr)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gptcore.cli.arguments import UsageError
+from gptcore.cli.arguments import UsageError, check_output
 
 NAME = "merge"
 HELP = "the results logs of a run's shards (--shard K/N) as one run: one end table, one verdict, one baseline update"
@@ -45,10 +45,17 @@ def run(args: argparse.Namespace) -> int:
     from gptcore.gate.schema import BaselineError
     from gptcore.gate.summary import end_lines, gate_markdown
 
+    directory = Path(args.baselines_dir)
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"--baselines-dir {directory}: not a folder")
+    check_output("--gate-markdown", args.gate_markdown)  # before anything is recorded
+    check_output("--benchmark-storage", args.benchmark_storage, folder=True)
     try:
         merged = merge(args.logs, args.baselines_dir)
     except (MergeError, BaselineError) as err:
         raise UsageError(str(err)) from None
+    if not directory.is_dir() and not merged.recorded:  # a misspelt folder would turn the gate off without a word
+        raise UsageError(f"--baselines-dir {directory}: no such folder (the shards recorded nothing to create it with)")
     gate = merged.gate
     notes = [f"FAIL: {line}" for line in merged.problems] + gate.summary_notes()
     if merged.recorded:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from gptcore.cli.arguments import UsageError
+from gptcore.cli.arguments import UsageError, check_output
 
 NAME = "report"
 HELP = "tables (and --plot charts) from a pytest --benchmark-json file"
@@ -44,13 +44,18 @@ def run(args: argparse.Namespace) -> int:
                 raise UsageError(
                     f"{flag} needs matplotlib, which is not installed: pip install 'gptcore-bench[plot]'"
                 ) from None
+    check_output("--plot", args.plot, folder=True)
+    check_output("--html", args.html)
     records = load_run(args.run)
     print(render(records))
-    if args.plot is not None:
-        for path in plot(records, args.plot):
-            print(f"wrote {path}")
-    if args.html is not None:
-        from gptcore.report.html import write_html
+    try:
+        if args.plot is not None:
+            for path in plot(records, args.plot):
+                print(f"wrote {path}")
+        if args.html is not None:
+            from gptcore.report.html import write_html
 
-        print(f"wrote {write_html(args.run, args.html, baselines_dir=args.baselines, history=args.history)}")
+            print(f"wrote {write_html(args.run, args.html, baselines_dir=args.baselines, history=args.history)}")
+    except OSError as err:
+        raise UsageError(f"cannot write {err.filename or 'the report'}: {err.strerror or err}") from None
     return 0

@@ -56,7 +56,13 @@ def run(args: argparse.Namespace) -> int:
     if args.batch is not None:
         cfg = dataclasses.replace(cfg, batch_size=args.batch)
     device = resolve_device(args.device)
-    trainer = Trainer(cfg, recipe, device)
+    try:
+        trainer = Trainer(cfg, recipe, device)
+    except Exception as err:  # only an OOM is handled, as below
+        if out_of_memory_in(err) is None:
+            raise
+        print(f"gptcore: error: out of memory on {device} building the model and its optimizer", file=sys.stderr)
+        return 1
     device, world, main = trainer.device, trainer.rank.world_size, trainer.rank.is_main  # under torchrun: rank 0 prints
     start, first = time.perf_counter(), None
     bar = tqdm(total=args.steps, unit="step", file=sys.stderr, dynamic_ncols=True, disable=not main)
@@ -88,9 +94,9 @@ def run(args: argparse.Namespace) -> int:
         else:
             losses = trainer.run(args.steps, log_every=args.log_every, on_log=on_log)
     except Exception as err:  # only an OOM (also one raised while compiling) is handled
+        bar.close()  # any error's line starts a line of its own, not the progress bar's
         if out_of_memory_in(err) is None:
             raise
-        bar.close()
         peak, kind = process_peak_memory(device)
         print(
             f"gptcore: error: out of memory on {device} after step {trainer.step_count} (peak {kind} "

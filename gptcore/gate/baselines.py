@@ -131,11 +131,13 @@ def load(path: str | Path, expect_slug: str | None = None) -> BaselineFile | Non
     """The baseline file at ``path`` (None when it does not exist); BaselineError when it cannot be used."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
     except OSError as err:
         raise BaselineError(f"{path}: cannot read: {err.strerror}") from None
+    except UnicodeDecodeError:
+        raise BaselineError(f"{path}: not a baseline file (not UTF-8 text)") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:

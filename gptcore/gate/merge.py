@@ -134,9 +134,12 @@ def save_run(paths: Sequence[str | Path], storage: str | Path, plan: results.Pla
     runs = []
     for path in map(Path, paths):
         try:
-            runs.append(json.loads(path.read_text()))
+            runs.append(json.loads(path.read_text(encoding="utf-8")))
         except (OSError, ValueError) as err:
             raise MergeError(f"{path}: not a pytest-benchmark JSON ({err})") from None
+        wrong = _wrong_shape(runs[-1])
+        if wrong:
+            raise MergeError(f"{path}: not a pytest-benchmark JSON ({wrong})")
     if len(runs) != plan.shard[1]:
         raise MergeError(f"{len(runs)} pytest-benchmark JSON for {plan.shard[1]} shards: a run is saved whole or not")
     commit = plan.commit.removesuffix("+dirty")  # pytest-benchmark keeps the flag apart, as commit_info.dirty
@@ -161,7 +164,29 @@ def save_run(paths: Sequence[str | Path], storage: str | Path, plan: results.Pla
         [commit, when.strftime("%Y%m%d_%H%M%S")]
         + (["uncommitted-changes"] if first["commit_info"].get("dirty") else [])
     )
-    files = FileStorage(Path(storage) / plan.slug, logging.getLogger(__name__), default_machine_id=get_machine_id())
-    target = files.get(f"{files._next_num}_{name}.json")
-    files.save(merged, name)
+    try:
+        files = FileStorage(Path(storage) / plan.slug, logging.getLogger(__name__), default_machine_id=get_machine_id())
+        target = files.get(f"{files._next_num}_{name}.json")
+        files.save(merged, name)
+    except OSError as err:
+        raise MergeError(f"--benchmark-storage {storage}: {err.strerror or err}") from None
     return target
+
+
+def _wrong_shape(run: object) -> str | None:
+    """What a decoded pytest-benchmark JSON lacks of what the merge reads (None: nothing)."""
+    if not isinstance(run, dict):
+        return "not an object"
+    for key in ("commit_info", "machine_info"):
+        if not isinstance(run.get(key), dict):
+            return f"{key}: not an object"
+    benchmarks = run.get("benchmarks")
+    if not isinstance(benchmarks, list) or not all(
+        isinstance(b, dict) and isinstance(b.get("fullname"), str) for b in benchmarks
+    ):
+        return "benchmarks: not a list of benchmarks with their fullname"
+    try:
+        datetime.fromisoformat(run.get("datetime"))
+    except (TypeError, ValueError):
+        return f"datetime: {run.get('datetime')!r} is not an ISO date"
+    return None

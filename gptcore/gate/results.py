@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,8 +59,48 @@ class Record:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Record:
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
+        """The record of one line; TypeError naming the first field of the wrong type (a line written by another
+        program, or edited by hand, must not reach the end table as a traceback)."""
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        for key, value in known.items():
+            if not isinstance(value, _FIELD_TYPES[key]) or (key == "seconds" and isinstance(value, bool)):
+                raise TypeError(f"{key}: {type(value).__name__} where the log has {_type_names(_FIELD_TYPES[key])}")
+        if not all(isinstance(line, str) for line in known.get("failures", [])):
+            raise TypeError("failures: must be a list of strings")
+        unknown = sorted(set(known.get("row") or {}) - set(ROW_CELLS))
+        if unknown:
+            raise TypeError(f"row: unknown cell {unknown[0]!r}")
+        effect = known.get("effect")
+        missing = [k for k in EFFECT_KEYS if effect is not None and k not in effect]
+        if missing:
+            raise TypeError(f"effect: no {missing[0]!r}")
+        return cls(**known)
+
+
+_NONE = type(None)
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "nodeid": (str,),
+    "name": (str,),
+    "outcome": (str,),
+    "seconds": (int, float),
+    "reason": (str, _NONE),
+    "slug": (str, _NONE),
+    "verdict": (str, _NONE),
+    "failures": (list,),
+    "row": (dict, _NONE),
+    "entry": (dict, _NONE),
+    "recorded": (bool,),
+    "effect": (dict, _NONE),
+    "time": (str,),
+}
+ROW_CELLS = ("verdict", "estimate", "error", "status", "work", "mfu")
+"""The end table's cells of a case that its line keeps (gptcore.gate.session.Row.cells)."""
+EFFECT_KEYS = ("model", "recipe", "device", "world", "figures")
+"""What a record's ``effect`` holds (gptcore.gate.session writes it, the merge judges the effects by it)."""
+
+
+def _type_names(types: tuple[type, ...]) -> str:
+    return " or ".join("null" if t is _NONE else t.__name__ for t in types)
 
 
 @dataclass
@@ -78,14 +119,28 @@ class Plan:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Plan:
+        """The plan of a log's first line; ValueError (or KeyError, TypeError) for one that is not a shard's plan:
+        a shard outside 1..N, cases that are not a list of ids, a slug that is not a file name (it names the baseline
+        file the merge records into), a recording of other fields."""
         plan = data["plan"]
-        return cls(
-            (int(plan["shard"][0]), int(plan["shard"][1])),
-            [str(c) for c in plan["cases"]],
-            str(plan["slug"]),
-            str(plan["commit"]),
-            dict(plan.get("recording") or {}),
-        )
+        k, n = (int(plan["shard"][0]), int(plan["shard"][1]))
+        if not 1 <= k <= n:
+            raise ValueError(f"shard {k} of {n}: expected 1 <= K <= N")
+        if not isinstance(plan["cases"], list) or not all(isinstance(c, str) for c in plan["cases"]):
+            raise ValueError("cases: must be a list of case ids")
+        if not isinstance(plan["slug"], str) or not SLUG.fullmatch(plan["slug"]):
+            raise ValueError(f"slug {plan['slug']!r}: not a device slug (lowercase letters, digits and '-')")
+        recording = dict(plan.get("recording") or {})
+        unknown = sorted(set(recording) - set(RECORDING))
+        if unknown:
+            raise ValueError(f"recording: unknown field {unknown[0]!r}")
+        return cls((k, n), list(plan["cases"]), plan["slug"], str(plan["commit"]), recording)
+
+
+SLUG = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
+"""A device's slug as gptcore.identity.slugify makes it: the name of its baseline file."""
+RECORDING = ("device_name", "device_type", "torch_version", "cuda", "driver")
+"""The fields of a plan's ``recording``: what gptcore.gate.baselines.update records with an entry."""
 
 
 class ResultsLog:
@@ -133,6 +188,8 @@ def read(path: str | Path) -> list[Record]:
         raise LogError(f"{path}: no such results log") from None
     except OSError as err:
         raise LogError(f"{path}: cannot read: {err.strerror}") from None
+    except UnicodeDecodeError:
+        raise LogError(f"{path}: not a results log (not UTF-8 text)") from None
     records = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -144,9 +201,11 @@ def read(path: str | Path) -> list[Record]:
             if not isinstance(data, dict) or not isinstance(data.get("nodeid"), str):
                 raise ValueError("not a results-log record")
             records.append(Record.from_json(data))
-        except (ValueError, TypeError) as err:
-            if number == len(lines):  # the write a kill interrupted
+        except json.JSONDecodeError as err:
+            if number == len(lines):  # the write a kill interrupted (only a line cut short is excused)
                 break
+            raise LogError(f"{path}: line {number}: not a JSON line ({err})") from None
+        except (ValueError, TypeError) as err:
             raise LogError(f"{path}: line {number}: {err}") from None
     return records
 
@@ -167,6 +226,8 @@ def read_plan(path: str | Path) -> Plan | None:
         raise LogError(f"{path}: no such results log") from None
     except OSError as err:
         raise LogError(f"{path}: cannot read: {err.strerror}") from None
+    except UnicodeDecodeError:
+        raise LogError(f"{path}: not a results log (not UTF-8 text)") from None
     try:
         data = json.loads(first) if first.strip() else None
     except ValueError:

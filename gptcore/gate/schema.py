@@ -4,6 +4,7 @@ field. The files that hold them are ``gptcore.gate.baselines``."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -79,8 +80,9 @@ class Tolerances:
             value = getattr(self, name)
             if value is None and name in ("speed", "loss_other_cpu", "loss_amp_other_cpu"):
                 continue
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-                raise BaselineError(f"{where}.{name}: must be a number >= 0, got {value!r}")
+            # NaN compares false with every bound: it would pass every figure, the gate off without a word
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < math.inf:
+                raise BaselineError(f"{where}.{name}: must be a finite number >= 0, got {value!r}")
         if self.speed is not None and self.speed > 1:
             raise BaselineError(f"{where}.speed: must be in [0, 1], got {self.speed}")
 

@@ -16,6 +16,7 @@ from gptcore import identity
 from gptcore.gate import baselines, checks, expectations, rules, verdicts
 from gptcore.gate.baselines import BaselineFile
 from gptcore.gate.expectations import Figures
+from gptcore.gate.results import ROW_CELLS
 from gptcore.gate.schema import BaselineError, Entry, Tolerances
 from gptcore.gate.verdicts import Verdict
 
@@ -50,14 +51,7 @@ class Row:
 
     def cells(self) -> dict:
         """What the end table shows of the case beside its figures (kept in the results log)."""
-        return {
-            "verdict": self.verdict,
-            "estimate": self.estimate,
-            "error": self.error,
-            "status": self.status,
-            "work": self.work,
-            "mfu": self.mfu,
-        }
+        return {name: getattr(self, name) for name in ROW_CELLS}
 
 
 @dataclass

@@ -97,7 +97,8 @@ def read(
             if select and select not in case:
                 continue
             runs_of[case] = runs_of.get(case, 0) + 1
-            for metric, (value, is_exact) in _metrics(bench.get("extra_info") or {}).items():
+            info = bench.get("extra_info")
+            for metric, (value, is_exact) in _metrics(info if isinstance(info, dict) else {}).items():
                 point = Point(run.commit, run.committed.isoformat(), value, run.env)
                 series.setdefault((case, metric), []).append(point)
                 exact[(case, metric)] = is_exact

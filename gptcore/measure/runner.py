@@ -15,6 +15,7 @@ pass of its own on a fresh Trainer (``cpu_peak_bytes``), byte for byte.
 from __future__ import annotations
 
 import gc
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -208,7 +209,7 @@ class CaseRunner:
         if self.trainer.step_count == self.loss_step:
             self.loss_at = self.last_loss
 
-    def out_of_memory(self, err: torch.OutOfMemoryError) -> None:
+    def out_of_memory(self, err: BaseException) -> None:
         """Record an OOM with what was allocated at the time (call inside the ``except``)."""
         where = f"after {self.trainer.step_count} steps" if self.trainer is not None else "while building"
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else "out of memory"
@@ -328,12 +329,19 @@ def _plain_loop(round_fn: Callable[[], None], rounds: int, between: Callable[[],
         round_fn()
 
 
-def out_of_memory_in(err: BaseException) -> torch.OutOfMemoryError | None:
-    """The OutOfMemoryError that ``err`` is or wraps, or None. Dynamo wraps what a compiler raises (an OOM while
-    compiling or autotuning) in BackendCompilerFailed, which keeps it as ``inner_exception``; causes count too."""
+CPU_OUT_OF_MEMORY = re.compile(r"DefaultCPUAllocator: (can't allocate memory|not enough memory)")
+"""What torch's CPU allocator says when malloc fails: a plain RuntimeError, not an OutOfMemoryError."""
+
+
+def out_of_memory_in(err: BaseException) -> BaseException | None:
+    """The out-of-memory error that ``err`` is or wraps, or None: CUDA's OutOfMemoryError, or the CPU allocator's
+    RuntimeError. Dynamo wraps what a compiler raises (an OOM while compiling or autotuning) in
+    BackendCompilerFailed, which keeps it as ``inner_exception``; causes count too."""
     seen: set[int] = set()
     while err is not None and id(err) not in seen:
-        if isinstance(err, torch.OutOfMemoryError):
+        if isinstance(err, torch.OutOfMemoryError) or (
+            isinstance(err, RuntimeError) and CPU_OUT_OF_MEMORY.search(str(err))
+        ):
             return err
         seen.add(id(err))
         err = getattr(err, "inner_exception", None) or err.__cause__

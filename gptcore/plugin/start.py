@@ -4,6 +4,7 @@ run turned off with a note, the options checked before anything runs, and the se
 from __future__ import annotations
 
 import datetime
+import math
 import os
 from pathlib import Path
 
@@ -36,7 +37,7 @@ def configure(config: pytest.Config) -> Gate:
     gate.history_note = history
     if not under_xdist():
         deadline = config.getoption("deadline")
-        if deadline is not None and deadline <= 0:
+        if deadline is not None and not 0 < deadline < math.inf:
             raise pytest.UsageError(f"--deadline: {deadline} is not a positive number of seconds")
         try:
             Launcher.parse(config.getoption("launcher"))
@@ -51,13 +52,16 @@ def configure(config: pytest.Config) -> Gate:
         asked = config.getoption("results_log") or resume
         if asked:  # a GPU job that asked for durable results must not lose them at the first case
             _check_writable(Path(asked), "--results-log" if config.getoption("results_log") else "--resume")
+        if gate.markdown:  # the verdict written at the end: a path it cannot take would lose it after the run
+            _check_writable(gate.markdown, "--gate-markdown")
         gate.log = ResultsLog(asked or _default_log(config))
         config.pluginmanager.register(CaseHooks(gate, deadline), "gptcore-cases")
     return gate
 
 
 def _check_writable(path: Path, option: str) -> None:
-    """UsageError, before any case runs, when the results log at ``path`` could not be appended to."""
+    """UsageError, before any case runs, when the file at ``path`` (the results log, the markdown verdict) could not
+    be written."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -65,7 +69,7 @@ def _check_writable(path: Path, option: str) -> None:
     target = path if path.exists() else path.parent
     if path.is_dir() or not os.access(target, os.W_OK):
         why = "is a folder" if path.is_dir() else "not writable"
-        raise pytest.UsageError(f"{option} {path}: {why}; give a file this run can append to")
+        raise pytest.UsageError(f"{option} {path}: {why}; give a file this run can write")
 
 
 def gate_from_config(config: pytest.Config, notes: list[str]) -> Gate:
@@ -74,11 +78,14 @@ def gate_from_config(config: pytest.Config, notes: list[str]) -> Gate:
     loss_fields = ("loss", "loss_amp", "loss_other_cpu", "loss_amp_other_cpu")
     for option, names in (("mem_tol", ("memory",)), ("speed_tol", ("speed",)), ("loss_tol", loss_fields)):
         value = config.getoption(option)
-        if value is not None:
-            if value < 0 or (option == "speed_tol" and value > 1):
+        if value is not None:  # NaN fails every comparison: it must not read as "in range"
+            if not 0 <= value < math.inf or (option == "speed_tol" and value > 1):
                 raise pytest.UsageError(f"--{option.replace('_', '-')}: {value} is out of range")
             overrides.update(dict.fromkeys(names, value))
     counts = tuple(config.getoption(o) for o in ("bench_warmup", "bench_rounds", "bench_steps"))
+    for option, value, least in zip(("--bench-warmup", "--bench-rounds", "--bench-steps"), counts, (0, 1, 1)):
+        if value is not None and value < least:
+            raise pytest.UsageError(f"{option}: {value} is out of range (at least {least})")
     if config.getoption("update_baselines") and config.getoption("update_loss_references"):
         raise pytest.UsageError("--update-baselines and --update-loss-references: choose one")
     markdown = config.getoption("gate_markdown")

@@ -104,14 +104,20 @@ def load_run(path: str | Path) -> list[Record]:
     records = []
     for bench in data["benchmarks"]:
         info = bench.get("extra_info") if isinstance(bench, dict) else None
-        if not isinstance(info, dict) or "model" not in info or "recipe" not in info:
-            continue
+        if (
+            not isinstance(info, dict)
+            or not isinstance(info.get("model"), str)
+            or not isinstance(info.get("recipe"), str)
+        ):
+            continue  # not a gptcore case (its model and recipe are names)
         values = {key: number(info.get(field)) for key, (_, field) in METRICS.items()}
         for key in ("memory", "reserved"):  # bytes -> the MiB of METRICS' titles
             if values[key] is not None:
                 values[key] = in_unit(values[key], "MiB")
         records.append(
-            Record(bench.get("group") or "", bench.get("name", ""), info["model"], info["recipe"], values, info)
+            Record(
+                str(bench.get("group") or ""), str(bench.get("name", "")), info["model"], info["recipe"], values, info
+            )
         )
     if not records:
         raise ValueError(f"{path}: no gptcore benchmark cases (benchmarks with extra_info model/recipe)")

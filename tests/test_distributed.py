@@ -147,6 +147,10 @@ def test_a_launcher_is_torchruns_own_words_and_bad_words_are_one_line():
     for bad in ("--nnodes 2", "--nnodes two --rdzv-endpoint h:1", "--nnodes 2 --rdzv-endpoint h:1 --oops"):
         with pytest.raises(ValueError, match="^--launcher "):
             Launcher.parse(bad)
+    with pytest.raises(ValueError, match="--node-rank must be in 0..1 \\(--nnodes 2\\)"):  # torchrun would wait for it
+        Launcher.parse("--nnodes 2 --node-rank 2 --rdzv-endpoint h:1")
+    with pytest.raises(ValueError, match="--nnodes must be >= 1"):
+        Launcher.parse("--nnodes 0 --rdzv-endpoint h:1")
     with pytest.raises(ValueError, match="a world of 3 ranks does not divide over 2 nodes"):
         nodes.args(3)
 

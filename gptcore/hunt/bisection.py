@@ -139,10 +139,9 @@ def bisect(
         raise CompareError(f"--metric: unknown {metric!r}; choose from {', '.join(METRICS)}")
     repo = repo_root(cwd)
     good_sha, bad_sha = commit_of(repo, good), commit_of(repo, bad)
-    if (
-        good_sha == bad_sha
-        or subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", good_sha, bad_sha]).returncode
-    ):
+    if good_sha == bad_sha:
+        raise CompareError(f"GOOD {good!r} and BAD {bad!r} are the same commit ({good_sha[:12]}): nothing between them")
+    if subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", good_sha, bad_sha]).returncode:
         raise CompareError(f"GOOD {good!r} must be an ancestor of BAD {bad!r}")
     options = options or Options(device=local_device())
     cases = select_cases(expr, options.device)

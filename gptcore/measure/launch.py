@@ -85,7 +85,11 @@ class Launcher:
         except ValueError as err:
             raise ValueError(f"--launcher {text!r}: {err}; {words}") from None
         if args.nnodes < 1:
-            raise ValueError(f"--launcher {text!r}: {words}")
+            raise ValueError(f"--launcher {text!r}: --nnodes must be >= 1; {words}")
+        if args.node_rank is not None and not 0 <= args.node_rank < args.nnodes:  # torchrun would wait for it
+            raise ValueError(
+                f"--launcher {text!r}: --node-rank must be in 0..{args.nnodes - 1} (--nnodes {args.nnodes})"
+            )
         return cls(args.nnodes, args.node_rank, args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id)
 
 

@@ -263,14 +263,16 @@ def test_merge_into_a_baselines_folder_that_does_not_exist_is_refused_as_the_plu
 
 def test_merge_checks_where_it_writes_before_it_records_anything(tmp_path):
     log = shard_log(tmp_path / "shard.jsonl")
-    for option, target, message in (
-        ("--gate-markdown", tmp_path, "is a folder; give a file"),
-        ("--gate-markdown", log / "verdict.md", "cannot create its folder"),
-        ("--benchmark-storage", log, "not a folder"),
-        ("--benchmark-storage", log / "storage", f"cannot create it under {log}"),
+    saving = ("--benchmark-json", str(tmp_path / "bench.json"))  # the storage is checked when a run is to be saved
+    for option, target, message, more in (
+        ("--gate-markdown", tmp_path, "is a folder; give a file", ()),
+        ("--gate-markdown", log / "verdict.md", "cannot create its folder", ()),
+        ("--benchmark-storage", log, "not a folder", saving),
+        ("--benchmark-storage", log / "storage", f"cannot create it under {log}", saving),
     ):
-        merged = merge_cli(str(log), "--baselines-dir", str(tmp_path), option, str(target))
+        merged = merge_cli(str(log), "--baselines-dir", str(tmp_path), option, str(target), *more)
         assert merged.returncode == 2 and f"{option} {target}: {message}" in merged.stderr, merged.stderr
+    assert list(tmp_path.iterdir()) == [log]  # nothing recorded, nothing saved
 
 
 @pytest.mark.parametrize(

@@ -49,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
     if directory.exists() and not directory.is_dir():
         raise UsageError(f"--baselines-dir {directory}: not a folder")
     check_output("--gate-markdown", args.gate_markdown)  # before anything is recorded
-    check_output("--benchmark-storage", args.benchmark_storage, folder=True)
+    if args.benchmark_json:
+        check_output("--benchmark-storage", args.benchmark_storage, folder=True)
     try:
         merged = merge(args.logs, args.baselines_dir)
     except (MergeError, BaselineError) as err:

@@ -374,6 +374,8 @@ def test_bisect_names_the_commit_that_planted_a_regression(repo, monkeypatch, ca
     (repo / "NOTES").write_text("harmless\n")
     commit(repo, "harmless")
     monkeypatch.chdir(repo)
+    assert main(["bisect", "HEAD", good, "-k", CASE, "--metric", "peak_memory"]) == 2  # the two swapped
+    assert f"GOOD 'HEAD' must be an ancestor of BAD '{good}'" in one_error_line(capsys)
     assert main(["bisect", good, "HEAD", "-k", CASE, "--metric", "peak_memory", *QUICK]) == 0
     out = capsys.readouterr().out
     assert f"first bad commit: {bad_commit} widen cpu-small" in out

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from gptcore.measure import heap
+from gptcore.training.trainer import compile_cache_per_isa
 
 #: Set by GitHub Actions, or by a workflow asking for the gate's markdown (gptcore.plugin.MARKDOWN_ENV).
 SUMMARY_VARIABLES = ("GITHUB_STEP_SUMMARY", "GPTCORE_GATE_MARKDOWN")
@@ -29,6 +30,7 @@ def pytest_configure(config) -> None:
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if workers:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
+    compile_cache_per_isa()  # the compile tests call torch.compile themselves, not only through a Trainer
 
 
 @pytest.hookimpl(tryfirst=True)  # before gptcore's plugin, which then leaves the heap to this run

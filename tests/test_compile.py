@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -102,3 +103,27 @@ def test_a_memory_budget_with_dropout_is_refused_exactly_while_torch_gets_its_gr
             f"torch {torch.__version__} now recomputes dropout with the forward's mask under a "
             f"memory budget: lift the refusal in gptcore.training.trainer.unsupported_reason"
         )
+
+
+def test_a_forced_vector_isa_compiles_into_a_cache_of_its_own(monkeypatch, tmp_path):
+    # inductor keys a cached graph on the graph and torch, not on the ISA its kernels were written for: a default run
+    # that found graphs compiled under ATEN_CPU_CAPABILITY=avx2 aborted (free(): invalid pointer) on an AVX-512 Xeon.
+    # The environment is a dict of the test's own: ATen would take a real $ATEN_CPU_CAPABILITY for this whole worker
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from gptcore.training import trainer as trainer_module
+
+    default = os.path.abspath(default_cache_dir())
+    env = {"TORCHINDUCTOR_CACHE_DIR": default}  # as Dynamo's import leaves it
+    assert trainer_module.compile_cache_per_isa(env) is None and env == {"TORCHINDUCTOR_CACHE_DIR": default}
+    env["ATEN_CPU_CAPABILITY"] = "avx2"
+    assert trainer_module.compile_cache_per_isa(env) == f"{default}-avx2" == env["TORCHINDUCTOR_CACHE_DIR"]
+    assert trainer_module.compile_cache_per_isa(env) is None  # once apart, it stays where it is
+    assert trainer_module.compile_cache_per_isa({"ATEN_CPU_CAPABILITY": "avx2"}) == f"{default}-avx2"  # unset too
+    chosen = {"ATEN_CPU_CAPABILITY": "avx2", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+    assert trainer_module.compile_cache_per_isa(chosen) is None and chosen["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path)
+    seen = []
+    monkeypatch.setattr(trainer_module, "compile_cache_per_isa", lambda: seen.append(True))
+    trainer(Recipe(compile=True))  # torch.compile is lazy: nothing compiles here
+    trainer(Recipe())
+    assert seen == [True]  # a compiled recipe sets its cache before it compiles; an eager one leaves it alone

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import shutil
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 
 import torch
 import torch._functorch.config as functorch_config
@@ -71,6 +72,24 @@ def unsupported_reason(recipe: Recipe, device: torch.device | str, cfg: GPTConfi
     if device.type == "cuda" and recipe.precision.startswith("bf16") and not torch.cuda.is_bf16_supported():
         return f"{torch.cuda.get_device_name(device)} does not support bf16"
     return None
+
+
+def compile_cache_per_isa(env: MutableMapping[str, str] = os.environ) -> str | None:
+    """Keep torch.compile's cache apart when the vector ISA is forced (``$ATEN_CPU_CAPABILITY``, as emulating a CPU
+    without AVX-512 sets it). Inductor keys a cached graph on the graph and torch, not on the ISA its kernels were
+    written for: on an Intel Xeon with AVX-512 (torch 2.13.0+cpu), a default run that found graphs compiled under
+    ``ATEN_CPU_CAPABILITY=avx2`` aborted (``free(): invalid pointer``), or computed a NaN loss. Points
+    ``$TORCHINDUCTOR_CACHE_DIR`` at inductor's default folder with the ISA appended, unless it names another folder
+    already (Dynamo's import sets it to the default); returns the folder (None: nothing changed). ``env``: the
+    process's environment, or a test's own (ATen reads ``$ATEN_CPU_CAPABILITY`` once, at its first kernel)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    isa = env.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    default = os.path.abspath(default_cache_dir())
+    if not isa or os.path.abspath(env.get("TORCHINDUCTOR_CACHE_DIR", default)) != default:
+        return None
+    env["TORCHINDUCTOR_CACHE_DIR"] = f"{default}-{isa}"
+    return env["TORCHINDUCTOR_CACHE_DIR"]
 
 
 def check_runnable(recipe: Recipe, device: torch.device | str, cfg: GPTConfig | None = None) -> None:
@@ -137,6 +156,7 @@ class Trainer:
         # the loss is summed over micro-batches in the master dtype, never below float32
         self.loss_dtype = torch.promote_types(dtype, torch.float32)
         if recipe.compile:
+            compile_cache_per_isa()
             # Dynamo caches compiled graphs on GPT.forward's code object and its guards ignore the functorch
             # config: without a reset a second Trainer would silently reuse the first one's graph, memory
             # budget and all. Compile time is spent in warm-up, outside any timing.

@@ -3,6 +3,7 @@ name); bad input is one line and exit code 2, no traceback; --help loads no torc
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -36,29 +37,23 @@ def test_train_runs_and_the_loss_falls():
     assert "compile" not in out.stdout  # nothing compiled, so nothing to include
 
 
-def test_set_changes_recipe_fields_and_says_so(capsys):
-    assert (
-        main(
-            [
-                "train",
-                "--model",
-                "cpu-small",
-                "--steps",
-                "2",
-                "--device",
-                "cpu",
-                "--set",
-                "checkpoint=true",
-                "--set",
-                "grad_accum_steps=4",
-                "--set",
-                "grad_clip=none",
-            ]
-        )
-        == 0
-    )
+def test_set_changes_recipe_fields_and_says_so(monkeypatch, capsys):
+    ran = []
+    init = Trainer.__init__
+
+    def recorded(self, cfg, recipe, device, *args, **kwargs):  # the recipe the run trains, not the one it names
+        ran.append(recipe)
+        init(self, cfg, recipe, device, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "__init__", recorded)
+    args = ["train", "--model", "cpu-small", "--steps", "2", "--device", "cpu"]
+    args += ["--set", "checkpoint=true", "--set", "grad_accum_steps=4", "--set", "grad_clip=none"]
+    assert main(args) == 0
     out = capsys.readouterr().out
     assert "--set checkpoint=true --set grad_accum_steps=4 --set grad_clip=none" in out
+    [recipe] = ran
+    assert (recipe.checkpoint, recipe.grad_accum_steps, recipe.grad_clip) == (True, 4, None)
+    assert recipe == dataclasses.replace(RECIPES["fp32"], checkpoint=True, grad_accum_steps=4, grad_clip=None)
 
 
 def test_set_values_are_converted_by_the_field_type():

@@ -55,7 +55,9 @@ def child_env() -> dict[str, str]:
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """baselines/cpu.json as a first run with --update-baselines writes it (recorded once per module)."""
     where = tmp_path_factory.mktemp("recorded")
-    result = run_pytest(where, *QUICK, "--baselines-dir", str(where / "baselines"), "--update-baselines")
+    with pytest.MonkeyPatch.context() as patch:  # recorded as on a quiet machine, however busy this one is
+        fake_share(patch, 1.0)
+        result = run_pytest(where, *QUICK, "--baselines-dir", str(where / "baselines"), "--update-baselines")
     assert result.ret == 0, result.stdout.str() + result.stderr.str()
     assert "recorded" in result.stdout.str()
     return json.loads((where / "baselines" / "cpu.json").read_text())
@@ -91,12 +93,8 @@ def test_first_run_with_update_baselines_records_the_case(recorded: dict) -> Non
     assert recorded["device"]["slug"] == "cpu"
     e = entry(recorded)
     assert e["peak_allocated_bytes"] > 0 and e["peak_reserved_bytes"] is None
-    speed = e["tokens_per_s"]  # recorded when the machine was quiet, else said why not (tests run side by side)
-    assert (
-        (speed["median"] > 0 and speed["iqr"] >= 0)
-        if speed["median"] is not None
-        else speed["not_recorded"].startswith("speed not recorded: machine busy")
-    )
+    speed = e["tokens_per_s"]  # recorded: the fixture's rounds had the whole CPU (a busy one: tests/test_cpu_speed.py)
+    assert speed["median"] > 0 and speed["iqr"] >= 0 and "not_recorded" not in speed
     assert e["loss"]["step"] == 8 and e["loss"]["value"] > 0  # the study's loss step (bench/test_cpu_shape.py)
     assert recorded["tolerances"] == {**recorded["tolerances"], "memory": 0.02, "speed": None, "loss": 1e-6}
 

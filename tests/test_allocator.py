@@ -166,7 +166,7 @@ def test_on_every_eager_case_the_allocator_equals_the_trackers_peak_plus_what_it
 ) -> None:
     gc.enable()
     with aten_matmuls(recipe):
-        peak, by_category = measured_steps(Trainer(get_model(model), RECIPES[recipe], "cpu"), 2)
+        peak, by_category, _ = measured_steps(Trainer(get_model(model), RECIPES[recipe], "cpu"), 2)
     # the breakdown is the tracker's at its peak, and UNTRACKED what the allocator counted beyond it
     assert by_category.get(UNTRACKED, 0) == UNSEEN.get((model, recipe), 0)
     assert sum(by_category.values()) == peak
@@ -183,9 +183,9 @@ def test_on_this_cpus_half_precision_kernels_the_allocator_sees_at_most_one_kern
         pytest.skip("oneDNN has no half-precision kernels on this CPU: its matmuls are ATen's, held exact above")
     gc.enable()
     cfg = get_model(model)
-    peak, by_category = measured_steps(Trainer(cfg, RECIPES[recipe], "cpu"), 2)
+    peak, by_category, _ = measured_steps(Trainer(cfg, RECIPES[recipe], "cpu"), 2)
     with aten_matmuls(recipe):
-        aten_peak, aten_by_category = measured_steps(Trainer(cfg, RECIPES[recipe], "cpu"), 2)
+        aten_peak, aten_by_category, _ = measured_steps(Trainer(cfg, RECIPES[recipe], "cpu"), 2)
     untracked = by_category.pop(UNTRACKED, 0)
     seen = UNSEEN.get((model, recipe), 0)
     assert peak - untracked == aten_peak - aten_by_category.pop(UNTRACKED, 0)

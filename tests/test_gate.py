@@ -328,6 +328,17 @@ def plant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         sys.modules.pop(name, None)
 
 
+def test_a_step_that_keeps_a_tensor_each_time_fails_as_a_leak_with_or_without_a_baseline(run, recorded, plant) -> None:
+    # planted: block 0's MLP keeps the 4-byte sum of its output at every forward (logging gone wrong); the peak of
+    # the first steps moves by bytes, well inside its 2%, and one step's ledger cannot see what outlives it
+    leak = plant("leak", 'mlp.__dict__.setdefault("kept", []).append(h.detach().sum())')
+    line = f"*{CASE_GLOB}: *kept per step +8 B (the second step left 8 B more allocated than the first*"
+    for baseline in (recorded, None):  # checkpointing runs block 0's forward twice a step: 8 B
+        result = run(baseline, *leak)
+        result.assert_outcomes(failed=1)
+        result.stdout.fnmatch_lines([line])
+
+
 def test_an_extra_clone_is_named_in_the_failure_line_with_its_count(run, recorded: dict, plant) -> None:
     result = run(recorded, *plant("clone", "h = torch.ops.aten.clone(h)"))
     result.assert_outcomes(failed=1)

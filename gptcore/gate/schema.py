@@ -112,6 +112,8 @@ class Entry:
     kernel_scratch_bytes: int | None = None
     """CPU, a compiled half-precision case: the most of its peak that this CPU's matmul kernels may hold
     (gptcore.memory.scratch); None elsewhere."""
+    kept_bytes: int | None = None
+    """CPU: the bytes the second measured step left allocated beyond the first's (a steady step keeps none)."""
     convergence: Convergence | None = None
     """A convergence case's whole run (validation curve, time-to-loss); None for a benchmark case."""
     seconds: float | None = None
@@ -146,6 +148,7 @@ class Entry:
             peak_by_category=m.peak_by_category,
             estimate_by_category=estimate_by_category,
             kernel_scratch_bytes=getattr(m, "kernel_scratch_bytes", None),
+            kept_bytes=getattr(m, "kept_bytes", None),
             seconds=getattr(m, "case_seconds", None) or None,
             clocks=getattr(m, "clocks", None),
             speed_note=busy or (f"speed not recorded: {unfit}" if unfit else None),
@@ -200,6 +203,7 @@ class Entry:
             **({"peak_by_category": self.peak_by_category} if self.peak_by_category else {}),
             **({"estimate_by_category": self.estimate_by_category} if self.estimate_by_category else {}),
             **({"kernel_scratch_bytes": self.kernel_scratch_bytes} if self.kernel_scratch_bytes is not None else {}),
+            **({"kept_bytes": self.kept_bytes} if self.kept_bytes is not None else {}),
             **({"convergence": self.convergence.to_json()} if self.convergence else {}),
             **({"seconds": round(self.seconds, 2)} if self.seconds is not None else {}),
             **({"clocks": self.clocks} if self.clocks else {}),
@@ -254,6 +258,7 @@ class Entry:
             kernel_scratch_bytes=get(data, "kernel_scratch_bytes", (int,), "kernel_scratch_bytes")
             if "kernel_scratch_bytes" in data
             else None,
+            kept_bytes=get(data, "kept_bytes", (int,), "kept_bytes") if "kept_bytes" in data else None,
             convergence=_convergence(data.get("convergence"), where),
             seconds=get(data, "seconds", num, "seconds") if "seconds" in data else None,
             clocks=get(data, "clocks", (dict,), "clocks") if "clocks" in data else None,

@@ -19,6 +19,8 @@ Gate rules (defaults per device type, stored in each file's ``tolerances`` and o
   validation loss fails when worse than the baseline's by more than ``val_loss`` nats (what changing the seed
   moves it by), and its time-to-loss in steps fails when later than the baseline's (exactly on the CPU model that
   recorded it; by more than one evaluation interval on another);
+* a step that keeps what it allocated (the second measured step leaves more allocated than the first) fails,
+  baseline or not: a leak, which the peak of the first steps and the ledger of one step would miss;
 * leaner or faster than the baseline beyond tolerance passes with a "refresh the baseline" note.
 """
 
@@ -95,6 +97,8 @@ def _describe(c: Check) -> str:
         return f"{c.metric} {c.delta:+.4f} nats"
     if c.metric == "time-to-loss":
         return f"{c.metric} {int(c.delta):+,} steps" if c.delta else c.metric
+    if c.metric == KEPT:
+        return f"{c.metric} {int(c.delta):+,} B"
     if c.metric in WORK_METRICS:
         return f"{c.metric} {int(c.delta):+,}" + (f" ({c.moved})" if c.moved else "")
     return f"{c.metric} {c.delta:+.1%}"
@@ -119,7 +123,9 @@ def verdict_of(
         return Verdict(case, convergence_checks(measured, baseline, tol))
     if baseline is None:
         return Verdict(
-            case, [Check(metric, None, None, None, NO_BASELINE) for metric in ("peak memory", "tokens/s", "loss")]
+            case,
+            [Check(metric, None, None, None, NO_BASELINE) for metric in ("peak memory", "tokens/s", "loss")]
+            + kept_check(measured),
         )
     if other_kernels(measured, baseline):  # the kernels' scratch in the peak moves with the CPU model
         memory = kernel_memory_check(measured, baseline, tol, strict=strict)
@@ -164,4 +170,17 @@ def verdict_of(
             where=where,
         )
     )
-    return Verdict(case, checks)
+    return Verdict(case, checks + kept_check(measured))
+
+
+KEPT = "kept per step"
+
+
+def kept_check(measured: Entry) -> list[Check]:
+    """A steady training step keeps nothing: what the second measured step left allocated beyond the first's fails
+    whatever the baseline says (the CPU allocator's exact count; not measured on a GPU yet)."""
+    kept = measured.kept_bytes
+    if kept is None or kept <= 0:
+        return []
+    said = f"the second step left {kept:,} B more allocated than the first: every step keeps something (a leak)"
+    return [Check(KEPT, kept, 0, kept, FAIL, note=said)]

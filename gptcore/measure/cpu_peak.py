@@ -27,19 +27,28 @@ second)."""
 
 def measured_steps(
     trainer, steps: int, take_step: Callable[[tuple[torch.Tensor, torch.Tensor]], object] | None = None
-) -> tuple[int, dict[str, int]]:
+) -> tuple[int, dict[str, int], int | None]:
     """CPU: ``steps`` steps of a single-process ``trainer`` (a gptcore Trainer) under the allocator's count, and
-    under the tracker too where the recipe is eager, each step's batch made just before it: the peak and its
-    breakdown (``explained``). ``take_step`` takes one step of a batch (default: ``trainer.step``)."""
-    take_step = take_step or trainer.step
+    under the tracker too where the recipe is eager, each step's batch made just before it: the peak, its
+    breakdown (``explained``) and the bytes the last step left allocated beyond what the one before it left (a
+    steady step keeps nothing: more is a leak; None for one step). ``take_step`` takes one step of a batch
+    (default: ``trainer.step``)."""
+    take = take_step or trainer.step
+    after: list[int] = []
+
+    def counted_step(batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+        take(batch)
+        after.append(allocator.allocated_bytes())  # what the step left: its outputs, what it kept
+
     report = None
     with allocator.window(allocator.state_bytes(trainer.model, trainer.optimizers)) as counted:
         if trainer.recipe.compile:
             for _ in range(steps):
-                take_step(trainer.step_batch())
+                counted_step(trainer.step_batch())
         else:
-            report = track_training(trainer, steps, take_step=take_step)
-    return counted.peak_bytes, explained(counted, report, trainer.model)
+            report = track_training(trainer, steps, take_step=counted_step)
+    kept = after[-1] - after[-2] if len(after) > 1 else None
+    return counted.peak_bytes, explained(counted, report, trainer.model), kept
 
 
 def explained(counted: allocator.Window, report: PeakReport | None, model: torch.nn.Module) -> dict[str, int]:

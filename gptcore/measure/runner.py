@@ -65,6 +65,8 @@ class Measurement:
     """CPU, a compiled half-precision case: the most bytes one op held inside itself in an eager step at the same
     shapes (gptcore.memory.scratch), the most of its peak that this CPU's matmul kernels may hold. An eager case's
     tracker names the bytes instead (its breakdown's 'untracked')."""
+    kept_bytes: int | None = None
+    """CPU: the bytes the second measured step left allocated beyond the first's: a leak when above 0."""
     loss: float | None = None
     """Loss of the last timed optimizer step."""
     loss_step: int = 0
@@ -170,7 +172,7 @@ class CaseRunner:
             # ranks' arithmetic does not survive (measured: a NaN loss), so several ranks track a Trainer of their
             # own in finish()
             if self.device.type == "cpu" and self.trainer.rank.world_size == 1:
-                self.m.peak_allocated_bytes, self.m.peak_by_category = measured_steps(
+                self.m.peak_allocated_bytes, self.m.peak_by_category, self.m.kept_bytes = measured_steps(
                     self.trainer, TRACKED_STEPS, self._tracked_step
                 )
                 self._tracked = True

@@ -361,7 +361,7 @@ def test_a_removed_operator_fails_as_leaner_under_strict_and_passes_with_a_note_
     strict.stdout.fnmatch_lines(
         [
             f"*{CASE_GLOB}: op calls -2 (aten.alias -2) (leaner than the baseline: *; "
-            "refresh with --update-baselines)*",
+            "refresh with --update-baselines if the change meant it)*",
             "*1 case(s) leaner than the baseline; refresh exactly those with: python -m pytest*",
         ]
     )

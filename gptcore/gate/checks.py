@@ -36,6 +36,8 @@ WORK_METRICS = (
 _PER_PHASE = {"flops": "flops", "op calls": "op_calls"}
 LEANER = "leaner than the baseline"
 """--baseline-strict: an exact figure that went down fails with this, since its baseline is stale."""
+REFRESH = "refresh with --update-baselines if the change meant it"
+"""A leaner figure is often a fix but can be a bug (a dropped divide, a lost upcast): its author must say which."""
 COVERAGE = "flop coverage"
 """The check that names operators torch's FlopCounterMode counts and ``gptcore.measure.flops`` does not, when they
 change."""
@@ -143,9 +145,7 @@ def kernel_note(model: str, cases: int) -> str:
 def leaner(memory: Check, where: str | None) -> Check:
     """--baseline-strict: ``memory`` failed as leaner than its baseline (its figure is exact)."""
     memory.status = FAIL
-    memory.note = (
-        f"{LEANER}: {memory.note.split(', tolerance')[0]}; {where or 'no breakdown'}; refresh with --update-baselines"
-    )
+    memory.note = f"{LEANER}: {memory.note.split(', tolerance')[0]}; {where or 'no breakdown'}; {REFRESH}"
     return memory
 
 
@@ -281,7 +281,7 @@ def work_checks(now: WorkLedger | None, before: WorkLedger | None, tol: float, s
             note += f" ({', '.join(phases)})"
         moved = moved_ops(now.by_op(metric), before.by_op(metric)) if metric in BY_OP else None
         if strict and status == BETTER:
-            status, note = FAIL, f"{LEANER}: {note}; refresh with --update-baselines"
+            status, note = FAIL, f"{LEANER}: {note}; {REFRESH}"
         else:
             note += ", gated exactly"
         checks.append(Check(metric, a, b, a - b, status, note, moved))

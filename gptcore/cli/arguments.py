@@ -61,14 +61,11 @@ def check_output(option: str, path: str | None, *, folder: bool = False) -> None
         if not existing.is_dir() or not os.access(existing, os.W_OK):
             raise UsageError(f"{option} {path}: cannot create it under {existing}")
         return
-    if target.is_dir():
-        raise UsageError(f"{option} {path}: is a folder; give a file")
-    try:  # the folder it goes in is made now, as the pytest plugin makes --results-log's
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UsageError(f"{option} {path}: cannot create its folder: {err.strerror or err}") from None
-    if not os.access(target if target.exists() else target.parent, os.W_OK):
-        raise UsageError(f"{option} {path}: not writable")
+    from gptcore.gate.results import unwritable  # the pytest plugin's check of --results-log, the same rule
+
+    why = unwritable(target)
+    if why:
+        raise UsageError(f"{option} {path}: {why}")
 
 
 def interpreter(value: str) -> str:

@@ -174,6 +174,18 @@ class ResultsLog:
             os.close(fd)
 
 
+def unwritable(path: Path) -> str | None:
+    """Why a file could not be written at ``path`` (its folder is made here, as the log's own writes make it), or
+    None: the one check, before any work, of where a run or a command writes (a results log, a verdict, a JSON)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        return f"cannot create its folder: {err.strerror or err}"
+    if path.is_dir() or not os.access(path if path.exists() else path.parent, os.W_OK):
+        return f"{'is a folder' if path.is_dir() else 'not writable'}; give a file this run can write"
+    return None
+
+
 class LogError(ValueError):
     """A results log that cannot be read (the message names the file and the line)."""
 

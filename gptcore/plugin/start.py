@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import datetime
 import math
-import os
 from pathlib import Path
 
 import pytest
 
 from gptcore import identity
 from gptcore.gate import shards
-from gptcore.gate.results import ResultsLog
+from gptcore.gate.results import ResultsLog, unwritable
 from gptcore.gate.session import Gate
 from gptcore.measure.launch import Launcher
 from gptcore.plugin.cases import CaseHooks
@@ -62,14 +61,9 @@ def configure(config: pytest.Config) -> Gate:
 def _check_writable(path: Path, option: str) -> None:
     """UsageError, before any case runs, when the file at ``path`` (the results log, the markdown verdict) could not
     be written."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise pytest.UsageError(f"{option} {path}: cannot create its folder: {err.strerror}") from None
-    target = path if path.exists() else path.parent
-    if path.is_dir() or not os.access(target, os.W_OK):
-        why = "is a folder" if path.is_dir() else "not writable"
-        raise pytest.UsageError(f"{option} {path}: {why}; give a file this run can write")
+    why = unwritable(path)
+    if why:
+        raise pytest.UsageError(f"{option} {path}: {why}")
 
 
 def gate_from_config(config: pytest.Config, notes: list[str]) -> Gate:

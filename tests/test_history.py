@@ -474,11 +474,63 @@ def test_a_missing_value_is_skipped_and_counted_and_a_series_at_zero_has_a_defin
     ) in captured.out.splitlines()
 
 
-def test_a_noisy_series_at_zero_and_then_one_has_no_relative_creep_and_raises_nothing():
+@pytest.mark.parametrize(("metric", "tolerance", "up", "down"), [
+    ("peak memory", 0.02, "regression", "improvement"),
+    ("tokens/s", 0.05, "improvement", "regression"),
+])  # fmt: skip
+def test_a_series_from_0_to_1_is_found_as_a_step_not_a_creep(metric: str, tolerance: float, up: str, down: str):
+    # the issue's series: ten commits at exactly 0, then ten at 1. It was a creep as peak memory ("+75.0% per
+    # commit over 6 commits", no step: the Welch step needed a relative size from a level of 0) and nothing at all
+    # as tokens/s. A level of 0 has no noise: leaving it is a step at its commit, with no test to pass (p None,
+    # "exact") and no relative size; reaching it is -100%.
     points = [Point(f"c{i:03d}", f"{i:03d}", 0.0 if i < 10 else 1.0) for i in range(20)]
-    found = everything(points, metric="tokens/s", tolerance=0.05)  # a creep relative to a level of 0: none
-    assert all(f.kind == "step" for f in found)
-    assert history.creeping("c", "tokens/s", points, 0.05) == []
+    (step,) = everything(points, metric, tolerance)
+    assert (step.kind, step.before, step.after, step.change, step.relative, step.p) == (
+        "step",
+        "c009",
+        "c010",
+        1,
+        None,
+        None,
+    )
+    assert step.line() == f"c {metric}: +1 between c009 and c010 (exact; 10 point(s) after; from exactly 0): {up}"
+    assert not step.uncertain and history.creeping("c", metric, points, tolerance) == []
+    (step,) = everything([Point(p.commit, p.time, 1 - p.value) for p in points], metric, tolerance)
+    assert step.line() == (
+        f"c {metric}: -1 (-100.0%) between c009 and c010 (exact; 10 point(s) after; to exactly 0): {down}"
+    )
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_level_0_series_is_found_as_a_step_on_every_metric(tmp_path: Path, device: str):
+    # every metric a saved case holds, on CPU (tracked memory and the loss exact) and on a GPU (tokens/s, memory and
+    # the loss noisy, CV 2.7% here, a hosted runner's): one case leaves 0 at the 6th of 14 commits, the other
+    # reaches 0 there. Each series is found as one step, at that commit, certain, and never as a creep.
+    rng = random.Random(5)
+    commits = [f"{i:02d}" * 20 for i in range(1, 15)]
+    level = {"tokens_per_s": 1e5, "peak_allocated_bytes": 4e9, "loss": 3.0}
+    work = {"flops": 5e12, "op_calls": 900, "syncs": 2, "allocations": 120, "allocated_bytes": 3e9}
+
+    def info(on: bool) -> dict:
+        noisy = {k: (v * (1 + rng.gauss(0, 0.027)) if device == "cuda" else v) * on for k, v in level.items()}
+        counts = {k: v * on for k, v in work.items()}
+        return noisy | {"device": device, "loss_step": 8, "work": counts | {
+            "flops": {"aten.mm": counts["flops"]}, "op_calls": {"aten.mm": counts["op_calls"]}
+        }}  # fmt: skip
+
+    runs = tmp_path / "runs" / "Linux-CPython-3.11-64bit"
+    for i, commit in enumerate(commits, 1):
+        save(runs, i, commit, {"test_a[up]": info(i >= 6), "test_a[down]": info(i < 6)}, slug=device)
+    found = history.analyse(tmp_path / "runs")
+    metrics = {"peak memory", "loss@8", "flops", "op calls", "syncs", "allocations", "allocated bytes"}
+    metrics |= {"tokens/s"} if device == "cuda" else set()
+    assert found.series == 2 * len(metrics)
+    for case, relative in (("test_a[up]", None), ("test_a[down]", -1.0)):
+        steps = {f.metric: f for f in found.findings if f.case == case}
+        assert set(steps) == metrics and len(steps) == len([f for f in found.findings if f.case == case])
+        for f in steps.values():
+            assert (f.kind, f.before, f.after, f.relative, f.p) == ("step", commits[4], commits[5], relative, None)
+            assert not f.uncertain and f.points_after == 9  # the 9 commits from the 6th on
 
 
 def test_a_step_in_a_noisy_series_says_its_place_is_uncertain_and_its_hunt_holds_the_commit():

@@ -220,6 +220,7 @@ def _finding(case: str, metric: str, points: list[Point], step: detect.Step, aft
     the detector says so: its hunt then covers the segments around the cut, which held the commit in every such
     finding measured (docs/history.md)."""
     a, b = points[step.lo - 1], points[step.hi]
+    zero = "" if step.p is not None else "; from exactly 0" if step.relative is None else "; to exactly 0"
     finding = Finding(
         case,
         metric,
@@ -231,7 +232,7 @@ def _finding(case: str, metric: str, points: list[Point], step: detect.Step, aft
         step.p,
         after,
         _status(metric, step.change, after),
-        note + _moved(a, b),
+        note + zero + _moved(a, b),
     )
     first, last = points[step.start], points[step.end - 1]
     why = detect.uncertain_place(step.size, step.cv)

@@ -201,7 +201,8 @@ def steps(values: Sequence[float], groups: Sequence[object]) -> tuple[list[Step]
 def _l2_cost() -> object:
     """ruptures' least-squares cost (its ``CostL2``: a segment's sum of squared deviations from its mean) from
     prefix sums, O(1) a segment where CostL2 takes a numpy variance of the slice: PELT asks for it some 600 times a
-    50-point series, and this makes the search about 10 times faster with the same cuts."""
+    50-point series. Measured here (200 seeded 50-point series): 1.6 ms of CPU a series against CostL2's 14.6 ms,
+    and the same findings on 1,800 seeded series of docs/history.md's scenarios."""
     from ruptures.base import BaseCost
     from ruptures.costs import NotEnoughPoints
 

@@ -3,17 +3,21 @@ how often ``gptcore.hunt.history`` finds a step or a creep, how often its commit
 change, how often it reports a change where there is none, and asv's step detector (``asv.step_detect.detect_steps``,
 if installed: ``pip install asv``) on the same series, side by side.
 
-    python scripts/history_rates.py [--seeds 1000] [--first-seed 1000]
+    python scripts/history_rates.py [--seeds 1000] [--first-seed 1000] [-k TEXT] [--jobs N] [--set NAME=VALUE]
 
-Each row is one scenario over ``--seeds`` seeded series (seeds first-seed, first-seed + 1, ...). Prints a markdown
-table; about a minute for 1,000 seeds on one core.
+Each row is one scenario over ``--seeds`` seeded series (seeds first-seed, first-seed + 1, ...); ``-k`` keeps the
+scenarios whose name holds TEXT; ``--set PENALTY=4`` measures what another threshold would find. Prints a markdown
+table, and on stderr how long it took (docs/history.md has the figures and the time).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
+from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 try:
     from tabulate import tabulate
 
-    from gptcore.hunt import history
+    from gptcore.hunt import changepoints, history
     from tests.test_history import series
 except ModuleNotFoundError as err:  # one line, never a traceback
     sys.exit(f"history_rates.py: {sys.executable} lacks {err.name}: pip install -e '.[dev]' first")
@@ -35,7 +39,9 @@ class Scenario:
     make: Callable[[int], list]
     """seed -> the series (tests.test_history.Point list)."""
     change_at: int | None
-    """The commit that made the change (None: step-free)."""
+    """The first commit that made the change (None: step-free)."""
+    change_end: int | None = None
+    """The last commit of a creep (a step: change_at)."""
     metric: str = "tokens/s"
     tolerance: float = 0.05
 
@@ -50,9 +56,35 @@ SCENARIOS = [
         "-1%/commit creep over 6 commits from 10 of 24, CV 0.6%",
         lambda s: series(24, 0.006, creep=(10, -0.01, 6), seed=s),
         10,
+        15,
+    ),
+    Scenario(
+        "-1%/commit creep over 6 commits from 20 of 50, CV 0.6%",
+        lambda s: series(50, 0.006, creep=(20, -0.01, 6), seed=s),
+        20,
+        25,
+    ),
+    Scenario(
+        "-2%/commit creep over 3 commits from 12 of 24, CV 0.6%",
+        lambda s: series(24, 0.006, creep=(12, -0.02, 3), seed=s),
+        12,
+        14,
+    ),
+    Scenario(
+        "-1%/commit creep over 20 commits from 15 of 50, CV 0.6%",
+        lambda s: series(50, 0.006, creep=(15, -0.01, 20), seed=s),
+        15,
+        34,
     ),
     Scenario("step-free, 50 points, CV 0.6%, tokens/s", lambda s: series(50, 0.006, seed=s), None),
     Scenario("step-free, 50 points, CV 2.7%, tokens/s", lambda s: series(50, 0.027, seed=s), None),
+    Scenario(
+        "step-free, 50 points, CV 0.6%, peak memory",
+        lambda s: series(50, 0.006, seed=s),
+        None,
+        metric="peak memory",
+        tolerance=0.02,
+    ),
     Scenario(
         "step-free, 50 points, CV 2.7%, peak memory",
         lambda s: series(50, 0.027, seed=s),
@@ -63,9 +95,14 @@ SCENARIOS = [
 ]
 
 
-def holds(finding: history.Finding, commit: int) -> bool:
-    """The finding's range (last commit before, first after] holds ``commit``."""
-    return int(finding.before[1:]) < commit <= int(finding.after[1:])
+THRESHOLDS = ("MIN_STEP", "PENALTY", "P_MAX", "Z_TAIL", "AMBIGUOUS", "WINDOW", "Z_CREEP", "CV_PLACE", "Z_PLACE")
+"""The thresholds --set may change: those gptcore.hunt.changepoints reads when it runs."""
+
+
+def within(before: str, after: str, scenario: Scenario) -> bool:
+    """The range (before, after] holds a commit that made the change (a creep: any of its commits)."""
+    first, last = scenario.change_at, scenario.change_end or scenario.change_at
+    return int(before[1:]) < last and int(after[1:]) >= first
 
 
 def asv_steps(points: list) -> list[int] | None:
@@ -78,46 +115,55 @@ def asv_steps(points: list) -> list[int] | None:
     return [left for left, *_ in steps[1:]]
 
 
-def hunted(finding: history.Finding, commit: int) -> bool:
-    """The range the finding's hunt covers (its own, or the wider one of an uncertain place) holds ``commit``."""
-    before, after = finding.hunt or (finding.before, finding.after)
-    return int(before[1:]) < commit <= int(after[1:])
-
-
-def measure(scenario: Scenario, seeds: range) -> list[str]:
-    found = creeps = 0
-    certain = certain_held = uncertain = uncertain_hunted = 0
-    asv_found = asv_held = 0
-    have_asv = True
+def count(index: int, seeds: range) -> Counter:
+    """The counts of one scenario over ``seeds`` (a worker's share)."""
+    scenario, out = SCENARIOS[index], Counter()
     for seed in seeds:
         points = scenario.make(seed)
         findings = history.changes("c", scenario.metric, points, scenario.tolerance)
-        found += bool(findings)
-        creeps += any(f.kind == "creep" for f in findings)
+        out["found"] += bool(findings)
+        out["with a creep"] += any(f.kind == "creep" for f in findings)
+        out["creeps"] += sum(f.kind == "creep" for f in findings)
         if scenario.change_at is not None:
             for f in findings:
-                if f.kind == "creep":  # a stretch of commits: its own row below
-                    continue
+                held = within(f.before, f.after, scenario)
                 if f.uncertain:
-                    uncertain += 1
-                    uncertain_hunted += hunted(f, scenario.change_at)
+                    out["uncertain"] += 1
+                    out["uncertain creeps"] += f.kind == "creep"
+                    out["uncertain held"] += held
+                    out["hunt held"] += within(*f.hunt, scenario)
                 else:
-                    certain += 1
-                    certain_held += holds(f, scenario.change_at)
+                    out["certain"] += 1
+                    out["certain held"] += held
         cuts = asv_steps(points)
         if cuts is None:
-            have_asv = False
+            out["no asv"] = 1
         elif cuts:
-            asv_found += 1
-            asv_held += scenario.change_at in cuts
-    n = len(seeds)
+            out["asv"] += 1
+            out["asv held"] += scenario.change_at in cuts
+    return out
+
+
+def measure(index: int, seeds: range, pool: ProcessPoolExecutor | None = None, jobs: int = 1) -> list[str]:
+    """One row of the table: scenario ``index`` over ``seeds``, shared among ``pool``'s ``jobs`` processes if
+    given."""
+    scenario, n = SCENARIOS[index], len(seeds)
+    if pool is None:
+        c = count(index, seeds)
+    else:
+        c = sum(pool.map(count, [index] * jobs, [seeds[i::jobs] for i in range(jobs)]), Counter())
     step = scenario.change_at is not None
+    creeps = f" ({c['with a creep']} with a creep)" if c["with a creep"] else ""
+    uncertain = (
+        f"{c['uncertain']}" + (f" ({c['uncertain creeps']} creeps)" if c["uncertain creeps"] else "")
+        + (f": range holds it in {c['uncertain held']}, hunt in {c['hunt held']}" if c["uncertain"] else "")
+    )  # fmt: skip
     return [
         scenario.name,
-        f"{found} / {n}" + (f" ({creeps} with a creep)" if creeps else ""),
-        f"{certain_held} / {certain}" if step and certain else "—",
-        f"{uncertain}, hunt holds it in {uncertain_hunted}" if step and uncertain else ("0" if step else "—"),
-        (f"{asv_found} / {n}" + (f", at the commit in {asv_held}" if step else "")) if have_asv else "no asv",
+        f"{c['found']} / {n}{creeps}",
+        f"{c['certain held']} / {c['certain']}" if step else "—",
+        uncertain if step else "—",
+        "no asv" if c["no asv"] else f"{c['asv']} / {n}" + (f" ({c['asv held']})" if step else ""),
     ]
 
 
@@ -125,25 +171,55 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=1000)
     parser.add_argument("--first-seed", type=int, default=1000)
+    parser.add_argument("-k", dest="select", default="", help="only the scenarios whose name holds this text")
+    parser.add_argument("--jobs", type=int, default=1, help="processes (default 1)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="another value for one of gptcore.hunt.changepoints' thresholds (THRESHOLDS): what it would find instead",
+    )
     args = parser.parse_args(argv)
-    if args.seeds < 1:
-        print("history_rates.py: --seeds must be at least 1", file=sys.stderr)
+    if args.seeds < 1 or args.jobs < 1:
+        print("history_rates.py: --seeds and --jobs must be at least 1", file=sys.stderr)
+        return 2
+    for setting in args.set:
+        name, _, value = setting.partition("=")
+        if name not in THRESHOLDS:
+            print(f"history_rates.py: --set {setting}: not one of {', '.join(THRESHOLDS)}", file=sys.stderr)
+            return 2
+        try:
+            setattr(changepoints, name, type(getattr(changepoints, name))(float(value)))
+        except ValueError:
+            print(f"history_rates.py: --set {setting}: {value!r} is not a number", file=sys.stderr)
+            return 2
+    chosen = [i for i, s in enumerate(SCENARIOS) if args.select in s.name]
+    if not chosen:
+        print(f"history_rates.py: no scenario holds {args.select!r}", file=sys.stderr)
         return 2
     seeds = range(args.first_seed, args.first_seed + args.seeds)
-    rows = [measure(s, seeds) for s in SCENARIOS]
+    started = time.perf_counter()
+    if args.jobs == 1:
+        rows = [measure(i, seeds) for i in chosen]
+    else:
+        with ProcessPoolExecutor(args.jobs) as pool:
+            rows = [measure(i, seeds, pool, args.jobs) for i in chosen]
     print(
         tabulate(
             rows,
             headers=[
                 "series",
                 "history: series with a change found",
-                "a certain step's range holds the commit",
-                "place uncertain",
-                "asv detect_steps: series with a step",
+                "a certain finding's range holds the change",
+                "place uncertain (its range, its hunt holds the change)",
+                "asv: series with a step (at the commit)",
             ],
             tablefmt="github",
         )
     )
+    took = time.perf_counter() - started
+    print(f"{len(rows) * args.seeds} series in {took:.0f} s ({args.jobs} process(es))", file=sys.stderr)
     return 0
 
 

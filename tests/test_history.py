@@ -80,7 +80,10 @@ def test_a_3pct_step_with_8_points_after_is_found_at_cv_0_6pct_in_its_commit_ran
 @pytest.mark.parametrize("metric,tolerance", [("tokens/s", 0.05), ("peak memory", 0.02)])
 @pytest.mark.parametrize("cv", [0.006, 0.027])  # a quiet GPU runner, a hosted runner
 def test_at_most_one_false_change_point_in_100_step_free_series(cv: float, metric: str, tolerance: float):
-    # steps, tail steps and creeps together; measured over 1,000 series: 2-3 false steps (0.2-0.3%), no creep
+    # steps, tail steps and creeps together; measured over 2,000 series each (seeds 1000-2999,
+    # scripts/history_rates.py -k step-free --seeds 2000): 1, 5, 4 and 5 false changes (tokens/s at CV 0.6% and 2.7%,
+    # peak memory at 0.6% and 2.7%), 3 of them creeps in each of the last three. At the highest rate, 0.25%, 100
+    # series hold 0.25 on average and 2 or more with probability 2.6%: at most one.
     false = [f for seed in range(100) for f in everything(series(50, cv, seed=1000 + seed), metric, tolerance)]
     assert len(false) <= 1, [f.line() for f in false]
 
@@ -112,7 +115,8 @@ def test_a_creep_of_1pct_a_commit_over_6_commits_is_reported_with_its_window():
         inside = [f for f in found if int(f.before[1:]) < 26 and int(f.after[1:]) >= 20]
         as_creep += any(f.kind == "creep" for f in inside)
         at_all += bool(inside)
-        assert all(f.status == "creeping" and f.relative < 0 for f in found if f.kind == "creep")
+        # a creep in a quiet series has a certain place (measured: none of 907 creeps at CV 0.6% said otherwise)
+        assert all(f.status == "creeping" and f.relative < 0 and not f.uncertain for f in found if f.kind == "creep")
         assert len(found) == len(inside)  # nothing elsewhere
     assert as_creep >= 85 and at_all >= 93
     (creep,) = [f for f in everything(series(50, 0.006, creep=(20, -0.01, 6), seed=3)) if f.kind == "creep"]
@@ -533,38 +537,80 @@ def test_a_level_0_series_is_found_as_a_step_on_every_metric(tmp_path: Path, dev
             assert not f.uncertain and f.points_after == 9  # the 9 commits from the 6th on
 
 
-def test_a_step_in_a_noisy_series_says_its_place_is_uncertain_and_its_hunt_holds_the_commit():
+def test_a_step_or_creep_in_a_noisy_series_says_its_place_is_uncertain_and_its_hunt_holds_the_commit():
     # CV 2.7% (a hosted runner), a 10% drop at commit 16 of 24: the points beside a step that noisy can fall to
-    # either side, so a step whose series' noise is over CV_PLACE (1.5%) a point, or which is under Z_PLACE (3)
-    # noise sigmas, says its place is uncertain and hunts over the two segments around its cut. Measured over 1,000
-    # series (scripts/history_rates.py, docs/history.md): 960 of those 964 hunts held commit 16.
-    uncertain = missed = 0
-    for seed in range(100):
-        for f in everything(series(24, 0.027, step_at=16, step=-0.10, seed=1000 + seed)):
-            if f.kind != "step":
+    # either side, so a finding whose series' noise is over CV_PLACE (1.5%) a point, or which is under Z_PLACE (3)
+    # noise sigmas, says its place is uncertain and hunts over a wider range (a step: the two segments around its
+    # cut; a creep: its stretch and WINDOW commits either side). Measured over seeds 1000-1999
+    # (scripts/history_rates.py, docs/history.md): 996 findings (31 of them creeps), all but 1 uncertain; their
+    # hunts held commit 16 in 990 of 995 (0.5% missed), their best-guess ranges in 980.
+    uncertain = certain = missed = creeps = 0
+    for seed in range(1000, 1100):
+        for f in everything(series(24, 0.027, step_at=16, step=-0.10, seed=seed)):
+            if not f.uncertain:
+                certain += 1
                 continue
-            assert f.uncertain, f.line()  # over CV_PLACE: every step says so
             uncertain += 1
+            creeps += f.kind == "creep"
             before, after = f.hunt
             missed += not int(before[1:]) < 16 <= int(after[1:])
             assert "place uncertain: " in f.note and f"hunt over {before[:12]}..{after[:12]}" in f.note
-            if f.status == "regression":  # what is hunted is the wider range
+            if f.status in ("regression", "creeping"):  # what is hunted is the wider range
                 assert f.command().startswith(f"python -m gptcore bisect {before[:12]} {after[:12]} ")
-    assert uncertain >= 90 and missed <= 1  # measured 989 of 1,000 series found, 4 misses in 964 hunts
-    # CV 0.6%: a 3% drop is 5 noise sigmas, and its place is certain in nearly every series (measured 96%)
-    quiet = [
-        f
-        for seed in range(100)
-        for f in everything(series(24, 0.006, step_at=16, step=-0.03, seed=seed))
-        if f.kind == "step"
-    ]
+    # 1 certain in 996: 0.1 expected in these ~100 findings, so 1 allows for it (P(2 or more) < 0.5%); 0.5% of
+    # hunts missed: 0.5 expected, P(3 or more) = 1.4e-3; 3% of series with a creep: 3 expected (P(0) = 5%, so the
+    # creeps are counted, not required)
+    assert uncertain >= 95 and certain <= 1 and missed <= 2, (uncertain, certain, missed, creeps)
+    # CV 0.6%: a 3% drop is 5 noise sigmas, and its place is certain in nearly every series (measured: 31 of 1,002
+    # findings uncertain, 3.1%: 3.1 expected in 100, and 10 is 4 standard deviations above)
+    quiet = [f for seed in range(100) for f in everything(series(24, 0.006, step_at=16, step=-0.03, seed=seed))]
     assert sum(f.uncertain for f in quiet) <= 10
 
 
-def test_the_rates_script_prints_its_table_with_the_tests_generator(capsys):
+def test_a_creep_away_from_the_change_in_a_noisy_series_says_its_place_is_uncertain():
+    # the issue's six: a 3% drop at commit 16 of 24 at CV 2.7%, seeds whose creep lies away from commit 16 (before
+    # this, none carried the mark). A creep is found where the series' noise came out low, so its place is judged
+    # with the spread of the points around it too (changepoints.spread_around). Each now says so, and hunts over
+    # its stretch and WINDOW commits either side, which holds commit 16 in five: seed 1847's creep (commits 0-6)
+    # hunts over 0-12.
+    held = []
+    for seed in (1105, 1287, 1715, 1847, 1904, 1935):
+        (creep,) = [
+            f
+            for f in everything(series(24, 0.027, step_at=16, step=-0.03, seed=seed))
+            if f.kind == "creep" and not int(f.before[1:]) < 16 <= int(f.after[1:])
+        ]
+        assert creep.uncertain and "; place uncertain: " in creep.note, creep.line()
+        before, after = creep.hunt
+        assert int(before[1:]) == max(0, int(creep.before[1:]) - changepoints.WINDOW)
+        assert int(after[1:]) == min(23, int(creep.after[1:]) + changepoints.WINDOW)
+        assert creep.command().startswith(f"python -m gptcore bisect {before} {after} -k c --metric tokens_per_s")
+        held.append(int(before[1:]) < 16 <= int(after[1:]))
+    assert held == [True, True, True, False, True, True]
+
+
+def test_a_step_at_the_end_whose_commit_before_lies_between_the_levels_holds_it_in_its_range():
+    # 6 commits at CV 0.6%, a 3% drop at commit 3 whose point sits between the levels (noise): the tail step (the
+    # last two commits against the four before) was placed at commit 4. That point lies within AMBIGUOUS noise of
+    # the midpoint, so the range is widened over it, as a PELT cut's is: it holds commit 3 (all 14 of 14 found in
+    # seeds 1000-1999; these three were the misses)
+    for seed in (1257, 1605, 1829):
+        (step,) = everything(series(6, 0.006, step_at=3, step=-0.03, seed=seed))
+        assert (step.before, step.after, step.uncertain) == ("c002", "c004", False), step.line()
+
+
+def test_the_rates_script_prints_its_table_with_the_tests_generator(capsys, monkeypatch: pytest.MonkeyPatch):
     from scripts import history_rates
+
+    monkeypatch.setattr(changepoints, "Z_CREEP", changepoints.Z_CREEP)  # --set below changes it: undone after
 
     assert history_rates.main(["--seeds", "2"]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].startswith("| series") and len(table) == 2 + len(history_rates.SCENARIOS)
     assert history_rates.main(["--seeds", "0"]) == 2
+    # one scenario, with another threshold: the table's row, and the module's threshold as it was afterwards
+    # (monkeypatched here; the script itself is one process a run)
+    assert history_rates.main(["--seeds", "1", "-k", "3 of 6", "--set", "Z_CREEP=4"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 3
+    assert history_rates.main(["--seeds", "1", "--set", "NOPE=1"]) == 2
+    assert capsys.readouterr().err.startswith("history_rates.py: --set NOPE=1: not one of MIN_STEP, ")

@@ -232,7 +232,8 @@ def tail(values: Sequence[float], groups: Sequence[object], start: int, sigma: f
     segment's standard deviation (a noise estimated from few points may be low). Each of the tail's points must lie
     past the midpoint (a step, not one outlier), the step must be at least MIN_STEP and Z_TAIL sigmas. The step's
     ``cut`` is the first point of the tail, ``hi`` the point it is placed at: the last group's first point where
-    the first of two groups could be either side's (``hi > cut``), else ``cut``."""
+    the first of two groups could be either side's (``hi > cut``), else ``cut``; ``lo`` is widened back over the
+    points before the tail that lie within AMBIGUOUS of the midpoint, as :func:`ambiguous` does for a cut."""
     names = list(dict.fromkeys(groups[start:]))
     for m in (2, 1):
         if len(names) <= m:
@@ -258,8 +259,10 @@ def tail(values: Sequence[float], groups: Sequence[object], start: int, sigma: f
         if m == 2 and abs(statistics.mean(after[: last - first]) - middle) < AMBIGUOUS * scale:
             # the first of the two could be either side's: the step is in one of them, and only the last confirms it
             at = last
+        # the points before the tail within AMBIGUOUS of the midpoint could be the tail's too: its range holds them
+        lo = ambiguous(values, start, first, len(values), middle, scale)[0]
         p = math.erfc(abs(z) / math.sqrt(2))
-        return Step(start, first, len(values), first, at, change, relative, p, abs(change) / scale,
+        return Step(start, first, len(values), lo, at, change, relative, p, abs(change) / scale,
                     scale / (abs(mean_before) or abs(mean_after)))  # fmt: skip
     return None
 
@@ -268,10 +271,19 @@ def uncertain_place(size: float, cv: float) -> str | None:
     """Why a step of ``size`` noise sigmas, in a series whose noise is ``cv`` of its level, has an uncertain place
     (under Z_PLACE sigmas, or noise over CV_PLACE); None where its place is certain."""
     if size < Z_PLACE:
-        return f"the step is {size:.1f} noise sigmas (under {Z_PLACE:g})"
+        return f"the change is {size:.1f} noise sigmas (under {Z_PLACE:g})"
     if cv > CV_PLACE:
         return f"the series' noise is {cv:.1%} a point (over {CV_PLACE:.1%})"
     return None
+
+
+def spread_around(values: Sequence[float], first: int, end: int, sigma: float) -> float:
+    """The noise to judge a creep's place by, over points ``first..end-1``: the largest of ``sigma`` (the series'
+    estimates) and the standard deviations of the points before and after the stretch. A creep is found where the
+    series' noise came out low (its slope is measured against it), so that estimate alone would call its place
+    certain in the very series where it is not (measured: docs/history.md)."""
+    parts = [part for part in (values[:first], values[end:]) if len(part) >= 2]
+    return max([sigma, *(statistics.stdev(part) for part in parts)])
 
 
 def ambiguous(values: Sequence[float], start: int, cut: int, end: int, middle: float, sigma: float) -> tuple[int, int]:

@@ -50,12 +50,13 @@ class Finding:
     creeping."""
     note: str = ""
     hunt: tuple[str, str] | None = None
-    """(last commit before, last commit) that the hunt covers where the step's place is uncertain (:func:`_finding`):
-    its (before, after] is then a best guess."""
+    """(last commit before, last commit) that the hunt covers where the place of a step or a creep is uncertain
+    (``gptcore.hunt.history``): its (before, after] is then a best guess."""
 
     @property
     def uncertain(self) -> bool:
-        """The step's place is uncertain: its hunt covers a wider range than (before, after]."""
+        """The finding's place (a step's or a creep's) is uncertain: its hunt covers a wider range than
+        (before, after], and its note says so."""
         return self.hunt is not None
 
     def size(self) -> str:

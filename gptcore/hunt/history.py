@@ -237,12 +237,14 @@ def _finding(case: str, metric: str, points: list[Point], step: detect.Step, aft
     first, last = points[step.start], points[step.end - 1]
     why = detect.uncertain_place(step.size, step.cv)
     if why and first.commit != last.commit:
-        finding.hunt = (first.commit, last.commit)
-        finding.note += (
-            f"; place uncertain: {why}, its range may miss the commit: hunt over {first.commit[:12]}.."
-            f"{last.commit[:12]}"
-        )
+        _uncertain(finding, why, first.commit, last.commit)
     return finding
+
+
+def _uncertain(finding: Finding, why: str, first: str, last: str) -> None:
+    """Mark a finding's place uncertain: its hunt covers first..last, and its note says so and why."""
+    finding.hunt = (first, last)
+    finding.note += f"; place uncertain: {why}, its range may miss the commit: hunt over {first[:12]}..{last[:12]}"
 
 
 def creeping(
@@ -273,21 +275,28 @@ def creeping(
         # flat commits beside it is steeper than the creep; its slope is the note)
         change = means[b] - means[a]
         unit = f"{s.per:+.1%}" if relative else f"{s.per:+.4f} nats"
-        found.append(
-            Finding(
-                case,
-                metric,
-                "creep",
-                names[a],
-                names[b],
-                change,
-                change / abs(means[a]) if relative and means[a] else None,
-                0.5 * math.erfc(abs(s.z) / math.sqrt(2)),
-                b - a,
-                "creeping",
-                f"{unit} per commit over {b - a} commits",
-            )
+        creep = Finding(
+            case,
+            metric,
+            "creep",
+            names[a],
+            names[b],
+            change,
+            change / abs(means[a]) if relative and means[a] else None,
+            0.5 * math.erfc(abs(s.z) / math.sqrt(2)),
+            b - a,
+            "creeping",
+            f"{unit} per commit over {b - a} commits",
         )
+        # its place, judged as a step's is: the change in noise sigmas, the noise against the level
+        first = next(i for i, p in enumerate(points) if p.commit == names[a])
+        end = max(i for i, p in enumerate(points) if p.commit == names[b]) + 1
+        spread = detect.spread_around(values, first, end, max(sigma, detect.noise(values)))
+        level = statistics.mean(values[first:end])
+        why = detect.uncertain_place(abs(change) / spread, spread / abs(level) if level else 0.0)
+        if why:  # the stretch widened by a window on each side
+            _uncertain(creep, why, names[max(0, a - detect.WINDOW)], names[min(len(names) - 1, b + detect.WINDOW)])
+        found.append(creep)
     return found
 
 

@@ -120,7 +120,9 @@ def count(index: int, seeds: range) -> Counter:
     scenario, out = SCENARIOS[index], Counter()
     for seed in seeds:
         points = scenario.make(seed)
+        started = time.process_time()
         findings = history.changes("c", scenario.metric, points, scenario.tolerance)
+        out["cpu µs"] += round(1e6 * (time.process_time() - started))
         out["found"] += bool(findings)
         out["with a creep"] += any(f.kind == "creep" for f in findings)
         out["creeps"] += sum(f.kind == "creep" for f in findings)
@@ -144,6 +146,10 @@ def count(index: int, seeds: range) -> Counter:
     return out
 
 
+CPU = Counter()
+"""history's own CPU time (µs) and series, over the rows measured."""
+
+
 def measure(index: int, seeds: range, pool: ProcessPoolExecutor | None = None, jobs: int = 1) -> list[str]:
     """One row of the table: scenario ``index`` over ``seeds``, shared among ``pool``'s ``jobs`` processes if
     given."""
@@ -152,6 +158,7 @@ def measure(index: int, seeds: range, pool: ProcessPoolExecutor | None = None, j
         c = count(index, seeds)
     else:
         c = sum(pool.map(count, [index] * jobs, [seeds[i::jobs] for i in range(jobs)]), Counter())
+    CPU.update({"µs": c["cpu µs"], "series": n})
     step = scenario.change_at is not None
     creeps = f" ({c['with a creep']} with a creep)" if c["with a creep"] else ""
     uncertain = (
@@ -219,7 +226,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     took = time.perf_counter() - started
-    print(f"{len(rows) * args.seeds} series in {took:.0f} s ({args.jobs} process(es))", file=sys.stderr)
+    print(
+        f"{len(rows) * args.seeds} series in {took:.0f} s ({args.jobs} process(es)); history's own CPU time: "
+        f"{CPU['µs'] / CPU['series'] / 1000:.1f} ms a series",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -27,8 +27,9 @@ PENALTY = 6.0
 """PELT's penalty per change point, times log(n), on the series in units of its noise."""
 P_MAX = 1e-4
 """A noisy step counts when the two segments differ at this significance (Welch's t-test). With PENALTY, chosen on
-2,000 seeded step-free series of 50 points each (docs/history.md): 1 false change point at a CV of 0.6% and 2 at
-2.7% (0.05-0.1% of series), while a 3% step with 8 points after it at CV 0.6% is found in 2,000 of 2,000."""
+seeded step-free series of 50 points (docs/history.md, by scripts/history_rates.py): 1 to 5 of 2,000 series with a
+false change (0.05-0.25%, creeps included), where the first version's 4 log n and p < 1e-3 gave 2 to 10; a 3% step
+with 8 points after it at CV 0.6% is found in 1,000 of 1,000."""
 MIN_SIZE = 3
 """The fewest points a segment of a noisy series may have (PELT's min_size)."""
 Z_TAIL = 4.0
@@ -42,16 +43,17 @@ WINDOW = 6
 Z_CREEP = 5.0
 """A creep's slope must lie this many standard errors from flat (one-sided; the standard error from the series'
 noise). Not 4: the noise is estimated from the series itself, and an estimate 25% low turns 4 into 3. Measured on
-2,000 seeded step-free series of 50 points at CV 0.6% and 2.7%: at 4, up to 33 series (1.7%) had a false creep; at
-5, at most 2 (0.1%)."""
+2,000 seeded step-free series of 50 points a row (tokens/s and peak memory at CV 0.6% and 2.7%; docs/history.md,
+scripts/history_rates.py): at 4, 0 to 27 series (up to 1.35%) had a false creep; at 5, 0 to 3 (up to 0.15%)."""
 CV_PLACE = 0.015
 """A noisy series whose point-to-point noise is more than this, relative to its level (a hosted runner's 2.7%), has
-no certain place for any step: a step found there is found where noise made it look larger (measured: a 3% drop at
-2.7% noise, found in 60 of 1,000 series, had its range miss the commit in half of them). Such findings say so too."""
+no certain place for any step or creep: one found there is found where noise made it look larger. Measured
+(docs/history.md): a 3% drop at 2.7% noise, found in 60 of 1,000 series as 47 steps and 16 creeps, had the best-guess
+range hold the commit in 41 of those 63 (65%; 22 missed), and the wider hunt in 61. Such findings say so."""
 Z_PLACE = 3.0
-"""A noisy step smaller than this many noise sigmas (of one point) has an uncertain place: the points beside it
-could belong to either side, and its commit range misses the commit that made it too often to bisect it alone
-(measured: docs/history.md). Such a finding says so, and its hunt covers the two segments around the cut."""
+"""A noisy step or creep smaller than this many noise sigmas (of one point) has an uncertain place: the points
+beside it could belong to either side, and its commit range misses the commit that made it too often to bisect it
+alone (measured: docs/history.md). Such a finding says so, and its hunt covers a wider range."""
 STEP_OR_LINE = 2 * math.log(WINDOW)
 """Where a step was found in a creep's stretch, a line must fit it better than the best single step by this many
 noise variances to be the creep: the step also chooses where it splits (one of WINDOW places), which buys it a

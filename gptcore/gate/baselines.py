@@ -221,9 +221,10 @@ def update(
 
 def recorded_form(entry: Entry) -> Entry:
     """What recording keeps of a measured entry: a speed measured on a busy CPU, or on a GPU below its clocks
-    ("machine unfit"), is no reference, so its tokens/s is dropped (its ``speed_note`` says why)."""
+    ("machine unfit"), is no reference, so its tokens/s is dropped (its ``speed_note`` says why), and with it the GPU's
+    busy time, whose kernels ran at the same clocks."""
     if entry.speed_note:
-        return dataclasses.replace(entry, tokens_per_s=None, tokens_per_s_iqr=None)
+        return dataclasses.replace(entry, tokens_per_s=None, tokens_per_s_iqr=None, gpu_busy_seconds=None)
     return entry
 
 

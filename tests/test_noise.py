@@ -156,6 +156,31 @@ def test_each_study_gets_the_rule_over_its_own_cases_and_the_file_the_rule_over_
     )
 
 
+def test_gpu_busy_time_gets_the_rule_where_both_runs_traced_it_and_no_figure_where_they_did_not(capsys):
+    """Busy time's per-case change and the tolerance the rule gives, over every case and each study its own (its
+    ``gpu_busy``, which replaces the provisional 3%); logs from before busy time was traced (the H200's committed
+    runs) have no such figure, column or line at all."""
+    from scripts.gpu_noise import table
+
+    changes = {"a": 1.004, "b": 0.996, "c": 1.012}
+    first = {name: dict(FIRST[name], gpu_busy_seconds=0.1) for name in changes}
+    second = {name: dict(SECOND[name], gpu_busy_seconds=0.1 * change) for name, change in changes.items()}
+    cases = compare(first, second)
+    assert [c.busy_change for c in cases] == pytest.approx([0.004, -0.004, 0.012])
+    figures = summary(cases)
+    # sigma = sqrt((0.4%^2 + 0.4%^2 + 1.2%^2) / 3) = 0.766%; 4 sigma = 3.06% over 2 x 1.2%: rounded up, 3.1%
+    assert figures["gpu_busy"]["sigma"] == pytest.approx(0.0076594, rel=1e-4)
+    assert tolerances_of(figures)["gpu_busy"] == pytest.approx(0.031)
+    # each study alone: "a" moved 0.4% (4 sigma 1.6%), "c" 1.2% (4.8%)
+    studies = by_test(cases)
+    assert studies["a"]["gpu_busy"]["tolerance"] == pytest.approx(0.016)
+    assert studies["c"]["gpu_busy"]["tolerance"] == pytest.approx(0.048)
+    header = table(cases).splitlines()[0]
+    assert "GPU busy ms" in header and "Δ busy" in header and "100.00 → 101.20" in table(cases)
+    plain = compare(FIRST, SECOND)
+    assert "gpu_busy" not in summary(plain) and "busy" not in table(plain)
+
+
 H200 = ROOT / "tests" / "data" / "gpu-h200"
 H200_FIRST = [H200 / "ladder.jsonl", H200 / "memory-record.jsonl"]  # the recording runs (two sessions)
 H200_SECOND = [H200 / "verify.jsonl", H200 / "memory-verify.jsonl"]  # each run again, against what it recorded

@@ -36,12 +36,14 @@ profile = torch.profiler.profile
 
 @dataclass(frozen=True)
 class DeviceTrace:
-    """How one device type's timeline is traced: the profiler's activity, the device type its events carry, and how
-    to wait for the device's work to end (inside the trace, so that every kernel of the step is in it)."""
+    """How one device type's timeline is traced: the profiler's activity, the device type its events carry, how to
+    wait for the device's work to end (inside the trace, so that every kernel of the step is in it), and which of its
+    activities are work."""
 
     activity: ProfilerActivity
     device_type: DeviceType
     synchronize: Callable[[], None]
+    work: frozenset[str] = WORK
 
 
 @dataclass(frozen=True)
@@ -62,15 +64,15 @@ def trace_for(device: torch.device) -> DeviceTrace | None:
     return None
 
 
-def is_work(event: Any, device_type: DeviceType) -> bool:
-    """A profiler event (``FunctionEvent``) that is work on the device: on its timeline, and a kernel, a copy or a
-    memset where the event names its activity (torch releases that do not: any event on the device that is not a
-    user annotation)."""
-    if event.device_type != device_type:
+def is_work(event: Any, trace: DeviceTrace) -> bool:
+    """A profiler event (``FunctionEvent``) that is work on the traced device: on its timeline, and of one of the
+    trace's working activities where the event names its activity (a torch release whose events do not: any event on
+    the device that is not a user annotation)."""
+    if event.device_type != trace.device_type:
         return False
     activity = getattr(event, "activity_type", None)
     if activity:
-        return activity in WORK
+        return activity in trace.work
     return not getattr(event, "is_user_annotation", False)
 
 
@@ -87,10 +89,10 @@ def union_us(intervals: Iterable[tuple[float, float]]) -> float:
     return total
 
 
-def device_time(events: Iterable[Any], device_type: DeviceType) -> DeviceTime:
-    """The busy time and the kernels' summed time of the device events among ``events`` (``FunctionEvent``s, their
+def device_time(events: Iterable[Any], trace: DeviceTrace) -> DeviceTime:
+    """The busy time and the kernels' summed time of the device's work among ``events`` (``FunctionEvent``s, their
     ``time_range`` in microseconds on the device's clock)."""
-    spans = [(e.time_range.start, e.time_range.end) for e in events if is_work(e, device_type)]
+    spans = [(e.time_range.start, e.time_range.end) for e in events if is_work(e, trace)]
     return DeviceTime(
         busy_seconds=union_us(spans) / 1e6,
         kernel_seconds=sum(end - start for start, end in spans) / 1e6,
@@ -103,4 +105,4 @@ def traced_step(step: Callable[[], object], trace: DeviceTrace) -> DeviceTime:
     with profile(activities=[trace.activity]) as prof:
         step()
         trace.synchronize()
-    return device_time(prof.events(), trace.device_type)
+    return device_time(prof.events(), trace)

@@ -228,3 +228,12 @@ def test_a_gpu_busy_tolerance_out_of_range_is_a_baseline_error():
     with pytest.raises(BaselineError, match=r"here\.gpu_busy: must be a finite number >= 0"):
         Tolerances(gpu_busy=float("nan")).validate("here")
     Tolerances(gpu_busy=None).validate("here")
+
+
+def test_a_distributed_jobs_busy_time_is_its_busiest_ranks():
+    from gptcore.measure.launch import combine
+
+    rank = Measurement(device="cuda:0", tokens_per_step=8, steps_per_round=1).to_dict()
+    ranks = [rank | {"rank": r, "world_size": 2, "gpu_busy_seconds": busy} for r, busy in ((0, 0.010), (1, 0.012))]
+    assert combine(ranks).gpu_busy_seconds == 0.012
+    assert combine([r | {"gpu_busy_seconds": None} for r in ranks]).gpu_busy_seconds is None  # CPU ranks

@@ -8,7 +8,9 @@ The sum is kept beside it (``kernel_seconds``); where the two differ, streams ov
 
 Neither figure sees the host: a kernel's device timestamps do not move when the Python that launched it ran slower
 (a shared host, a busier CPU), only the gaps between kernels do, and the union leaves gaps out. The host's share of a
-step is held by the work ledger's op counts (gptcore.measure.work); this is the device's share.
+step is held by the work ledger's op counts (gptcore.measure.work); this is the device's share. Under DDP or FSDP2 a
+collective's kernel is busy while it waits for the other ranks, so there the figure holds the waits too (a job's is
+its busiest rank's, gptcore.measure.launch.combine).
 
 The device is chosen here and only here (:func:`trace_for`): on CUDA the profiler traces ``ProfilerActivity.CUDA``;
 on CPU there is no device timeline, so there is no trace and no figure. The step, the profiler and the arithmetic

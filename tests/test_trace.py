@@ -122,6 +122,17 @@ def test_the_real_profiler_path_with_the_cpu_standing_in_for_the_device():
     assert timeline.events >= 4 and 0 < timeline.busy_seconds < timeline.kernel_seconds
 
 
+def test_no_device_work_in_the_trace_is_no_figure_not_zero(recorded, monkeypatch):
+    """A torch without CUPTI traces nothing on the device: no busy time, rather than a 0 that reads as -100%."""
+    monkeypatch.setattr(
+        RecordedProfile, "events", lambda self: [e for e in events() if e.device_type != DeviceType.CUDA]
+    )
+    ran = []
+    assert trace.busy_seconds(lambda: ran.append(1), torch.device("cuda")) is None and ran == [1]
+    monkeypatch.setattr(trace, "trace_for", lambda device: None)  # CPU: the step is not even run
+    assert trace.busy_seconds(lambda: ran.append(2), torch.device("cpu")) is None and ran == [1]
+
+
 def measure(scale: float = 1.0) -> Measurement:
     RecordedProfile.scale = scale
     return run_case(get_model("cpu-small"), RECIPES["fp32"], "cpu", warmup=2, rounds=1, steps_per_round=1)

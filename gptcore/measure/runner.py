@@ -242,8 +242,8 @@ class CaseRunner:
             if loss is not None:
                 m.loss = float(loss) if isinstance(loss, float) else float(loss.item())
             m.loss_step = self.loss_step if self.loss_step is not None else last
-            if m.error is None and (device_trace := trace.trace_for(self.device)) is not None:  # after every figure
-                m.gpu_busy_seconds = trace.traced_step(trainer.step, device_trace).busy_seconds
+            if m.error is None:  # GPU: one step more, traced, after every other figure (CPU: none)
+                m.gpu_busy_seconds = trace.busy_seconds(trainer.step, self.device)
         self.trainer = self.last_loss = trainer = None
         gc.collect()
         if self.device.type == "cuda":

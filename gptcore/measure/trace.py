@@ -29,8 +29,9 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity
 
 WORK = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
-"""The device activities that are work (kineto's names). A ``gpu_user_annotation`` is a range drawn over the kernels
-of a ``record_function``, gaps included: never work."""
+"""The device activities that are work (kineto's names; the set torch.profiler's own CUPTI tools take as device
+work). A ``gpu_user_annotation`` is a range drawn over the kernels of a ``record_function``, gaps included: never
+work."""
 
 profile = torch.profiler.profile
 """The profiler a step is traced with (a test hands in one whose events carry recorded device times)."""
@@ -108,3 +109,14 @@ def traced_step(step: Callable[[], object], trace: DeviceTrace) -> DeviceTime:
         step()
         trace.synchronize()
     return device_time(prof.events(), trace)
+
+
+def busy_seconds(step: Callable[[], object], device: torch.device) -> float | None:
+    """The GPU busy time of one call of ``step`` on ``device``; None, and ``step`` not called, on a device with no
+    trace (CPU); None where the profiler saw no work on the device (a torch built without CUPTI), never a 0 that
+    would read as every kernel gone."""
+    device_trace = trace_for(device)
+    if device_trace is None:
+        return None
+    timeline = traced_step(step, device_trace)
+    return timeline.busy_seconds if timeline.events else None

@@ -4,7 +4,8 @@ One optimizer step runs under ``torch.profiler`` with the device's activity (CUD
 records). Each device event carries the device's start and end; the busy time is the **union** of those intervals,
 not the sum of their durations: kernels on two streams that overlap (a copy under a matmul, NCCL beside compute)
 count once, so the figure is the wall time of the device timeline that had work on it, never more than the step.
-The sum is kept beside it (``kernel_seconds``); where the two differ, streams overlapped.
+The sum is computed beside it (``DeviceTime.kernel_seconds``, not recorded); where the two differ, streams
+overlapped.
 
 Neither figure sees the host: a kernel's device timestamps do not move when the Python that launched it ran slower
 (a shared host, a busier CPU), only the gaps between kernels do, and the union leaves gaps out. The host's share of a

@@ -6,22 +6,24 @@
 The first logs are the recording run's results logs, ``--against`` the second run's (a GPU session's ``verify``, or
 several logs of it).
 For every case measured in both it prints tokens/s (each run's median and relative IQR, the run-to-run change),
-the change of the peak allocated bytes and of the loss; then, per figure, the largest change, its RMS over the
-cases (sigma) and the tolerance by one rule:
+the change of the GPU busy time of a step where both runs traced it (gptcore.measure.trace), of the peak allocated
+bytes and of the loss; then, per figure, the largest change, its RMS over the cases (sigma) and the tolerance by
+one rule:
 
     tolerance = max(4 sigma, 2 x the largest change), rounded up, and at least the figure's floor
 
 A run-to-run change is a difference of two runs, which is what the gate compares (a baseline and a new run), so
 sigma is the gate's own noise: 4 sigma leaves about 3e-5 of clean cases failing per figure one-sided under a
-normal spread, and 2 x the largest keeps the worst case seen far from failing. The floors (speed 1%, memory
-0.5%, loss 1e-6 nats, fp16/bf16 loss 1e-4 nats) keep an exact gate from failing on one run's nondeterminism
-that two runs happened not to show. With ``--json`` it writes the evidence: the runs, every case's figures, the
-summary and the tolerances (keep it in tests/data, as the CPU tolerances' evidence is kept).
+normal spread, and 2 x the largest keeps the worst case seen far from failing. The floors (speed 1%, GPU busy
+time 1%, memory 0.5%, loss 1e-6 nats, fp16/bf16 loss 1e-4 nats) keep an exact gate from failing on one run's
+nondeterminism that two runs happened not to show. With ``--json`` it writes the evidence: the runs, every case's
+figures, the summary and the tolerances (keep it in tests/data, as the CPU tolerances' evidence is kept).
 
 The rule runs twice: over every case (the device file's ``tolerances``, what a study without evidence of its own is
 held to) and over each study's cases alone (its ``tolerances_by_test``, keyed by the benchmark's test function).
 Studies differ in noise: on an H200 the GPT-2 ladder's tokens/s moved by at most 1.69%, deep-1.6b in pure bf16 by
 8.1% at the same clocks; one number for both would either cry wolf on the one or blunt the gate of the other.
+A study's ``gpu_busy`` from here replaces the provisional 3% (gptcore.gate.schema.GPU_BUSY_TOLERANCE) for its cases.
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ from gptcore.gate.schema import AMP_PRECISIONS  # noqa: E402
 
 SIGMAS = 4.0
 WORST_TIMES = 2.0
-FLOORS = {"speed": 0.01, "memory": 0.005, "loss": 1e-6, "loss_amp": 1e-4}
-"""The smallest tolerance of each figure (relative for speed and memory, nats for the loss)."""
+FLOORS = {"speed": 0.01, "memory": 0.005, "loss": 1e-6, "loss_amp": 1e-4, "gpu_busy": 0.01}
+"""The smallest tolerance of each figure (relative for speed, memory and GPU busy time, nats for the loss)."""
+RELATIVE = ("speed", "memory", "gpu_busy")
 
 
 @dataclass
@@ -63,6 +66,10 @@ class Case:
     loss: tuple[float, float] | None
     loss_change: float | None
     """Second run's loss less the first's (nats)."""
+    busy_seconds: tuple[float, float] | None = None
+    """Each run's GPU busy time of a step (None where either run has none: CPU, a baseline from before it)."""
+    busy_change: float | None = None
+    """Second run's GPU busy time over the first's, less 1."""
 
 
 def measured(paths: list[Path]) -> dict[str, dict | None]:
@@ -103,6 +110,7 @@ def compare(first: dict[str, dict | None], second: dict[str, dict | None]) -> li
         iqr = _pair(a, b, lambda e: (e.get("tokens_per_s") or {}).get("iqr"))
         peak = _pair(a, b, lambda e: e.get("peak_allocated_bytes"))
         loss = _pair(a, b, lambda e: (e.get("loss") or {}).get("value"))
+        busy = _pair(a, b, lambda e: e.get("gpu_busy_seconds"))
         cases.append(
             Case(
                 name=name,
@@ -114,6 +122,8 @@ def compare(first: dict[str, dict | None], second: dict[str, dict | None]) -> li
                 memory_change=peak[1] / peak[0] - 1 if peak and peak[0] else None,
                 loss=loss,
                 loss_change=loss[1] - loss[0] if loss else None,
+                busy_seconds=busy,
+                busy_change=busy[1] / busy[0] - 1 if busy and busy[0] else None,
             )
         )
     return cases
@@ -142,7 +152,8 @@ def tolerance(changes: list[float], floor: float) -> dict:
 
 
 def summary(cases: list[Case]) -> dict[str, dict]:
-    """Per figure (speed, memory, loss, loss_amp): the largest change, sigma and the tolerance by the rule."""
+    """Per figure (speed, memory, loss, loss_amp, and gpu_busy where a case has it in both runs: logs
+    from before it was traced have no such figure): the largest change, sigma and the tolerance by the rule."""
     amp = [c.loss_change for c in cases if c.loss_change is not None and c.precision in AMP_PRECISIONS]
     full = [c.loss_change for c in cases if c.loss_change is not None and c.precision not in AMP_PRECISIONS]
     out = {
@@ -151,6 +162,9 @@ def summary(cases: list[Case]) -> dict[str, dict]:
         "loss": tolerance(full, FLOORS["loss"]),
         "loss_amp": tolerance(amp, FLOORS["loss_amp"]),
     }
+    busy = [c.busy_change for c in cases if c.busy_change is not None]
+    if busy:
+        out["gpu_busy"] = tolerance(busy, FLOORS["gpu_busy"])
     iqrs = [max(c.iqr_rel) for c in cases if c.iqr_rel]
     out["speed"]["largest_iqr"] = max(iqrs) if iqrs else None
     return out
@@ -173,9 +187,14 @@ def _pct(x: float | None) -> str:
     return "—" if x is None else f"{x:+.2%}"
 
 
+def _ms(pair: tuple[float, float] | None) -> str:
+    return "—" if pair is None else f"{pair[0] * 1e3:,.2f} → {pair[1] * 1e3:,.2f}"
+
+
 def table(cases: list[Case]) -> str:
     from tabulate import tabulate
 
+    busy = any(c.busy_seconds for c in cases)  # its columns only where a case has the figure
     rows = [
         [
             c.name,
@@ -183,6 +202,7 @@ def table(cases: list[Case]) -> str:
             "—" if c.tokens_per_s is None else f"{c.tokens_per_s[0]:,.0f} → {c.tokens_per_s[1]:,.0f}",
             "—" if c.iqr_rel is None else f"{c.iqr_rel[0]:.2%} / {c.iqr_rel[1]:.2%}",
             _pct(c.speed_change),
+            *([_ms(c.busy_seconds), _pct(c.busy_change)] if busy else []),
             "—" if c.peak_bytes is None else f"{c.peak_bytes[1] - c.peak_bytes[0]:+,d} B",
             _pct(c.memory_change),
             "—" if c.loss_change is None else f"{c.loss_change:+.2e}",
@@ -191,7 +211,9 @@ def table(cases: list[Case]) -> str:
     ]
     return tabulate(
         rows,
-        headers=["case", "precision", "tok/s", "IQR/median", "Δ tok/s", "Δ peak", "Δ peak %", "Δ loss"],
+        headers=["case", "precision", "tok/s", "IQR/median", "Δ tok/s"]
+        + (["GPU busy ms", "Δ busy"] if busy else [])
+        + ["Δ peak", "Δ peak %", "Δ loss"],
         disable_numparse=True,
     )
 
@@ -226,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         print(heading)
         for figure, s in summaries.items():
             if s["cases"]:
-                unit = (lambda x: f"{x:.2%}") if figure in ("speed", "memory") else (lambda x: f"{x:.2e} nats")
+                unit = (lambda x: f"{x:.2%}") if figure in RELATIVE else (lambda x: f"{x:.2e} nats")
                 print(
                     f"  {figure:<9} {s['cases']:>3} case(s): largest {unit(s['largest'])}, sigma {unit(s['sigma'])}"
                     f" -> {unit(s['tolerance'])}"

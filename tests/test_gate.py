@@ -256,6 +256,7 @@ def test_a_verdict_file_that_cannot_be_written_stops_the_run_before_the_first_ca
     [
         (("--mem-tol", "nan"), "--mem-tol: nan is out of range"),  # NaN passes every figure: the gate off
         (("--speed-tol", "nan"), "--speed-tol: nan is out of range"),
+        (("--busy-tol", "1.5"), "--busy-tol: 1.5 is out of range"),  # above 1: a kernel time that doubled passes
         (("--loss-tol", "inf"), "--loss-tol: inf is out of range"),
         (("--bench-rounds", "0"), "--bench-rounds: 0 is out of range (at least 1)"),
         (("--bench-steps", "0"), "--bench-steps: 0 is out of range (at least 1)"),

@@ -66,7 +66,9 @@ class BaselineFile:
             "driver": self.driver,
             "recorded_at": self.recorded_at,
             "commit": self.commit,
-            "tolerances": dataclasses.asdict(self.tolerances),
+            "tolerances": {  # no GPU busy time on CPU: its file says nothing of it
+                k: v for k, v in dataclasses.asdict(self.tolerances).items() if v is not None or k != "gpu_busy"
+            },
             **({"tolerances_by_test": self.tolerances_by_test} if self.tolerances_by_test else {}),
             "benchmarks": {name: self.entries[name].to_json() for name in sorted(self.entries)},
         }
@@ -221,9 +223,10 @@ def update(
 
 def recorded_form(entry: Entry) -> Entry:
     """What recording keeps of a measured entry: a speed measured on a busy CPU, or on a GPU below its clocks
-    ("machine unfit"), is no reference, so its tokens/s is dropped (its ``speed_note`` says why)."""
+    ("machine unfit"), is no reference, so its tokens/s is dropped (its ``speed_note`` says why), and with it the GPU's
+    busy time, whose kernels ran at the same clocks."""
     if entry.speed_note:
-        return dataclasses.replace(entry, tokens_per_s=None, tokens_per_s_iqr=None)
+        return dataclasses.replace(entry, tokens_per_s=None, tokens_per_s_iqr=None, gpu_busy_seconds=None)
     return entry
 
 

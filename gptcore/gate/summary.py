@@ -11,6 +11,7 @@ from tabulate import tabulate
 
 from gptcore.gate.checks import compared_peaks
 from gptcore.gate.rules import Status, delta, delta_text
+from gptcore.gate.verdicts import GPU_BUSY
 from gptcore.units import common_unit, format_bytes
 
 if TYPE_CHECKING:
@@ -67,6 +68,10 @@ def _pct(measured: float | None, baseline: float | None, status: str | None = No
     return delta_text(delta(measured, baseline, relative=True), status)
 
 
+def _ms(seconds: float | None) -> str:
+    return "—" if seconds is None else f"{seconds * 1e3:,.2f}"
+
+
 def _num(value: float | None, fmt: str) -> str:
     return "—" if value is None else format(value, fmt)
 
@@ -74,7 +79,8 @@ def _num(value: float | None, fmt: str) -> str:
 def gate_table(rows: Sequence[Row], tablefmt: str = "simple") -> str:
     """One line per case: tokens/s and peak memory measured / baseline / delta (in parentheses when not gated),
     the estimate over the measured peak, MFU and the source of its FLOPs, the loss and its drift, what moved in the
-    work ledger, and the verdict. Both memory columns share one unit."""
+    work ledger, and the verdict. Both memory columns share one unit. Where a case has a GPU busy time, its three
+    columns (ms per step, baseline, delta) follow tokens/s; a run without one (CPU) has none."""
     peaks = [
         (
             r.measured.peak_allocated_bytes if r.measured else None,
@@ -83,8 +89,10 @@ def gate_table(rows: Sequence[Row], tablefmt: str = "simple") -> str:
         for r in rows
     ]
     unit = common_unit(b for pair in peaks for b in pair)
+    busy = [tuple(e.gpu_busy_seconds if e else None for e in (r.measured, r.baseline)) for r in rows]
+    shown = any(b is not None for pair in busy for b in pair)  # GPU busy columns only where there is such a figure
     table = []
-    for row, (peak, base_peak) in zip(rows, peaks):
+    for row, (peak, base_peak), (ms, base_ms) in zip(rows, peaks, busy):
         m, b = row.measured, row.baseline
         est = row.estimate
         est_meas = f"{est / peak:.2f}" if isinstance(est, (int, float)) and peak else ("err" if est == "err" else "—")
@@ -106,6 +114,7 @@ def gate_table(rows: Sequence[Row], tablefmt: str = "simple") -> str:
                 _num(m.tokens_per_s if m else None, ",.0f"),
                 _num(b.tokens_per_s if b else None, ",.0f"),
                 _pct(m.tokens_per_s if m else None, b.tokens_per_s if b else None, row.status.get("tokens/s")),
+                *([_ms(ms), _ms(base_ms), _pct(ms, base_ms, row.status.get(GPU_BUSY))] if shown else []),
                 format_bytes(peak, unit),
                 format_bytes(base_peak, unit),
                 _pct(*(compared_peaks(m, b) if m and b else (peak, base_peak)), row.status.get("peak memory")),
@@ -122,6 +131,7 @@ def gate_table(rows: Sequence[Row], tablefmt: str = "simple") -> str:
         "tok/s",
         "base tok/s",
         "Δ",
+        *(["GPU busy ms", "base ms", "Δ"] if shown else []),
         "peak",
         "base peak",
         "Δ",

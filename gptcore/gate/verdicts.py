@@ -8,6 +8,8 @@ Gate rules (defaults per device type, stored in each file's ``tolerances`` and o
   entry's is judged without its matmul kernels' scratch, which moves with the CPU (``checks.kernel_memory_check``);
 * tokens/s fails below -``speed`` (5%) on a GPU; on CPU it is reported, not gated, unless a run asks for it
   with --speed-tol;
+* a step's GPU busy time (its kernels' time on the device timeline, gptcore.measure.trace) fails above
+  +``gpu_busy`` (3%, provisional); a CPU has no such figure and no such check;
 * the loss of the last timed step must stay within ``loss`` nats (fp32/tf32) or ``loss_amp`` nats (fp16/bf16),
   either way, and only when it was read at the same optimizer step. A CPU entry keeps a loss reference per CPU
   model (``loss.by_cpu``; the model that recorded the entry is always one): on a CPU model that has a reference
@@ -29,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gptcore.gate.rules import Status, judge, non_finite, percent
 from gptcore.gate.schema import Entry, Tolerances
 
 if TYPE_CHECKING:
@@ -39,6 +42,7 @@ from gptcore.gate.checks import (
     COVERAGE,
     FAIL,
     NO_BASELINE,
+    NOT_GATED,
     OK,
     WORK_METRICS,
     Check,
@@ -125,6 +129,7 @@ def verdict_of(
         return Verdict(
             case,
             [Check(metric, None, None, None, NO_BASELINE) for metric in ("peak memory", "tokens/s", "loss")]
+            + ([Check(GPU_BUSY, None, None, None, NO_BASELINE)] if measured.gpu_busy_seconds is not None else [])
             + kept_check(measured),
         )
     if other_kernels(measured, baseline):  # the kernels' scratch in the peak moves with the CPU model
@@ -147,6 +152,8 @@ def verdict_of(
             measured.tokens_per_s, baseline.tokens_per_s, tol, off, speed_incomparable(measured.cpu_model, baseline)
         ),
     ]
+    busy = busy_check(measured.gpu_busy_seconds, baseline.gpu_busy_seconds, tol, off)  # None on CPU
+    checks += [busy] if busy else []
     checks += work_checks(measured.work, baseline.work, tol.work, strict)
 
     # the loss: held to this CPU model's reference where there is one, else to the recorded loss, wider when that
@@ -184,3 +191,25 @@ def kept_check(measured: Entry) -> list[Check]:
         return []
     said = f"the second step left {kept:,} B more allocated than the first: every step keeps something (a leak)"
     return [Check(KEPT, kept, 0, kept, FAIL, note=said)]
+
+
+GPU_BUSY = "GPU busy"
+"""The check of a step's GPU busy time (gptcore.measure.trace)."""
+
+
+def busy_check(now: float | None, before: float | None, tol: Tolerances, off: str | None = None) -> Check | None:
+    """The GPU busy time of a step: FAIL above +tol.gpu_busy, better (faster kernels) below -tol.gpu_busy; not gated
+    where ``off`` says why (a machine unfit to time, other clocks: the kernels ran at other clocks too); no delta
+    where one side has no figure (a baseline recorded before it was measured); None where neither has (CPU)."""
+    if now is None and before is None:
+        return None
+    if bad := non_finite(now):
+        return Check(GPU_BUSY, now, before, None, FAIL, f"GPU busy time is {bad} (the trace broke)")
+    status, d = judge(now, before, tol.gpu_busy, worse="higher", relative=True)
+    if d is None:
+        why = "the baseline has no GPU busy time: record it" if before is None else "not measured in this run"
+        return Check(GPU_BUSY, now, before, None, Status.NO_FIGURE, why)
+    if off or tol.gpu_busy is None:
+        return Check(GPU_BUSY, now, before, d, NOT_GATED, off or "no tolerance for it here")
+    note = f"{now * 1e3:,.3f} vs {before * 1e3:,.3f} ms of kernels per step, tolerance +{percent(tol.gpu_busy)}"
+    return Check(GPU_BUSY, now, before, d, status, note)

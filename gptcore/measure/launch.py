@@ -185,13 +185,14 @@ class Launches:
 
 def combine(ranks: list[dict]) -> Measurement:
     """One Measurement for the job: rank 0's (the round times are already the slowest rank's and the loss the
-    mean over ranks), with the peak memory the max over ranks (and that rank's breakdown)."""
+    mean over ranks), with the peak memory the max over ranks (and that rank's breakdown), and the GPU busy time the
+    busiest rank's."""
     from gptcore.measure.runner import Measurement  # torch: only when a job's ranks are combined
 
     names = {f.name for f in dataclasses.fields(Measurement)}
     m = Measurement(**{k: v for k, v in ranks[0].items() if k in names})
-    for key in ("peak_allocated_bytes", "peak_reserved_bytes"):
-        values = [r[key] for r in ranks if r[key] is not None]
+    for key in ("peak_allocated_bytes", "peak_reserved_bytes", "gpu_busy_seconds"):
+        values = [r[key] for r in ranks if r.get(key) is not None]
         setattr(m, key, max(values) if values else None)
     if m.peak_allocated_bytes is not None:  # the breakdown of the rank whose peak is the job's
         m.peak_by_category = next(

@@ -24,16 +24,11 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from gptcore.config import HALF_PRECISIONS, GPTConfig, Recipe
+from gptcore.measure import trace
 from gptcore.measure.clocks import BUSY_SHARE, Clocks, Sample, open_clocks
 from gptcore.measure.clocks import summary as clock_summary
 from gptcore.measure.cpu_peak import TRACKED_STEPS, cpu_peak, measured_steps
-from gptcore.measure.timing import (
-    CALIBRATION_SPREAD,
-    StepTimer,
-    calibration_kernel,
-    mfu,
-    throughput,
-)
+from gptcore.measure.timing import CALIBRATION_SPREAD, StepTimer, calibration_kernel, mfu, throughput
 from gptcore.measure.work import compile_stats, counted_step
 from gptcore.memory import allocator
 from gptcore.memory.scratch import kernel_scratch
@@ -82,6 +77,9 @@ class Measurement:
     cpu_share: float | None = None
     """CPU only: median over rounds of the process's CPU time / (wall time x threads); below ~0.9 the machine was
     busy with something else and tokens/s says little (see StepTimer)."""
+    gpu_busy_seconds: float | None = None
+    """GPU only: the device's busy time over one more step, traced apart from the timed rounds (the union of its
+    kernels' intervals on the device timeline, gptcore.measure.trace): what a slower host cannot move. None on CPU."""
     error: str | None = None
     """Set when the case failed (out of memory), with what was allocated at the time."""
     case_seconds: float = 0.0
@@ -244,6 +242,8 @@ class CaseRunner:
             if loss is not None:
                 m.loss = float(loss) if isinstance(loss, float) else float(loss.item())
             m.loss_step = self.loss_step if self.loss_step is not None else last
+            if m.error is None:  # GPU: one step more, traced, after every other figure (CPU: none)
+                m.gpu_busy_seconds = trace.busy_seconds(trainer.step, self.device)
         self.trainer = self.last_loss = trainer = None
         gc.collect()
         if self.device.type == "cuda":

@@ -61,6 +61,9 @@ def add_options(parser: pytest.Parser, root: Path) -> None:
         help="override the tokens/s tolerance (0.05 = -5%%); on CPU, where tokens/s is reported but not "
         "gated by default, this turns the gate on",
     )
+    group.addoption(
+        "--busy-tol", type=float, metavar="FRAC", help="override the GPU busy time's tolerance (0.03 = +3%%)"
+    )
     group.addoption("--loss-tol", type=float, metavar="NATS", help="override every loss tolerance (absolute nats)")
     group.addoption("--bench-warmup", type=int, metavar="N", help="override every case's warm-up steps")
     group.addoption("--bench-rounds", type=int, metavar="N", help="override every case's timed rounds")

@@ -70,10 +70,11 @@ def gate_from_config(config: pytest.Config, notes: list[str]) -> Gate:
     """The gate the command-line options ask for; UsageError for a tolerance out of range."""
     overrides = {}
     loss_fields = ("loss", "loss_amp", "loss_other_cpu", "loss_amp_other_cpu")
-    for option, names in (("mem_tol", ("memory",)), ("speed_tol", ("speed",)), ("loss_tol", loss_fields)):
+    fields = {"mem_tol": ("memory",), "speed_tol": ("speed",), "busy_tol": ("gpu_busy",), "loss_tol": loss_fields}
+    for option, names in fields.items():
         value = config.getoption(option)
         if value is not None:  # NaN fails every comparison: it must not read as "in range"
-            if not 0 <= value < math.inf or (option == "speed_tol" and value > 1):
+            if not 0 <= value < math.inf or (option in ("speed_tol", "busy_tol") and value > 1):
                 raise pytest.UsageError(f"--{option.replace('_', '-')}: {value} is out of range")
             overrides.update(dict.fromkeys(names, value))
     counts = tuple(config.getoption(o) for o in ("bench_warmup", "bench_rounds", "bench_steps"))

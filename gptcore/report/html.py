@@ -21,7 +21,8 @@ from gptcore import identity, storage
 from gptcore.gate import baselines, expectations
 from gptcore.gate.baselines import BaselineFile
 from gptcore.gate.rules import Status, delta_text, percent
-from gptcore.gate.schema import Tolerances
+from gptcore.gate.schema import Entry, Tolerances
+from gptcore.gate.verdicts import busy_check
 from gptcore.hunt.history import analyse as analyse_history
 from gptcore.measure.clocks import BUSY_SHARE
 from gptcore.report.figures import (
@@ -104,6 +105,7 @@ def _figure(png: str, plot: str, caption: str) -> str:
 
 def _case_rows(recs: Sequence[Record], base: BaselineFile | None, tol: Tolerances) -> str:
     rows = []
+    shown = any(r.values["busy"] is not None for r in recs)  # GPU busy columns only where a case has the figure
     for r in recs:
         e = base.entries.get(r.name) if base else None
         speed, memory = case_checks(r, e, tol)
@@ -118,6 +120,7 @@ def _case_rows(recs: Sequence[Record], base: BaselineFile | None, tol: Tolerance
             f"{e.tokens_per_s:,.0f}" if e and e.tokens_per_s is not None else "—",
             s_delta,
             s_status + (" (CPU: reported only)" if s_status == Status.NOT_GATED else ""),
+            *(_busy_cells(r, e, tol) if shown else []),
             f"{in_unit(m_now, 'MiB'):,.2f}" if m_now is not None else "—",
             f"{in_unit(e.peak_allocated_bytes, 'MiB'):,.2f}" if e and e.peak_allocated_bytes else "—",
             m_delta,
@@ -125,7 +128,10 @@ def _case_rows(recs: Sequence[Record], base: BaselineFile | None, tol: Tolerance
             busy,
             html.escape("; ".join([*r.not_finite, str(r.info.get("verdict") or "—")])),
         ]
-        classes = ["", "", "", "", "", s_status.replace(" ", "-"), "", "", "", m_status, "", ""]
+        classes = ["", "", "", "", "", s_status.replace(" ", "-")] + (
+            ["", "", "", str(cells[9]).replace(" ", "-")] if shown else []
+        )
+        classes += ["", "", "", m_status, "", ""]
         slug = re.sub(r"[^A-Za-z0-9_-]+", "-", r.name)
         rows.append(
             f'<tr id="case-{slug}" data-case="{html.escape(r.name)}">'
@@ -139,6 +145,7 @@ def _case_rows(recs: Sequence[Record], base: BaselineFile | None, tol: Tolerance
         "base tok/s",
         "Δ",
         "tok/s gate",
+        *(["GPU busy ms", "base ms", "Δ", "busy gate"] if shown else []),
         "peak MiB",
         "base MiB",
         "Δ",
@@ -147,6 +154,16 @@ def _case_rows(recs: Sequence[Record], base: BaselineFile | None, tol: Tolerance
         "verdict at run time",
     ]
     return "<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + "".join(rows) + "</table>"
+
+
+def _busy_cells(r: Record, e: Entry | None, tol: Tolerances) -> list[str]:
+    """A case's GPU busy time per step (ms), its baseline's, the delta and the gate's status (checks.busy_check)."""
+    now = r.values["busy"] / 1e3 if r.values["busy"] is not None else None
+    before = e.gpu_busy_seconds if e else None
+    check = busy_check(now, before, tol)
+    status = check.status if check and e else Status.NO_BASELINE
+    ms = [("—" if v is None else f"{v * 1e3:,.2f}") for v in (now, before)]
+    return [*ms, delta_text(check.delta if check else None, status), status]
 
 
 def _expectation_rows(records: Sequence[Record]) -> str:

@@ -35,13 +35,16 @@ METRICS: dict[str, tuple[str, str]] = {
     "memory": ("peak allocated memory, MiB", "peak_allocated_bytes"),
     "reserved": ("peak reserved memory, MiB", "peak_reserved_bytes"),
     "speed": ("tokens/s (median over rounds)", "tokens_per_s"),
+    "busy": ("GPU busy time per step (kernels on the device timeline), ms", "gpu_busy_seconds"),
     "loss": ("loss at the last timed step, nats", "loss"),
 }
+"""A metric no case has (GPU busy time on CPU) gets no table and no chart."""
 #: metric key -> its axis label (with the unit) in plots
 AXIS_LABELS: dict[str, str] = {
     "memory": "peak allocated memory (MiB)",
     "reserved": "peak reserved memory (MiB)",
     "speed": "tokens/s (median over rounds)",
+    "busy": "GPU busy time per step (ms)",
     "loss": "loss (nats)",
 }
 
@@ -114,6 +117,8 @@ def load_run(path: str | Path) -> list[Record]:
         for key in ("memory", "reserved"):  # bytes -> the MiB of METRICS' titles
             if values[key] is not None:
                 values[key] = in_unit(values[key], "MiB")
+        if values["busy"] is not None:  # seconds -> the ms of its title
+            values["busy"] *= 1e3
         records.append(
             Record(
                 str(bench.get("group") or ""), str(bench.get("name", "")), info["model"], info["recipe"], values, info
@@ -181,8 +186,8 @@ def _fmt(table: Pivot, shapes: list[str], recipes: list[str], fmt: str, unit: st
     return tabulate(rows, headers=[f"shape \\ recipe ({unit})"] + recipes, disable_numparse=True, stralign="right")
 
 
-_VALUE_FMT = {"memory": ",.2f", "reserved": ",.2f", "speed": ",.0f", "loss": ".4f"}
-_UNIT = {"memory": "MiB", "reserved": "MiB", "speed": "tok/s", "loss": "nats"}
+_VALUE_FMT = {"memory": ",.2f", "reserved": ",.2f", "speed": ",.0f", "busy": ",.2f", "loss": ".4f"}
+_UNIT = {"memory": "MiB", "reserved": "MiB", "speed": "tok/s", "busy": "ms", "loss": "nats"}
 
 
 def render(records: Sequence[Record]) -> str:

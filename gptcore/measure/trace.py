@@ -1,0 +1,123 @@
+"""GPU busy time of one step: how long the device itself worked, read from its own timeline.
+
+One optimizer step runs under ``torch.profiler`` with the device's activity (CUDA: CUPTI's kernel, copy and memset
+records). Each device event carries the device's start and end; the busy time is the **union** of those intervals,
+not the sum of their durations: kernels on two streams that overlap (a copy under a matmul, NCCL beside compute)
+count once, so the figure is the wall time of the device timeline that had work on it, never more than the step.
+The sum is computed beside it (``DeviceTime.kernel_seconds``, not recorded); where the two differ, streams
+overlapped.
+
+Neither figure sees the host: a kernel's device timestamps do not move when the Python that launched it ran slower
+(a shared host, a busier CPU), only the gaps between kernels do, and the union leaves gaps out. The host's share of a
+step is held by the work ledger's op counts (gptcore.measure.work); this is the device's share. Under DDP or FSDP2 a
+collective's kernel is busy while it waits for the other ranks, so there the figure holds the waits too (a job's is
+its busiest rank's, gptcore.measure.launch.combine).
+
+The device is chosen here and only here (:func:`trace_for`): on CUDA the profiler traces ``ProfilerActivity.CUDA``;
+on CPU there is no device timeline, so there is no trace and no figure. The step, the profiler and the arithmetic
+are the same code on every device: only the activity differs (tests hand the same path a CPU activity, or a
+profiler whose events carry device times).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity
+
+WORK = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+"""The device activities that are work (kineto's names; the set torch.profiler's own CUPTI tools take as device
+work). A ``gpu_user_annotation`` is a range drawn over the kernels of a ``record_function``, gaps included: never
+work."""
+
+profile = torch.profiler.profile
+"""The profiler a step is traced with (a test hands in one whose events carry recorded device times)."""
+
+
+@dataclass(frozen=True)
+class DeviceTrace:
+    """How one device type's timeline is traced: the profiler's activity, the device type its events carry, how to
+    wait for the device's work to end (inside the trace, so that every kernel of the step is in it), and which of its
+    activities are work."""
+
+    activity: ProfilerActivity
+    device_type: DeviceType
+    synchronize: Callable[[], None]
+    work: frozenset[str] = WORK
+
+
+@dataclass(frozen=True)
+class DeviceTime:
+    """One step's device timeline."""
+
+    busy_seconds: float
+    """The union of the device events' intervals: the time the device had work."""
+    kernel_seconds: float
+    """The sum of the device events' durations (above ``busy_seconds`` where streams overlapped)."""
+    events: int
+
+
+def trace_for(device: torch.device) -> DeviceTrace | None:
+    """The device's trace: CUDA's activity on a CUDA device; None on CPU (no device timeline, no busy time)."""
+    if device.type == "cuda":
+        return DeviceTrace(ProfilerActivity.CUDA, DeviceType.CUDA, lambda: torch.cuda.synchronize(device))
+    return None
+
+
+def is_work(event: Any, trace: DeviceTrace) -> bool:
+    """A profiler event (``FunctionEvent``) that is work on the traced device: on its timeline, and of one of the
+    trace's working activities where the event names its activity (a torch release whose events do not: any event on
+    the device that is not a user annotation)."""
+    if event.device_type != trace.device_type:
+        return False
+    activity = getattr(event, "activity_type", None)
+    if activity:
+        return activity in trace.work
+    return not getattr(event, "is_user_annotation", False)
+
+
+def union_us(intervals: Iterable[tuple[float, float]]) -> float:
+    """The length of the union of ``(start, end)`` intervals: overlapping ones count once."""
+    total, reach = 0.0, None
+    for start, end in sorted(intervals):
+        if reach is None or start > reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
+    return total
+
+
+def device_time(events: Iterable[Any], trace: DeviceTrace) -> DeviceTime:
+    """The busy time and the kernels' summed time of the device's work among ``events`` (``FunctionEvent``s, their
+    ``time_range`` in microseconds on the device's clock)."""
+    spans = [(e.time_range.start, e.time_range.end) for e in events if is_work(e, trace)]
+    return DeviceTime(
+        busy_seconds=union_us(spans) / 1e6,
+        kernel_seconds=sum(end - start for start, end in spans) / 1e6,
+        events=len(spans),
+    )
+
+
+def traced_step(step: Callable[[], object], trace: DeviceTrace) -> DeviceTime:
+    """Run ``step`` once under the profiler with ``trace``'s activity, wait for the device, and read its timeline."""
+    with profile(activities=[trace.activity]) as prof:
+        step()
+        trace.synchronize()
+    return device_time(prof.events(), trace)
+
+
+def busy_seconds(step: Callable[[], object], device: torch.device) -> float | None:
+    """The GPU busy time of one call of ``step`` on ``device``; None, and ``step`` not called, on a device with no
+    trace (CPU); None where the profiler saw no work on the device (a torch built without CUPTI), never a 0 that
+    would read as every kernel gone."""
+    device_trace = trace_for(device)
+    if device_trace is None:
+        return None
+    timeline = traced_step(step, device_trace)
+    return timeline.busy_seconds if timeline.events else None

@@ -1,0 +1,262 @@
+"""The GPU busy time of a step (gptcore.measure.trace), end to end on CPU: a profiler whose events carry a recorded
+step's device times, through the function that takes their union, into the Measurement and its baseline entry, the
+gate's check (a planted 10% slower kernel time fails under the 3% tolerance, 1% passes, 10% faster is reported as
+a refresh), the end table and the report. The runner's code is the GPU's: only the profiler it is handed differs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.autograd import DeviceType
+from torch.autograd.profiler_util import FunctionEvent
+from torch.profiler import ProfilerActivity
+
+from gptcore.gate import baselines
+from gptcore.gate.schema import GPU_BUSY_TOLERANCE, BaselineError, Entry, Tolerances
+from gptcore.gate.session import Row
+from gptcore.gate.summary import gate_table
+from gptcore.gate.verdicts import GPU_BUSY, verdict_of
+from gptcore.measure import trace
+from gptcore.measure.runner import Measurement, run_case
+from gptcore.presets import RECIPES, get_model
+
+pytestmark = pytest.mark.cpu
+
+CASE = "test_ladder[cpu-small-fp32]"
+# One step's device timeline as CUPTI reports it (µs on the device's clock): two streams overlap (a copy under
+# the kernels), a user annotation spans the step, gaps included, and a launch runs on the host.
+STEP = [
+    ("sm90_xmma_gemm", "kernel", DeviceType.CUDA, 0.0, 400.0),
+    ("vectorized_elementwise", "kernel", DeviceType.CUDA, 400.0, 500.0),
+    ("Memcpy HtoD (Pinned -> Device)", "gpu_memcpy", DeviceType.CUDA, 450.0, 650.0),
+    ("flash_fwd_kernel", "kernel", DeviceType.CUDA, 600.0, 1000.0),
+    ("Memset (Device)", "gpu_memset", DeviceType.CUDA, 1200.0, 1250.0),
+    ("multi_tensor_apply_kernel", "kernel", DeviceType.CUDA, 1300.0, 2250.0),
+    ("## forward ##", "gpu_user_annotation", DeviceType.CUDA, 0.0, 2250.0),
+    ("cudaLaunchKernel", "cuda_runtime", DeviceType.CPU, 10.0, 20.0),
+]
+BUSY_US = 1000.0 + 50.0 + 950.0  # [0, 1000] (three kernels and the copy under them), the memset, the last kernel
+KERNEL_US = 400.0 + 100.0 + 200.0 + 400.0 + 50.0 + 950.0  # each device event's duration, overlaps counted twice
+
+
+def events(scale: float = 1.0, activity: bool = True) -> list[FunctionEvent]:
+    """STEP's events as torch's profiler makes them, every device time x ``scale`` (a slower or faster step);
+    ``activity`` False: as a torch release whose events do not name their activity."""
+    return [
+        FunctionEvent(
+            id=i,
+            name=name,
+            thread=0,
+            start_us=start * scale,
+            end_us=end * scale,
+            device_type=device,
+            activity_type=kind if activity else None,
+            is_user_annotation=kind == "gpu_user_annotation",
+        )
+        for i, (name, kind, device, start, end) in enumerate(STEP)
+    ]
+
+
+class RecordedProfile:
+    """A stand-in for ``torch.profiler.profile``: runs what its block runs, and hands back STEP's device events."""
+
+    entered: list[list[ProfilerActivity]] = []
+    scale = 1.0
+
+    def __init__(self, activities: list[ProfilerActivity]) -> None:
+        self.activities = activities
+
+    def __enter__(self) -> RecordedProfile:
+        RecordedProfile.entered.append(self.activities)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def events(self) -> list[FunctionEvent]:
+        return events(self.scale)
+
+
+CUDA = trace.DeviceTrace(ProfilerActivity.CUDA, DeviceType.CUDA, lambda: None)
+
+
+@pytest.fixture
+def recorded(monkeypatch: pytest.MonkeyPatch) -> type[RecordedProfile]:
+    """The runner traces its CPU step as it would on a GPU (CUDA's activity), with the recorded step's events."""
+    monkeypatch.setattr(trace, "trace_for", lambda device: CUDA)
+    monkeypatch.setattr(trace, "profile", RecordedProfile)
+    monkeypatch.setattr(RecordedProfile, "entered", [])
+    monkeypatch.setattr(RecordedProfile, "scale", 1.0)
+    return RecordedProfile
+
+
+def test_busy_time_is_the_union_of_the_device_work_not_the_sum():
+    assert trace.union_us([(0, 10), (5, 15), (20, 30), (22, 25), (30, 31)]) == 26  # overlap, nesting, touching
+    assert trace.union_us([]) == 0
+    timeline = trace.device_time(events(), CUDA)
+    # the annotation (a range over the kernels, gaps included) and the host's launch are not work
+    assert timeline.events == 6
+    assert timeline.busy_seconds == pytest.approx(BUSY_US / 1e6, rel=1e-12)
+    assert timeline.kernel_seconds == pytest.approx(KERNEL_US / 1e6, rel=1e-12)
+    # a torch whose events do not name their activity: the device's events less the user annotations, the same
+    assert trace.device_time(events(activity=False), CUDA) == timeline
+
+
+def test_the_device_is_chosen_in_one_place_and_cpu_has_no_trace():
+    cuda = trace.trace_for(torch.device("cuda", 0))
+    assert (cuda.activity, cuda.device_type, cuda.work) == (ProfilerActivity.CUDA, DeviceType.CUDA, trace.WORK)
+    assert trace.trace_for(torch.device("cpu")) is None
+
+
+def test_the_real_profiler_path_with_the_cpu_standing_in_for_the_device():
+    """torch's own profiler, with the CPU's activity where a GPU has CUDA's: the same function reads its events.
+    Nested CPU ops overlap as two streams do (aten::matmul holds aten::mm), so the union is below the sum."""
+    cpu = trace.DeviceTrace(ProfilerActivity.CPU, DeviceType.CPU, lambda: None, frozenset({"cpu_op"}))
+    a = torch.randn(64, 64)
+    timeline = trace.traced_step(lambda: (a @ a).relu().sum(), cpu)
+    assert timeline.events >= 4 and 0 < timeline.busy_seconds < timeline.kernel_seconds
+
+
+def test_no_device_work_in_the_trace_is_no_figure_not_zero(recorded, monkeypatch):
+    """A torch without CUPTI traces nothing on the device: no busy time, rather than a 0 that reads as -100%."""
+    monkeypatch.setattr(
+        RecordedProfile, "events", lambda self: [e for e in events() if e.device_type != DeviceType.CUDA]
+    )
+    ran = []
+    assert trace.busy_seconds(lambda: ran.append(1), torch.device("cuda")) is None and ran == [1]
+    monkeypatch.setattr(trace, "trace_for", lambda device: None)  # CPU: the step is not even run
+    assert trace.busy_seconds(lambda: ran.append(2), torch.device("cpu")) is None and ran == [1]
+
+
+def measure(scale: float = 1.0) -> Measurement:
+    RecordedProfile.scale = scale
+    return run_case(get_model("cpu-small"), RECIPES["fp32"], "cpu", warmup=2, rounds=1, steps_per_round=1)
+
+
+def test_a_traced_step_reaches_the_entry_and_changes_no_other_figure(recorded, monkeypatch):
+    m = measure()
+    assert recorded.entered == [[ProfilerActivity.CUDA]]  # one step traced, with the GPU's activity
+    assert m.gpu_busy_seconds == pytest.approx(BUSY_US / 1e6, rel=1e-12)
+    entry = Entry.from_measurement(m, precision="fp32", cpu_model=None)
+    again = Entry.from_json(json.loads(json.dumps(entry.to_json())), "here")
+    assert again.gpu_busy_seconds == entry.gpu_busy_seconds == m.gpu_busy_seconds
+    # the traced step comes after every figure: the same case untraced (as on CPU) measures the same
+    monkeypatch.setattr(trace, "trace_for", lambda device: None)
+    plain = measure()
+    assert (
+        plain.gpu_busy_seconds is None
+        and "gpu_busy_seconds" not in Entry.from_measurement(plain, precision="fp32", cpu_model=None).to_json()
+    )
+    same = ("loss", "loss_step", "peak_allocated_bytes", "peak_by_category", "work", "kept_bytes")
+    assert {k: getattr(plain, k) for k in same} == {k: getattr(m, k) for k in same}
+
+
+def test_the_gate_fails_a_slower_kernel_time_and_reports_a_faster_one(recorded):
+    """Planted: the recorded step's device times x 1.10 fail under the 3% tolerance; x 1.01 passes; x 0.90
+    passes with the refresh note, as a faster tokens/s does."""
+    baseline = Entry.from_measurement(measure(), precision="fp32", cpu_model=None)
+    tol = Tolerances.default_for("cuda")
+    assert tol.gpu_busy == GPU_BUSY_TOLERANCE == 0.03 and Tolerances.default_for("cpu").gpu_busy is None
+
+    def judged(scale: float):
+        RecordedProfile.scale = scale
+        busy = trace.traced_step(lambda: None, CUDA)  # the function the runner calls
+        measured = dataclasses.replace(baseline, gpu_busy_seconds=busy.busy_seconds)
+        return measured, verdict_of(CASE, measured, baseline, tol)
+
+    slower, verdict = judged(1.10)
+    assert [c.metric for c in verdict.failed] == [GPU_BUSY]
+    assert verdict.failure_message() == (
+        f"{CASE}: GPU busy +10.0% (2.200 vs 2.000 ms of kernels per step, tolerance +3%)"
+    )
+    _, verdict = judged(1.01)
+    assert verdict.failed == [] and verdict.summary() == "ok"
+    faster, verdict = judged(0.90)
+    assert verdict.summary() == "ok (refresh the baseline: GPU busy -10.0%)"
+    # the GPU's own reasons not to compare a speed hold for the kernels too: other clocks, an unfit machine
+    unfit = verdict_of(CASE, slower, baseline, tol, unfit="machine unfit: 3 of 3 rounds ran below the GPU's clocks")
+    assert {c.metric: c.status for c in unfit.checks}[GPU_BUSY] == "not gated"
+    # a baseline recorded before busy time was: no figure to compare, passes, and says so
+    old = verdict_of(CASE, slower, dataclasses.replace(baseline, gpu_busy_seconds=None), tol)
+    busy = next(c for c in old.checks if c.metric == GPU_BUSY)
+    assert busy.status == "no figure" and busy.note == "the baseline has no GPU busy time: record it" and not old.failed
+
+    # the end table: the busy columns beside tokens/s, with the gate's status; a run without the figure has none
+    rows = [
+        Row(CASE, measured, baseline, v.summary(), status={c.metric: c.status for c in v.checks})
+        for measured, v in ((slower, verdict_of(CASE, slower, baseline, tol)), (faster, verdict))
+    ]
+    table = gate_table(rows)
+    header, _, first, second = table.splitlines()
+    assert "GPU busy ms" in header and header.index("GPU busy ms") < header.index("peak")
+    assert first.split()[4:7] == ["2.20", "2.00", "+10.0%"] and second.split()[4:7] == ["1.80", "2.00", "-10.0%"]
+    cpu = [dataclasses.replace(r, measured=dataclasses.replace(r.measured, gpu_busy_seconds=None)) for r in rows]
+    cpu = [dataclasses.replace(r, baseline=dataclasses.replace(r.baseline, gpu_busy_seconds=None)) for r in cpu]
+    plain = gate_table(cpu).splitlines()[0].split()
+    assert "busy" not in plain and len(plain) == len(header.split()) - 6  # "GPU busy ms", "base ms", "Δ": six words
+
+
+def test_the_report_shows_busy_time_beside_tokens_per_s_and_a_cpu_run_shows_none(recorded, tmp_path: Path):
+    from gptcore.report.html import build_html
+    from gptcore.report.tables import load_run, render
+    from tests.test_report import Elements
+
+    m = measure(1.10)
+    info = {"model": "cpu-small", "recipe": "fp32", "precision": "fp32", "estimate_bytes": None, **m.to_dict()}
+    run = {"machine_info": {"device_slug": "nvidia-h200"}, "benchmarks": [{"group": "ladder", "name": CASE}]}
+    run["benchmarks"][0]["extra_info"] = info
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    text = render(load_run(tmp_path / "run.json"))
+    assert "GPU busy time per step (kernels on the device timeline), ms" in text and "2.20" in text
+    blank = {f.name: None for f in dataclasses.fields(Measurement)}
+    recorded_entry = Entry.from_measurement(
+        SimpleNamespace(**(blank | info | {"gpu_busy_seconds": BUSY_US / 1e6})), precision="fp32", cpu_model=None
+    )
+    file = baselines.BaselineFile(
+        tmp_path / "nvidia-h200.json", "nvidia-h200", "NVIDIA H200", "cuda", Tolerances.default_for("cuda")
+    )
+    file.entries[CASE] = recorded_entry
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "nvidia-h200.json").write_text(json.dumps(file.to_json()))
+    page = Elements(build_html(tmp_path / "run.json", baselines_dir=tmp_path / "base"))
+    assert page.rows[CASE][6:10] == ["2.20", "2.00", "+10.0%", "FAIL"]
+
+    del info["gpu_busy_seconds"]  # a CPU run: no busy table, no busy columns
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    assert "GPU busy" not in render(load_run(tmp_path / "run.json"))
+    page = Elements(build_html(tmp_path / "run.json", baselines_dir=tmp_path / "base"))
+    assert len(page.rows[CASE]) == 12
+
+
+def test_a_gpu_busy_tolerance_out_of_range_is_a_baseline_error():
+    with pytest.raises(BaselineError, match=r"here\.gpu_busy: must be in \[0, 1\], got 1\.5"):
+        Tolerances(gpu_busy=1.5).validate("here")
+    with pytest.raises(BaselineError, match=r"here\.gpu_busy: must be a finite number >= 0"):
+        Tolerances(gpu_busy=float("nan")).validate("here")
+    Tolerances(gpu_busy=None).validate("here")
+
+
+def test_a_distributed_jobs_busy_time_is_its_busiest_ranks():
+    from gptcore.measure.launch import combine
+
+    rank = Measurement(device="cuda:0", tokens_per_step=8, steps_per_round=1).to_dict()
+    ranks = [rank | {"rank": r, "world_size": 2, "gpu_busy_seconds": busy} for r, busy in ((0, 0.010), (1, 0.012))]
+    assert combine(ranks).gpu_busy_seconds == 0.012
+    assert combine([r | {"gpu_busy_seconds": None} for r in ranks]).gpu_busy_seconds is None  # CPU ranks
+
+
+def test_old_baseline_files_read_with_the_provisional_tolerance_and_a_cpu_file_never_names_it(tmp_path: Path):
+    """The committed files predate busy time: the H200's reads, every study at the provisional 3%, its entries with
+    no figure; a CPU file is written without the tolerance, as before it existed."""
+    root = Path(__file__).resolve().parent.parent
+    h200 = baselines.load(root / "baselines" / "nvidia-h200.json", expect_slug="nvidia-h200")
+    assert {h200.tolerances_for(name).gpu_busy for name in h200.entries} == {GPU_BUSY_TOLERANCE}
+    assert {e.gpu_busy_seconds for e in h200.entries.values()} == {None}
+    cpu = baselines.load(root / "baselines" / "cpu.json", expect_slug="cpu")
+    assert cpu.tolerances.gpu_busy is None and "gpu_busy" not in cpu.to_json()["tolerances"]
+    assert h200.to_json()["tolerances"]["gpu_busy"] == GPU_BUSY_TOLERANCE

@@ -111,6 +111,8 @@ def parse(data: Any, path: Path, expect_slug: str | None = None) -> BaselineFile
     entries = {
         name: Entry.from_json(value, f"{where}: benchmarks[{name!r}]") for name, value in data["benchmarks"].items()
     }
+    if isinstance(data.get("torch"), str):  # entries recorded before they kept their torch: the file's, the best guess
+        entries = {name: e if e.torch else dataclasses.replace(e, torch=data["torch"]) for name, e in entries.items()}
     return BaselineFile(
         path=path,
         slug=device["slug"],
@@ -211,7 +213,7 @@ def update(
                 if old.cpu_model and old.cpu_model != entry.cpu_model and old.loss is not None:
                     kept[old.cpu_model] = old.loss
         current.entries[name] = dataclasses.replace(
-            recorded_form(entry), recorded_at=now, commit=commit, loss_by_cpu=kept
+            recorded_form(entry), recorded_at=now, commit=commit, loss_by_cpu=kept, torch=entry.torch or torch_version
         )
     current.device_name, current.torch, current.cuda, current.driver = device_name, torch_version, cuda, driver
     current.recorded_at, current.commit = now, commit

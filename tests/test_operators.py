@@ -107,7 +107,9 @@ def test_between_two_torch_releases_a_swap_at_an_equal_count_is_a_rename_said_an
     # torch 2.15 renamed FSDP2's gradient copy-in, fsdp.chunk_cat -> fsdp.chunk_cat_mixed_dtype, 5 calls a step
     # (docs/compare.md): the baseline recorded under 2.13.0+cpu, the run under 2.15 with the new name
     file, recorded_entry = committed(FSDP2)
-    assert recorded_entry.torch == file.torch == "2.13.0+cpu"  # the file's torch: the entry has none of its own
+    assert recorded_entry.torch is None and file.torch == "2.13.0+cpu"  # the entry has no torch of its own: the
+    recorded_entry = file.entry(FSDP2)  # file's, as the gate reads it
+    assert recorded_entry.torch == "2.13.0+cpu"
     assert recorded_entry.work.ops["backward"]["fsdp.chunk_cat.default"] == 5
     measured = copy.deepcopy(recorded_entry)
     rename(measured.work.ops["backward"], "fsdp.chunk_cat.default", "fsdp.chunk_cat_mixed_dtype.default")
@@ -151,7 +153,18 @@ def test_an_entry_keeps_the_torch_it_was_measured_under_and_older_entries_read_t
     assert [data["benchmarks"][n]["torch"] for n in "ab"] == ["2.13.0+cpu", "2.15.0+cpu"]  # each entry's own
     del data["benchmarks"]["a"]["torch"]  # an entry from before entries kept it: its file's torch is the guess
     path.write_text(json.dumps(data))
-    assert baselines.load(path, "cpu").entries["a"].torch == "2.15.0+cpu"
+    assert baselines.load(path, "cpu").entry("a").torch == "2.15.0+cpu"
+    # recording under the same torch rewrites only what ran; under another, the old entry keeps the file's torch
+    update = dict(device_name="CPU", device_type="cpu")
+    baselines.update(
+        path, "cpu", {"b": dataclasses.replace(measured, torch="2.15.0+cpu")}, **update, torch_version="2.15.0+cpu"
+    )
+    assert "torch" not in json.loads(path.read_text())["benchmarks"]["a"]
+    baselines.update(
+        path, "cpu", {"b": dataclasses.replace(measured, torch="2.16.0+cpu")}, **update, torch_version="2.16.0+cpu"
+    )
+    assert json.loads(path.read_text())["benchmarks"]["a"]["torch"] == "2.15.0+cpu"
+    assert baselines.load(path, "cpu").torch == "2.16.0+cpu"
 
 
 # -- the end table and the markdown verdict ---------------------------------------------------------------------

@@ -276,7 +276,7 @@ class Gate:
         device_type = device.split(":")[0]
         slug = identity.device_slug(device)
         file = self.load(slug)
-        baseline = file.entries.get(node.name) if file else None
+        baseline = file.entry(node.name) if file else None
         self.cases[node.nodeid] = {
             "slug": slug,
             "entry": baselines.recorded_form(measured).to_json(),
@@ -351,7 +351,7 @@ class Gate:
         """A case from a results log into the end table as it was logged (--resume, a merge of shards): its row,
         judged against this gate's baseline file; returns its measured entry."""
         file = self.load(r.slug) if r.slug else None
-        baseline = file.entries.get(r.name) if file else None
+        baseline = file.entry(r.name) if file else None
         measured = Entry.from_json(r.entry, where) if r.entry else None
         cells = r.row or {"verdict": r.verdict or r.outcome, "error": r.reason}
         self.rows.append(Row(r.name, measured, baseline, **cells))

@@ -18,6 +18,7 @@ import pytest
 from gptcore import identity
 from gptcore.gate import baselines, checks, verdicts
 from gptcore.gate.operators import OPERATORS, RENAMED, changes
+from gptcore.gate.results import Record
 from gptcore.gate.session import Gate
 from gptcore.gate.summary import gate_markdown
 from tests.test_gate import CASE, CASE_GLOB, ROOT, entry, recorded, run  # noqa: F401 (fixtures)
@@ -201,6 +202,21 @@ def test_the_end_table_and_the_markdown_name_both_torches_when_they_differ_and_n
     same = judged_gate(tmp_path / "same", now)
     assert not any("torch" in note for note in same.summary_notes())
     assert "torch" not in gate_markdown(same, same.summary_notes())
+    # a case read back from a results log (--resume, a merge of shards) says it too
+    logged = Record(
+        nodeid=f"bench/test_cpu_shape.py::{EAGER}",
+        name=EAGER,
+        outcome="passed",
+        seconds=1.0,
+        slug="cpu",
+        verdict="ok",
+        entry=other.rows[0].measured.to_json(),
+    )
+    same.take_record(logged, "results.jsonl")
+    assert not any("torch" in note for note in same.summary_notes())  # measured under the entry's torch
+    logged.entry["torch"] = "2.16.0+cpu"
+    same.take_record(logged, "results.jsonl")
+    assert same.summary_notes()[0].startswith(f"torch: this run 2.16.0+cpu, its baselines {now} (1 case): ")
 
 
 # -- the gate on a real case, against a copy with a planted swap --------------------------------------------------

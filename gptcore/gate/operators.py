@@ -172,14 +172,23 @@ def cell(check: Check) -> str:
     return f"operators: {', '.join(counted) or 'counts traded'}"
 
 
+def count_torches(torches: dict[tuple[str, str], int], before: str | None, now: str | None) -> None:
+    """Count one case judged under torch ``now`` against an entry recorded under ``before`` in ``torches`` (the
+    gate's), where the two differ."""
+    if before and now and before != now:
+        torches[before, now] = torches.get((before, now), 0) + 1
+
+
 def torch_line(torches: dict[tuple[str, str], int]) -> str | None:
     """The line that names the baselines' torch and the run's where they differ (``torches``: (the baselines',
     the run's) -> how many cases were judged across them); None where they never did."""
     if not torches:
         return None
-    now = next(iter(torches))[1]
-    against = ", ".join(f"{before} ({n} case{'s' if n > 1 else ''})" for (before, _), n in torches.items())
+    said = []
+    for now in dict.fromkeys(now for _, now in torches):  # one run, unless shards ran under several
+        against = [f"{before} ({n} case{'s' if n > 1 else ''})" for (before, run), n in torches.items() if run == now]
+        said.append(f"this run {now}, its baselines {', '.join(against)}")
     return (
-        f"torch: this run {now}, its baselines {against}: an operator renamed between two releases is named, not "
-        "failed; every count is held exactly as on one release"
+        f"torch: {'; '.join(said)}: an operator renamed between two releases is named, not failed; every count is "
+        "held exactly as on one release"
     )

@@ -301,8 +301,7 @@ class Gate:
             status = {"tokens/s": rules.Status.NO_FIGURE} if apart else {}
             self._row(node, Row(node.name, measured, baseline, what, estimate, status=status, mfu=mfu))
             return None
-        if baseline is not None and baseline.torch and measured.torch and baseline.torch != measured.torch:
-            self.torches[baseline.torch, measured.torch] = self.torches.get((baseline.torch, measured.torch), 0) + 1
+        operators.count_torches(self.torches, baseline and baseline.torch, measured.torch)
         verdict = verdicts.verdict_of(
             node.name, measured, baseline, self.tolerances(file, device_type, node.name), unfit, strict=self.strict
         )
@@ -353,6 +352,7 @@ class Gate:
         file = self.load(r.slug) if r.slug else None
         baseline = file.entry(r.name) if file else None
         measured = Entry.from_json(r.entry, where) if r.entry else None
+        operators.count_torches(self.torches, baseline and baseline.torch, measured and measured.torch)
         cells = r.row or {"verdict": r.verdict or r.outcome, "error": r.reason}
         self.rows.append(Row(r.name, measured, baseline, **cells))
         return measured

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 OPERATORS = "operators"
 """The check of which operators ran in each phase."""
+TORCH_LINE = "torch: this run "
+"""How the line that names the run's torch and its baselines' begins (:func:`torch_line`)."""
 RENAMED = "operators renamed"
 """The check that names operators renamed between the baseline's torch and the run's: news, never a failure."""
 
@@ -187,8 +189,8 @@ def torch_line(torches: dict[tuple[str, str], int]) -> str | None:
     said = []
     for now in dict.fromkeys(now for _, now in torches):  # one run, unless shards ran under several
         against = [f"{before} ({n} case{'s' if n > 1 else ''})" for (before, run), n in torches.items() if run == now]
-        said.append(f"this run {now}, its baselines {', '.join(against)}")
+        said.append(f"{now}, its baselines {', '.join(against)}")
     return (
-        f"torch: {'; '.join(said)}: an operator renamed between two releases is named, not failed; every count is "
-        "held exactly as on one release"
+        f"{TORCH_LINE}{'; this run '.join(said)}: an operator renamed between two releases is named, not failed; "
+        "every count is held exactly as on one release"
     )

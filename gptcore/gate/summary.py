@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from tabulate import tabulate
 
 from gptcore.gate.checks import compared_peaks
-from gptcore.gate.operators import torch_line
+from gptcore.gate.operators import TORCH_LINE
 from gptcore.gate.rules import Status, delta, delta_text
 from gptcore.units import common_unit, format_bytes
 
@@ -41,7 +41,7 @@ def gate_markdown(gate: Gate, notes: Sequence[str], history: str = "") -> str:
     failures = gate.failures + [line.removeprefix("FAIL: ") for line in gate.regressions]
     verdict = f"FAIL: {len(failures)} failure(s)" if failures else "ok"
     out = [f"## gptcore benchmark gate: {verdict} ({len(gate.rows)} case{'s' if len(gate.rows) != 1 else ''})", ""]
-    torch = torch_line(gate.torches)  # said at the top, not folded away with the notes
+    torch = next((n for n in notes if n.startswith(TORCH_LINE)), None)  # at the top, not folded away with the notes
     out += [_md_escape(torch), ""] if torch else []
     if failures:
         out += ["### Failing", "", *(f"- {_md_escape(line)}" for line in failures), ""]

@@ -6,7 +6,7 @@ ints, so that a revision from before any of these modules compares too."""
 from __future__ import annotations
 
 from gptcore.gate.checks import moved_ops
-from gptcore.gate.operators import changes, split
+from gptcore.gate import operators
 
 BY_OP = ("ops", "allocations_by_op", "flops_by_op")
 """The ledger's per-operator counts: not listed count by count, but named where a total moved."""
@@ -42,7 +42,7 @@ def operator_lines(a: dict | None, b: dict | None, torches: tuple[str | None, st
     """The operators of B's phases against A's, as the gate names them (gptcore.gate.operators): 'operators:
     forward: aten._scaled_dot_product_flash_attention (12) -> aten._scaled_dot_product_efficient_attention (12)';
     between two torch releases a swap at an equal count is 'operators renamed between torch X and Y: ...'."""
-    judged, renamed = split(changes(b, a), *torches)
+    judged, renamed = operators.split(operators.changes(b, a), *torches)
     lines = [f"operators {renamed}"] if renamed else []
     return lines + ([f"operators: {'; '.join(c.text() for c in judged)}"] if judged else [])
 

@@ -5,8 +5,8 @@ ints, so that a revision from before any of these modules compares too."""
 
 from __future__ import annotations
 
-from gptcore.gate.checks import moved_ops
 from gptcore.gate import operators
+from gptcore.gate.checks import moved_ops
 
 BY_OP = ("ops", "allocations_by_op", "flops_by_op")
 """The ledger's per-operator counts: not listed count by count, but named where a total moved."""

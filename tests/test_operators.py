@@ -119,6 +119,28 @@ def test_on_the_h200_flash_attention_swapped_for_efficient_attention_fails_namin
     )
 
 
+def test_every_recorded_h200_run_holds_its_baselines_operators_phase_by_phase() -> None:
+    """The GPU runs kept in tests/data/gpu-h200 (the recording and the verify runs of two sessions) against
+    baselines/nvidia-h200.json: the same operators in every phase of every case that has an entry, so the check
+    fails nothing that did not change."""
+    from gptcore.gate import results
+    from gptcore.gate.operators import operator_checks
+    from gptcore.gate.schema import Entry
+
+    file = baselines.load(ROOT / "baselines" / "nvidia-h200.json", "nvidia-h200")
+    compared = 0
+    for log in sorted((ROOT / "tests" / "data" / "gpu-h200").glob("*.jsonl")):
+        for r in results.read(log):
+            base = file.entry(r.name)
+            if not r.entry or base is None or base.work is None or base.work.ops is None:
+                continue
+            measured = Entry.from_json(r.entry, str(log))
+            assert measured.work.ops is not None
+            assert operator_checks(measured.work, base.work, strict=True, torches=(base.torch, measured.torch)) == []
+            compared += 1
+    assert compared == 45  # ladder 9, verify 9, the memory stage's 7, 2, 1, 10 and 7
+
+
 def test_a_disappeared_operator_fails_under_strict_and_passes_with_the_refresh_note_without() -> None:
     file, recorded_entry = committed(EAGER)
     base = copy.deepcopy(recorded_entry)

@@ -53,23 +53,25 @@ def by_metric(verdict: verdicts.Verdict, metric: str) -> checks.Check:
 
 
 def test_a_swap_is_paired_at_an_equal_count_and_the_rest_is_named_gone_new_or_traded() -> None:
-    before = {"forward": {"a": 12, "b": 3, "mm": 10, "addmm": 5}, "backward": {"c": 4, "d": 1}}
-    now = {"forward": {"x": 3, "y": 12, "mm": 11, "addmm": 4}, "backward": {"d": 1, "e": 7, "f": 2}}
+    before = {"forward": {"a": 12, "b": 3, "mm": 10, "addmm": 5}, "backward": {"c": 4, "d": 1, "mm": 6}}
+    now = {"forward": {"x": 3, "y": 12, "mm": 11, "addmm": 4}, "backward": {"d": 1, "e": 3, "f": 1, "mm": 6}}
     forward, backward = changes(now, before)
-    # equal counts pair first, whatever the names' order; the phase's 30 calls held, so mm and addmm traded
+    # equal counts pair first, whatever the names' order; the step's 41 calls held, so mm and addmm traded
     assert forward.swapped == [("a", 12, "y", 12), ("b", 3, "x", 3)] and forward.worse
     assert forward.traded == [("addmm", 5, 4), ("mm", 10, 11)]
     assert forward.text() == "forward: a (12) -> y (12), b (3) -> x (3), addmm 5 -> 4, mm 10 -> 11"
-    # c (4) vanished, e and f appeared: no equal count, and not one for one: named apart; 5 calls became 10
-    assert (backward.swapped, backward.gone, backward.new, backward.traded) == (
-        [],
-        [("c", 4)],
-        [("e", 7), ("f", 2)],
-        [],
-    )
+    # c (4) vanished, e and f appeared: no equal count, and not one for one: named apart
+    assert (backward.swapped, backward.gone, backward.traded) == ([], [("c", 4)], [])
+    assert backward.new == [("e", 3), ("f", 1)]
+    assert backward.text() == "backward: c (4) gone, e (3) new, f (1) new"
     assert changes(before, before) == [] and changes(now, None) == []  # no per-operator counts: nothing to hold
     [alone] = changes({"optimizer": {"g": 2}}, {"optimizer": {"g": 2, "h": 5}})
     assert alone.text() == "optimizer: h (5) gone" and not alone.worse  # only gone: leaner, not worse
+    # an operator moved between phases at the same step count: both phases name it
+    moved = changes(
+        {"forward": {"mm": 2, "add": 1}, "backward": {"mm": 6}}, {"forward": {"mm": 4, "add": 1}, "backward": {"mm": 4}}
+    )
+    assert [c.text() for c in moved] == ["forward: mm 4 -> 2", "backward: mm 4 -> 6"] and moved[1].worse
     assert changes({"forward": {"a": 2, "b": 2}}, {"forward": {"a": 1, "b": 2}}) == []  # a count the totals see
 
 

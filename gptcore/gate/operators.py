@@ -55,7 +55,7 @@ class PhaseChanges:
     new: list[tuple[str, int]] = field(default_factory=list)
     """Operators that appeared in place of nothing."""
     traded: list[tuple[str, int, int]] = field(default_factory=list)
-    """Operators on both sides whose counts moved while the phase's count held (before, now): a trade the totals
+    """Operators on both sides whose counts moved while the step's count held (before, now): a trade the totals
     cannot see."""
 
     def renames(self) -> list[tuple[str, int, str, int]]:
@@ -83,12 +83,14 @@ class PhaseChanges:
 
 
 def changes(now: dict[str, dict[str, int]] | None, before: dict[str, dict[str, int]] | None) -> list[PhaseChanges]:
-    """Per phase, the operators that appeared or vanished (paired as swaps where they can be) and those whose counts
-    traded while the phase's count held; [] when either side has no per-operator counts (an entry recorded before
-    the ledger kept them) or nothing changed. ``now`` and ``before`` map phase -> operator -> calls."""
+    """Per phase, the operators that appeared or vanished (paired as swaps where they can be) and, where the step's
+    count held, those whose counts traded (between operators, or an operator between phases); [] when either side
+    has no per-operator counts (an entry recorded before the ledger kept them) or nothing changed. ``now`` and
+    ``before`` map phase -> operator -> calls."""
     if now is None or before is None:
         return []
     found = []
+    held = sum(sum(c.values()) for c in now.values()) == sum(sum(c.values()) for c in before.values())
     for phase in dict.fromkeys([*before, *now]):
         a = {op: n for op, n in before.get(phase, {}).items() if n}
         b = {op: n for op, n in now.get(phase, {}).items() if n}
@@ -103,9 +105,7 @@ def changes(now: dict[str, dict[str, int]] | None, before: dict[str, dict[str, i
                 new.remove(match)
         if len(gone) == 1 and len(new) == 1:  # one for one, at another count
             swapped.append((*gone.pop(), *new.pop()))
-        traded = []
-        if sum(a.values()) == sum(b.values()):
-            traded = sorted((op, a[op], b[op]) for op in a.keys() & b.keys() if a[op] != b[op])
+        traded = sorted((op, a[op], b[op]) for op in a.keys() & b.keys() if a[op] != b[op]) if held else []
         phase_changes = PhaseChanges(phase, swapped, gone, new, traded)
         if phase_changes:
             found.append(phase_changes)
@@ -142,7 +142,7 @@ def operator_checks(
     torches: tuple[str | None, str | None] = (None, None),
 ) -> list[Check]:
     """The operators of each phase against the baseline's, judged as the ledger's counts are: an operator that
-    appeared (alone, or in place of another) or ran more often while its phase's count held fails; one that vanished
+    appeared (alone, or in place of another) or ran more often while the step's count held fails; one that vanished
     with nothing in its place passes with the refresh note, or under ``strict`` fails as leaner than the baseline.
     ``torches`` (the baseline's torch, the run's): between two releases a swap at an equal count is a rename, named
     in a check of its own that never fails. [] when nothing changed or either side has no per-operator counts."""

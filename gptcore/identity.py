@@ -77,10 +77,17 @@ def recording(device_type: str) -> dict[str, str | None]:
     return {
         "device_name": device_name(device_type),
         "device_type": device_type,
-        "torch_version": torch.__version__,
+        "torch_version": torch_version(),
         "cuda": torch.version.cuda,
         "driver": driver_version() if device_type == "cuda" else None,
     }
+
+
+def torch_version() -> str:
+    """The torch this process runs, '2.13.0+cpu' (what a measured entry and a baseline file record)."""
+    import torch
+
+    return torch.__version__
 
 
 def git_commit(cwd: str | Path | None = None) -> str | None:

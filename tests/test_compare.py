@@ -180,6 +180,41 @@ def test_rounds_alternate_which_revision_runs_first(monkeypatch, tmp_path):
     assert (result.memory.status, result.loss.status) == ("ok", "ok")
 
 
+def test_compare_names_an_operator_swapped_at_an_equal_count_and_a_rename_between_torch_releases(monkeypatch, tmp_path):
+    """B's attention is efficient where A's was flash, 12 calls either way: no count of the ledger moves, and
+    compare named nothing. Now it names both; between two torch releases the same swap reads as a rename."""
+    import gptcore.hunt.compare as compare
+
+    ops = {"forward": {"aten.mm.default": 48, "aten._scaled_dot_product_flash_attention.default": 12}}
+    swapped = {"forward": {"aten.mm.default": 48, "aten._scaled_dot_product_efficient_attention.default": 12}}
+    torches = {"a": "2.13.0+cpu", "b": "2.13.0+cpu"}
+
+    def fake_worker(tree, model, recipe, options, script, memory, python):
+        work = {"op_calls": {"forward": 60}, "syncs": 0, "ops": ops if tree.name == "a" else swapped}
+        return {
+            "tokens_per_s": 1000.0,
+            "loss": 4.0,
+            "loss_step": 2,
+            "peak_memory": 100 if memory else None,
+            "torch": torches[tree.name],
+            "work": work if memory else None,
+        }
+
+    monkeypatch.setattr(compare, "run_driver", fake_worker)
+
+    def work() -> list[str]:
+        [result] = compare.compare_trees(
+            tmp_path / "a", tmp_path / "b", [("cpu-small", "ckpt-fp32")], rounds=2, threshold=0.05,
+            options=Options(), workdir=tmp_path,
+        )  # fmt: skip
+        return result.work
+
+    swap = "aten._scaled_dot_product_flash_attention (12) -> aten._scaled_dot_product_efficient_attention (12)"
+    assert work() == [f"operators: forward: {swap}"]
+    torches["b"] = "2.15.0+cpu"
+    assert work() == [f"operators renamed between torch 2.13.0+cpu and 2.15.0+cpu: forward: {swap}"]
+
+
 # -- throwaway repositories ----------------------------------------------------------------------------------------
 
 
@@ -263,7 +298,8 @@ def test_ledger_changes_lists_every_count_that_moved():
         }
     }
     named = ledger_changes(a | {"ops": ops_a}, b | {"ops": ops_b})
-    assert named[-1] == "op calls by operator: aten.alias +4, aten.detach +4, aten.clone +3, +1 more"
+    assert named[-2] == "op calls by operator: aten.alias +4, aten.detach +4, aten.clone +3, +1 more"
+    assert named[-1] == "operators: backward: aten.clone (3) new"  # one that B's phase ran and A's did not
 
 
 def wrapper(path: Path, body: str) -> str:

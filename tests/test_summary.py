@@ -17,6 +17,7 @@ import itertools
 import json
 from pathlib import Path
 from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 
@@ -26,8 +27,12 @@ DATA = ROOT / "tests" / "data"
 GOLDEN = DATA / "gate_render"
 FROZEN = DATA / "baselines-frozen"
 CPU_MODEL = "AMD EPYC (family 25, model 17)"
+TORCH = json.loads((FROZEN / "cpu.json").read_text())["torch"]
+"""The run is judged as measured under its baselines' torch, whichever this process runs (another is said under the
+table)."""
 
 
+@mock.patch("gptcore.identity.torch_version", new=lambda: TORCH)
 def render_recorded_run() -> tuple[str, str]:
     """(the end table, its convergence and expectations tables and notes; the markdown verdict)."""
     from gptcore.gate import baselines

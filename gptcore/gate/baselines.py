@@ -50,6 +50,14 @@ class BaselineFile:
         own = self.tolerances_by_test.get(study_of(case))
         return dataclasses.replace(self.tolerances, **own) if own else self.tolerances
 
+    def entry(self, name: str) -> Entry | None:
+        """The entry of ``name`` (None without one), with the torch it was recorded under: its own, else (an entry
+        recorded before entries kept it) the file's, the best guess."""
+        entry = self.entries.get(name)
+        if entry is not None and entry.torch is None and self.torch:
+            return dataclasses.replace(entry, torch=self.torch)
+        return entry
+
     def cpu_models(self) -> dict[str, int]:
         """How many entries each CPU model recorded (a CPU file gathers several; empty on a GPU)."""
         return dict(sorted(collections.Counter(e.cpu_model for e in self.entries.values() if e.cpu_model).items()))
@@ -202,6 +210,9 @@ def update(
             device_type=device_type,
             tolerances=Tolerances.default_for(device_type),
         )
+    if current.torch and torch_version and torch_version != current.torch:  # the file's torch moves: the entries
+        for name in list(current.entries):  # that went by it (recorded before entries kept their own) keep what it was
+            current.entries[name] = current.entry(name)
     for name, entry in entries.items():
         old = current.entries.get(name)
         kept: dict[str, float] = {}
@@ -213,7 +224,7 @@ def update(
                 if old.cpu_model and old.cpu_model != entry.cpu_model and old.loss is not None:
                     kept[old.cpu_model] = old.loss
         current.entries[name] = dataclasses.replace(
-            recorded_form(entry), recorded_at=now, commit=commit, loss_by_cpu=kept
+            recorded_form(entry), recorded_at=now, commit=commit, loss_by_cpu=kept, torch=entry.torch or torch_version
         )
     current.device_name, current.torch, current.cuda, current.driver = device_name, torch_version, cuda, driver
     current.recorded_at, current.commit = now, commit

@@ -124,6 +124,10 @@ class Entry:
     work: WorkLedger | None = None
     recorded_at: str | None = None
     commit: str | None = None
+    torch: str | None = None
+    """The torch version the entry was measured under (None in entries recorded before it was kept: their file's
+    ``torch`` is the best guess); an operator renamed between two releases is named, not failed
+    (gptcore.gate.operators)."""
     loss_by_cpu: dict[str, float] = field(default_factory=dict)
     """The loss at ``loss_step`` on other CPU models (the recording model's is ``loss``)."""
     peak_by_category: dict[str, int] | None = None
@@ -234,6 +238,7 @@ class Entry:
             **({"gpu_busy_seconds": self.gpu_busy_seconds} if self.gpu_busy_seconds is not None else {}),
             "recorded_at": self.recorded_at,
             "commit": self.commit,
+            **({"torch": self.torch} if self.torch else {}),
         }
 
     @classmethod
@@ -277,6 +282,7 @@ class Entry:
             work=_work(data.get("work"), where),
             recorded_at=data.get("recorded_at"),
             commit=data.get("commit"),
+            torch=get(data, "torch", (str,), "torch") if "torch" in data else None,
             loss_by_cpu=dict(by_cpu),
             peak_by_category=_categories(data.get("peak_by_category"), where, "peak_by_category"),
             estimate_by_category=_categories(data.get("estimate_by_category"), where, "estimate_by_category"),

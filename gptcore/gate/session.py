@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from gptcore import identity
-from gptcore.gate import baselines, checks, expectations, rules, verdicts
+from gptcore.gate import baselines, checks, expectations, operators, rules, verdicts
 from gptcore.gate.baselines import BaselineFile
 from gptcore.gate.expectations import Figures
 from gptcore.gate.results import ROW_CELLS
@@ -114,6 +114,8 @@ class Gate:
     """--baseline-strict: the cases whose exact counts went down (their baseline is stale)."""
     not_started: list[str] = field(default_factory=list)
     """--deadline: the cases not started because they would likely have ended after it."""
+    torches: dict[tuple[str, str], int] = field(default_factory=dict)
+    """(the baselines' torch, this run's) -> the cases judged across them, where the two differ."""
 
     def timing(self, warmup: int, rounds: int, steps: int) -> tuple[int, int, int]:
         """The case's (warm-up, rounds, steps per round), with the command-line overrides applied."""
@@ -139,8 +141,8 @@ class Gate:
         return "python -m pytest " + " ".join(f'"{n}"' for n in nodeids) + " --update-baselines"
 
     def summary_notes(self) -> list[str]:
-        """The lines under the end table: setup notes, what was not gated, what to record, the regressions."""
-        notes = list(self.notes)
+        """The lines under the end table: torch where it differs, setup notes, what was not gated, what to record."""
+        notes = [line for line in [operators.torch_line(self.torches)] if line] + list(self.notes)
         for path, (n, skipped) in self.recorded.items():
             notes.append(
                 f"baselines: added {n} loss reference(s) of {self.cpu_model} to {path}"
@@ -200,6 +202,7 @@ class Gate:
         measured = Entry.from_measurement(
             m, precision=precision, cpu_model=self.cpu_model, estimate_by_category=estimate_by_category
         )
+        measured.torch = identity.torch_version()
         error = m.error or _not_finite(measured)  # a NaN or inf is never recorded, nor compared
         verdict = self.judge_entry(
             node, measured, m.device, estimate=estimate, error=error, mfu=_mfu_cell(m), unfit=m.unfit
@@ -273,7 +276,7 @@ class Gate:
         device_type = device.split(":")[0]
         slug = identity.device_slug(device)
         file = self.load(slug)
-        baseline = file.entries.get(node.name) if file else None
+        baseline = file.entry(node.name) if file else None
         self.cases[node.nodeid] = {
             "slug": slug,
             "entry": baselines.recorded_form(measured).to_json(),
@@ -298,6 +301,7 @@ class Gate:
             status = {"tokens/s": rules.Status.NO_FIGURE} if apart else {}
             self._row(node, Row(node.name, measured, baseline, what, estimate, status=status, mfu=mfu))
             return None
+        operators.count_torches(self.torches, baseline and baseline.torch, measured.torch)
         verdict = verdicts.verdict_of(
             node.name, measured, baseline, self.tolerances(file, device_type, node.name), unfit, strict=self.strict
         )
@@ -346,8 +350,9 @@ class Gate:
         """A case from a results log into the end table as it was logged (--resume, a merge of shards): its row,
         judged against this gate's baseline file; returns its measured entry."""
         file = self.load(r.slug) if r.slug else None
-        baseline = file.entries.get(r.name) if file else None
+        baseline = file.entry(r.name) if file else None
         measured = Entry.from_json(r.entry, where) if r.entry else None
+        operators.count_torches(self.torches, baseline and baseline.torch, measured and measured.torch)
         cells = r.row or {"verdict": r.verdict or r.outcome, "error": r.reason}
         self.rows.append(Row(r.name, measured, baseline, **cells))
         return measured
@@ -386,8 +391,9 @@ def _mfu_cell(m: Measurement) -> str:
 
 
 def _work_cell(verdict: Verdict) -> str:
-    moved = [c for c in verdict.checks if c.metric in checks.WORK_METRICS]
+    moved = [f"{c.metric} {int(c.delta):+,}" for c in verdict.checks if c.metric in checks.WORK_METRICS]
+    moved += [operators.cell(c) for c in verdict.checks if c.metric in (operators.OPERATORS, operators.RENAMED)]
     if moved:
-        return ", ".join(f"{c.metric} {int(c.delta):+,}" for c in moved)
+        return ", ".join(moved)
     work = next((c for c in verdict.checks if c.metric == "work"), None)
     return "=" if work is not None and work.status == checks.OK else "—"

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from tabulate import tabulate
 
 from gptcore.gate.checks import compared_peaks
+from gptcore.gate.operators import TORCH_LINE
 from gptcore.gate.rules import Status, delta, delta_text
 from gptcore.gate.verdicts import GPU_BUSY
 from gptcore.units import common_unit, format_bytes
@@ -35,12 +36,14 @@ def end_lines(gate: Gate, notes: Sequence[str]) -> list[str]:
 
 
 def gate_markdown(gate: Gate, notes: Sequence[str], history: str = "") -> str:
-    """The verdict as GitHub-flavoured markdown: the failing cases first, one line each; then the table; then the
-    expected effects; then ``history`` (the change points in the saved runs, gptcore.hunt.history.markdown); then the
-    notes."""
+    """The verdict as GitHub-flavoured markdown: the torch versions where the baselines' differ from the run's; the
+    failing cases, one line each; then the table; then the expected effects; then ``history`` (the change points in
+    the saved runs, gptcore.hunt.history.markdown); then the notes."""
     failures = gate.failures + [line.removeprefix("FAIL: ") for line in gate.regressions]
     verdict = f"FAIL: {len(failures)} failure(s)" if failures else "ok"
     out = [f"## gptcore benchmark gate: {verdict} ({len(gate.rows)} case{'s' if len(gate.rows) != 1 else ''})", ""]
+    torch = next((n for n in notes if n.startswith(TORCH_LINE)), None)  # at the top, not folded away with the notes
+    out += [_md_escape(torch), ""] if torch else []
     if failures:
         out += ["### Failing", "", *(f"- {_md_escape(line)}" for line in failures), ""]
     out += ["### Cases", "", gate_table(gate.rows, tablefmt="github"), ""]
@@ -50,7 +53,7 @@ def gate_markdown(gate: Gate, notes: Sequence[str], history: str = "") -> str:
         out += [f"### {PAYS[0].upper()}{PAYS[1:]}", "", expectations_table(gate.expected.outcomes, "github"), ""]
     if history:
         out.append(history)
-    rest = [n for n in notes if not n.startswith("FAIL")]
+    rest = [n for n in notes if not n.startswith("FAIL") and n != torch]
     if rest:
         out += ["<details><summary>notes</summary>", "", *(f"- {_md_escape(n)}" for n in rest), "", "</details>", ""]
     return "\n".join(out) + "\n"

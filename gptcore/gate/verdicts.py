@@ -16,7 +16,9 @@ Gate rules (defaults per device type, stored in each file's ``tolerances`` and o
   the loss is held to that reference with the same-CPU tolerances; on any other model, to the recorded loss
   within ``loss_other_cpu`` / ``loss_amp_other_cpu`` (see ``Tolerances.default_for``). ``--update-loss-references``
   adds this CPU model's references and changes nothing else;
-* every count of the work ledger (gptcore.measure.work) fails above its baseline: they are exact;
+* every count of the work ledger (gptcore.measure.work) fails above its baseline: they are exact; so does an
+  operator that appeared in a phase, or ran in place of another at the same count (``gptcore.gate.operators``),
+  unless the run's torch is another release than the baseline's and the swap is at an equal count: a rename, said;
 * a convergence case (a whole training run, gptcore.measure.convergence) is judged on what it learned instead: its final
   validation loss fails when worse than the baseline's by more than ``val_loss`` nats (what changing the seed
   moves it by), and its time-to-loss in steps fails when later than the baseline's (exactly on the CPU model that
@@ -31,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gptcore.gate.operators import OPERATORS, operator_checks
 from gptcore.gate.rules import Status, judge, non_finite, percent
 from gptcore.gate.schema import Entry, Tolerances
 
@@ -39,7 +42,7 @@ if TYPE_CHECKING:
 
 from gptcore.gate.checks import (
     BETTER,
-    COVERAGE,
+    CHANGED,
     FAIL,
     NO_BASELINE,
     NOT_GATED,
@@ -83,7 +86,7 @@ class Verdict:
             return "FAIL: " + "; ".join(_describe(c) for c in self.failed)
         if self.missing:
             return NO_BASELINE
-        said = [c.note for c in self.checks if c.metric == COVERAGE]  # news, never a failure
+        said = [c.note for c in self.checks if c.status == CHANGED]  # news, never a failure: torch's instruments
         if self.refresh:
             said.insert(0, "refresh the baseline: " + "; ".join(_describe(c) for c in self.refresh))
         return f"ok ({'; '.join(said)})" if said else OK
@@ -93,6 +96,8 @@ class Verdict:
 
 
 def _describe(c: Check) -> str:
+    if c.metric == OPERATORS:
+        return f"{c.metric}: {c.moved}"
     if c.delta is None:
         return c.metric
     if c.metric == "loss":
@@ -155,6 +160,7 @@ def verdict_of(
     busy = busy_check(measured.gpu_busy_seconds, baseline.gpu_busy_seconds, tol, off)  # None on CPU
     checks += [busy] if busy else []
     checks += work_checks(measured.work, baseline.work, tol.work, strict)
+    checks += operator_checks(measured.work, baseline.work, strict=strict, torches=(baseline.torch, measured.torch))
 
     # the loss: held to this CPU model's reference where there is one, else to the recorded loss, wider when that
     # was recorded on another CPU model

@@ -29,9 +29,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gptcore.gate.checks import Check, loss_check, memory_check, moved_ops
+from gptcore.gate.checks import Check, loss_check, memory_check
 from gptcore.gate.schema import Tolerances
 from gptcore.hunt.driver import MARK
+from gptcore.hunt.ledger import ledger_changes
 from gptcore.hunt.revisions import commit_of, repo_root, snapshot, worktree
 from gptcore.hunt.significance import SLOWER, Speed, speed_verdict
 from gptcore.identity import local_device
@@ -157,8 +158,8 @@ class CaseResult:
     """B's peak memory against A's, as the gate judges it ('changed' where it moved within tolerance)."""
     loss: Check | None = None
     work: list[str] | None = None
-    """Each work-ledger count that moved, 'op_calls.backward 250 -> 262 (+12)'; [] when none did; None when a
-    side has no ledger."""
+    """Each work-ledger count that moved, 'op_calls.backward 250 -> 262 (+12)', and each operator swapped
+    (gptcore.hunt.ledger); [] when none did; None when a side has no ledger."""
     error: str | None = None
 
     @property
@@ -201,59 +202,12 @@ def decide(result: CaseResult, threshold: float, tol: Tolerances) -> CaseResult:
         step=_first(result.rounds_b, "loss_step"),
         before_step=_first(result.rounds_a, "loss_step"),
     )
-    result.work = ledger_changes(_first(result.rounds_a, "work"), _first(result.rounds_b, "work"))
-    return result
-
-
-BY_OP = ("ops", "allocations_by_op", "flops_by_op")
-"""The ledger's per-operator counts: not listed count by count, but named where a total moved."""
-
-
-def ledger_changes(a: dict | None, b: dict | None, prefix: str = "") -> list[str] | None:
-    """Every count of two work ledgers (nested dicts of ints) that differs, 'op_calls.backward 250 -> 262 (+12)',
-    then the operators that moved them, 'op calls by operator: aten.detach +4, aten.alias +4' (largest first; or
-    'operators not recorded' where a revision's ledger has none); None when either ledger is missing."""
-    if a is None or b is None:
-        return None
-    changes = _count_changes(
-        {k: v for k, v in a.items() if k not in BY_OP}, {k: v for k, v in b.items() if k not in BY_OP}, prefix
+    result.work = ledger_changes(
+        _first(result.rounds_a, "work"),
+        _first(result.rounds_b, "work"),
+        torches=(_first(result.rounds_a, "torch"), _first(result.rounds_b, "torch")),
     )
-    for total, key, what in (
-        ("op_calls", "ops", "op calls"),
-        ("allocations", "allocations_by_op", "allocations"),
-        ("flops", "flops_by_op", "flops"),
-    ):
-        if a.get(total) != b.get(total):
-            by_op = [_summed(x.get(key)) for x in (a, b)]
-            named = moved_ops(by_op[1], by_op[0])
-            if named:
-                changes.append(f"{what} by operator: {named}")
-    return changes
-
-
-def _summed(counts: dict | None) -> dict[str, int] | None:
-    """Per-operator counts, summed over phases where they are kept per phase."""
-    if counts is None or not any(isinstance(v, dict) for v in counts.values()):
-        return counts
-    total: dict[str, int] = {}
-    for phase in counts.values():
-        for op, n in phase.items():
-            total[op] = total.get(op, 0) + n
-    return total
-
-
-def _count_changes(a: dict, b: dict, prefix: str = "") -> list[str]:
-    changes = []
-    for key in dict.fromkeys([*a, *b]):
-        x, y = a.get(key), b.get(key)
-        if isinstance(x, dict) or isinstance(y, dict):
-            changes += _count_changes(x or {}, y or {}, f"{prefix}{key}.")
-        elif x != y:
-            delta = f" ({y - x:+,})" if isinstance(x, int) and isinstance(y, int) else ""
-            changes.append(
-                f"{prefix}{key} {x if x is None else format(x, ',')} -> {y if y is None else format(y, ',')}{delta}"
-            )
-    return changes
+    return result
 
 
 Progress = Callable[[CaseResult, int, int], None]

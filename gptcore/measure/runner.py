@@ -34,7 +34,7 @@ from gptcore.measure.timing import (
     mfu,
     throughput,
 )
-from gptcore.measure.work import compile_stats, counted_step
+from gptcore.measure.work import CompileWatch, compile_stats, counted_step
 from gptcore.memory import allocator
 from gptcore.memory.scratch import kernel_scratch
 
@@ -179,6 +179,7 @@ class CaseRunner:
                 steps -= TRACKED_STEPS
             for _ in range(steps):
                 self._step()
+        self.steady = CompileWatch()  # the timed rounds and the steps after them: a steady step compiles nothing
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -296,8 +297,7 @@ class CaseRunner:
         step, whose loss is then read from it), and MFU from its FLOPs where they differ from the analytic formula."""
         trainer, m = self.trainer, self.m
         try:
-            with compile_stats() as again:
-                ledger, loss = counted_step(trainer)
+            ledger, loss = counted_step(trainer)
             if trainer.step_count == self.loss_step:
                 self.loss_at = loss
         except Exception as err:  # only an OOM is handled
@@ -305,9 +305,11 @@ class CaseRunner:
                 raise
             self.out_of_memory(oom)
             return
-        if self.recipe.compile:
+        if self.recipe.compile:  # what the steps after the warm-up compiled (Dynamo compiles nothing in the
+            again = self.steady.stop()  # counted step, under its dispatch modes) is counted with the warm-up's
             ledger.compile = self.compiled
-            ledger.compile.recompiles += again.graphs + again.recompiles  # a steady step must compile nothing
+            ledger.compile.graphs += again.graphs
+            ledger.compile.recompiles += again.recompiles
         m.work = ledger.to_json()
         analytic = trainer.model.flops_per_token()
         counted = sum(ledger.flops.values()) // m.tokens_per_step

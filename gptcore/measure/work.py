@@ -247,25 +247,71 @@ def counted_step(trainer, batch: tuple[torch.Tensor, torch.Tensor] | None = None
     ), loss
 
 
-@contextmanager
-def compile_stats() -> Iterator[CompileStats]:
-    """Dynamo's and inductor's counters over the block: graphs compiled, graph breaks, recompilations (frames
-    compiled again after the first compile of a code object) and generated kernels."""
-    from torch._dynamo.utils import counters
-    from torch._inductor import metrics
+RECORDS_KEPT = 1 << 30
+"""How many of Dynamo's compilation records ``compile_stats`` keeps while it counts (Dynamo keeps the last 64; a
+block that compiled more would lose some of its recompilations)."""
 
-    def snapshot() -> tuple[int, int, int, int]:
+
+def recompilations(records: list) -> int:
+    """How many of Dynamo's compilation records (``torch._dynamo.utils.CompilationMetrics``) are recompilations.
+
+    Dynamo writes one record for every attempt to compile a frame, and sets its ``recompile_reason`` exactly when
+    ``torch._dynamo.cache_size.is_recompilation`` holds: the frame's code object already had a compiled entry, and
+    its guards failed on this call (the reason is the first guard that failed). The attempt that hits
+    ``config.recompile_limit`` is one of them: Dynamo records it (failed, 'Unsupported') before it runs the frame
+    eagerly from then on; later calls of that frame compile nothing and record nothing. So a frame compiled again
+    on every call counts each recompilation up to the limit, the fall-back to eager included. The same on torch
+    2.13.0 and 2.15.0 (``convert_frame._compile``). ``counters["recompiles"]``, which this ledger read before, is
+    written by nothing in either release."""
+    return sum(1 for record in records if getattr(record, "recompile_reason", None) is not None)
+
+
+class CompileWatch:
+    """Dynamo's and inductor's counts from the moment it is made until ``stop``: graphs compiled
+    (``counters["stats"]["unique_graphs"]``), graph breaks, recompilations (``recompilations`` of the compilation
+    records Dynamo wrote meanwhile: a frame compiled again after its guards failed, the fall-back to eager at the
+    recompile limit included) and generated kernels.
+
+    Dynamo compiles nothing while a Python dispatch mode is active (the counted step runs its frames eagerly:
+    measured, torch 2.13.0), so a watch over the counted step alone would always read 0: a steady state is watched
+    over plain steps."""
+
+    def __init__(self) -> None:
+        from torch._dynamo import utils as dynamo
+
+        self._dynamo = dynamo
+        self._kept = dynamo._compilation_metrics.maxlen  # the ring's size, given back by ``stop``
+        dynamo.set_compilation_metrics_limit(RECORDS_KEPT)  # nothing recorded meanwhile falls off the ring
+        self._already = len(dynamo.get_compilation_metrics())
+        self._start = self._snapshot()
+        self.stats: CompileStats | None = None
+
+    def _snapshot(self) -> tuple[int, int, int]:
+        from torch._inductor import metrics
+
+        counters = self._dynamo.counters
         return (
             counters["stats"]["unique_graphs"],
             sum(counters["graph_break"].values()),
-            sum(counters["recompiles"].values()),
             metrics.generated_kernel_count,
         )
 
+    def stop(self) -> CompileStats:
+        """What was compiled since the watch began (the same figures on every later call)."""
+        if self.stats is None:
+            graphs, breaks, kernels = (b - a for a, b in zip(self._start, self._snapshot()))
+            recompiles = recompilations(self._dynamo.get_compilation_metrics()[self._already :])
+            self._dynamo.set_compilation_metrics_limit(self._kept or self._dynamo.DEFAULT_COMPILATION_METRICS_LIMIT)
+            self.stats = CompileStats(graphs, breaks, recompiles, kernels)
+        return self.stats
+
+
+@contextmanager
+def compile_stats() -> Iterator[CompileStats]:
+    """A ``CompileWatch`` over the block: the CompileStats it yields are filled in when the block ends."""
     result = CompileStats(0, 0, 0, 0)
-    start = snapshot()
+    watch = CompileWatch()
     try:
         yield result
     finally:
-        end = snapshot()
-        result.graphs, result.graph_breaks, result.recompiles, result.kernels = (b - a for a, b in zip(start, end))
+        result.graphs, result.graph_breaks, result.recompiles, result.kernels = dataclasses.astuple(watch.stop())

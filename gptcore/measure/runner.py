@@ -305,11 +305,8 @@ class CaseRunner:
                 raise
             self.out_of_memory(oom)
             return
-        if self.recipe.compile:  # what the steps after the warm-up compiled (Dynamo compiles nothing in the
-            again = self.steady.stop()  # counted step, under its dispatch modes) is counted with the warm-up's
-            ledger.compile = self.compiled
-            ledger.compile.graphs += again.graphs
-            ledger.compile.recompiles += again.recompiles
+        if self.recipe.compile:  # the warm-up's, and what the steps since compiled (not the counted step: Dynamo
+            ledger.compile = self.compiled + self.steady.stop()  # compiles nothing under the ledger's modes)
         m.work = ledger.to_json()
         analytic = trainer.model.flops_per_token()
         counted = sum(ledger.flops.values()) // m.tokens_per_step

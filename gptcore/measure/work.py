@@ -13,15 +13,15 @@ rounds never see:
   on CPU too. The optimizers' own step counters, which PyTorch keeps on the host and reads there, are not syncs;
 * allocation traffic: storages allocated during the step and their bytes (``memory.tracker.LiveBytes``), and
   the storages by the operator that allocated them (FLOPs too are kept by operator);
-* under compile, from the warm-up in which compilation happens: Dynamo's graphs, graph breaks and recompilations,
-  and inductor's generated kernels.
+* under compile, over the warm-up in which compilation happens and the plain steps after it: Dynamo's graphs,
+  graph breaks and recompilations (``recompilations``), and inductor's generated kernels.
 
 Every figure is a count, the same on every CPU, thread count and instruction set, so the gate compares them
 exactly (see ``gptcore.gate.baselines``).
 
 Compiled recipes: under a Python dispatch mode Dynamo runs the step's frames eagerly, so their FLOPs, operator
 calls and allocations are those of the eager step (measured: identical to the eager recipe's). What compilation
-does is watched by the compile counts, taken while the real compiled step warms up.
+does is watched by the compile counts, taken over the real compiled steps (``CompileWatch``).
 """
 
 from __future__ import annotations
@@ -46,12 +46,15 @@ OUTSIDE = "outside an operator"
 
 @dataclass
 class CompileStats:
-    """What torch.compile did while a Trainer warmed up (and how often it compiled again afterwards)."""
+    """What torch.compile did over a case's compiled steps: graphs, graph breaks, recompilations, kernels."""
 
     graphs: int
     graph_breaks: int
     recompiles: int
     kernels: int
+
+    def __add__(self, other: CompileStats) -> CompileStats:
+        return CompileStats(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
 
 
 @dataclass

@@ -179,14 +179,6 @@ def test_hot_loop_makes_no_host_sync_unless_asked(monkeypatch):
     assert syncs(Recipe()) == 1
 
 
-def test_bf16_pure_keeps_weights_gradients_and_state_in_bf16():
-    t = trainer(Recipe(precision="bf16-pure"))
-    t.step(batches(1)[0])
-    assert all(p.dtype == torch.bfloat16 for p in t.model.parameters())
-    state = [v for s in t.optimizers[0].state.values() for v in s.values() if v.dim() > 0]
-    assert state and all(v.dtype == torch.bfloat16 for v in state)
-
-
 def test_dataloader_workers_change_no_training_step():
     a, b = trainer(Recipe(grad_clip=None)), trainer(Recipe(grad_clip=None, num_workers=2))
     for _ in range(2):

@@ -15,7 +15,7 @@ from gptcore.config import Recipe
 from gptcore.gate.schema import Entry, Tolerances
 from gptcore.gate.verdicts import verdict_of
 from gptcore.measure.runner import run_case
-from gptcore.measure.work import count_step
+from gptcore.measure.work import compile_stats, count_step
 from gptcore.presets import RECIPES
 from gptcore.training.model import GPT
 from gptcore.training.trainer import Trainer
@@ -140,6 +140,82 @@ def test_a_graph_break_in_a_block_fails_the_compiled_case_on_graph_breaks(monkey
     now = ledger_of(RECIPES["compile-blocks"])
     assert now["compile"]["graph_breaks"] >= 1
     assert "graph breaks" in failed_metrics(now, before)
+
+
+class Tagged(torch.nn.Module):
+    """A module whose forward reads a string attribute: Dynamo guards on its value, so a new value recompiles."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.tag = "first"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * (2.0 if self.tag.endswith("!") else 1.0)
+
+
+def test_a_frame_compiled_again_on_every_call_counts_each_recompilation_and_the_fall_back_to_eager():
+    torch._dynamo.reset()
+    module, x = Tagged(), torch.randn(2, 4)
+    compiled = torch.compile(module, backend="eager")  # Dynamo's guards and cache alone: no inductor
+    with compile_stats() as steady:
+        for _ in range(3):
+            compiled(x)  # the first call compiles; the same tag again passes the guards
+    assert (steady.graphs, steady.recompiles) == (1, 0)
+    limit = torch._dynamo.config.recompile_limit  # 8 on torch 2.13.0 and 2.15.0
+    calls = limit + 4
+    with compile_stats() as planted:
+        for i in range(calls):
+            module.tag = f"call {i}"  # the planted per-call attribute
+            compiled(x)
+    # the cache holds `limit` entries for the frame: the first and limit - 1 more compiled after a guard failed;
+    # the next call's attempt hits the limit (recorded, a recompilation too) and runs the frame eagerly from then on,
+    # as the last calls do without a record
+    assert planted.recompiles == limit
+    assert planted.graphs == limit - 1
+    assert len(torch._dynamo.eval_frame._debug_get_cache_entry_list(Tagged.forward.__code__)) == limit
+    torch._dynamo.reset()
+
+
+def tagged_every_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plant a per-call attribute in a copy of the step: the model gets a new tag before every step, and its first
+    block reads it, so each compiled step fails the guards of the step before."""
+
+    def read_tag(model: GPT) -> None:
+        block = model.transformer.h[0]
+        forward = block.forward
+        model.tag = "built"
+
+        def tagged(x):
+            return forward(x) if model.tag.endswith("!") else forward(x)  # the same numbers: Dynamo guards on it
+
+        block.forward = tagged
+
+    plant(monkeypatch, read_tag)
+    step = Trainer.step
+
+    def step_with_a_new_tag(self, batch=None):
+        self.model.tag = f"step {self.step_count}"
+        return step(self, batch)
+
+    monkeypatch.setattr(Trainer, "step", step_with_a_new_tag)
+
+
+@pytest.mark.slow
+def test_a_per_call_attribute_on_the_compiled_gpt_fails_on_recompiles(monkeypatch):
+    before = ledger_of(RECIPES["compile"])
+    assert before["compile"]["recompiles"] == 0 and before["compile"]["graphs"] == 1  # steady: compiled once
+    tagged_every_step(monkeypatch)
+    now = ledger_of(RECIPES["compile"])
+    # ledger_of runs 2 warm-up steps and 1 timed step, all compiled (the counted step runs eagerly under its
+    # dispatch modes): a compile, then a recompilation in the warm-up and one in the timed step
+    assert now["compile"]["recompiles"] == 2 and now["compile"]["graphs"] == 3
+    assert {"recompiles", "graphs"} <= failed_metrics(now, before)
+    with torch._dynamo.config.patch(recompile_limit=2):
+        limited = ledger_of(RECIPES["compile"])
+    # the third compiled step hits the limit: recorded as a recompilation, and the step runs eagerly
+    assert limited["compile"]["recompiles"] == 2 and limited["compile"]["graphs"] == 2
+    assert "recompiles" in failed_metrics(limited, before)
 
 
 def test_an_extra_clone_of_an_activation_fails_on_allocation_traffic_and_a_kept_one_on_memory(monkeypatch):

@@ -29,7 +29,7 @@ from gptcore.measure.clocks import BUSY_SHARE, Clocks, Sample, open_clocks
 from gptcore.measure.clocks import summary as clock_summary
 from gptcore.measure.cpu_peak import TRACKED_STEPS, cpu_peak, measured_steps
 from gptcore.measure.timing import CALIBRATION_SPREAD, StepTimer, calibration_kernel, mfu, throughput
-from gptcore.measure.work import compile_stats, counted_step
+from gptcore.measure.work import CompileWatch, compile_stats, counted_step
 from gptcore.memory import allocator
 from gptcore.memory.scratch import kernel_scratch
 
@@ -177,6 +177,7 @@ class CaseRunner:
                 steps -= TRACKED_STEPS
             for _ in range(steps):
                 self._step()
+        self.steady = CompileWatch()  # the timed rounds and the steps after them: a steady step compiles nothing
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -296,8 +297,7 @@ class CaseRunner:
         step, whose loss is then read from it), and MFU from its FLOPs where they differ from the analytic formula."""
         trainer, m = self.trainer, self.m
         try:
-            with compile_stats() as again:
-                ledger, loss = counted_step(trainer)
+            ledger, loss = counted_step(trainer)
             if trainer.step_count == self.loss_step:
                 self.loss_at = loss
         except Exception as err:  # only an OOM is handled
@@ -305,9 +305,8 @@ class CaseRunner:
                 raise
             self.out_of_memory(oom)
             return
-        if self.recipe.compile:
-            ledger.compile = self.compiled
-            ledger.compile.recompiles += again.graphs + again.recompiles  # a steady step must compile nothing
+        if self.recipe.compile:  # the warm-up's, and what the steps since compiled (not the counted step: Dynamo
+            ledger.compile = self.compiled + self.steady.stop()  # compiles nothing under the ledger's modes)
         m.work = ledger.to_json()
         analytic = trainer.model.flops_per_token()
         counted = sum(ledger.flops.values()) // m.tokens_per_step

@@ -13,15 +13,15 @@ rounds never see:
   on CPU too. The optimizers' own step counters, which PyTorch keeps on the host and reads there, are not syncs;
 * allocation traffic: storages allocated during the step and their bytes (``memory.tracker.LiveBytes``), and
   the storages by the operator that allocated them (FLOPs too are kept by operator);
-* under compile, from the warm-up in which compilation happens: Dynamo's graphs, graph breaks and recompilations,
-  and inductor's generated kernels.
+* under compile, over the warm-up in which compilation happens and the plain steps after it: Dynamo's graphs,
+  graph breaks and recompilations (``recompilations``), and inductor's generated kernels.
 
 Every figure is a count, the same on every CPU, thread count and instruction set, so the gate compares them
 exactly (see ``gptcore.gate.baselines``).
 
 Compiled recipes: under a Python dispatch mode Dynamo runs the step's frames eagerly, so their FLOPs, operator
 calls and allocations are those of the eager step (measured: identical to the eager recipe's). What compilation
-does is watched by the compile counts, taken while the real compiled step warms up.
+does is watched by the compile counts, taken over the real compiled steps (``CompileWatch``).
 """
 
 from __future__ import annotations
@@ -46,12 +46,15 @@ OUTSIDE = "outside an operator"
 
 @dataclass
 class CompileStats:
-    """What torch.compile did while a Trainer warmed up (and how often it compiled again afterwards)."""
+    """What torch.compile did over a case's compiled steps: graphs, graph breaks, recompilations, kernels."""
 
     graphs: int
     graph_breaks: int
     recompiles: int
     kernels: int
+
+    def __add__(self, other: CompileStats) -> CompileStats:
+        return CompileStats(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
 
 
 @dataclass
@@ -247,25 +250,71 @@ def counted_step(trainer, batch: tuple[torch.Tensor, torch.Tensor] | None = None
     ), loss
 
 
-@contextmanager
-def compile_stats() -> Iterator[CompileStats]:
-    """Dynamo's and inductor's counters over the block: graphs compiled, graph breaks, recompilations (frames
-    compiled again after the first compile of a code object) and generated kernels."""
-    from torch._dynamo.utils import counters
-    from torch._inductor import metrics
+RECORDS_KEPT = 1 << 30
+"""How many of Dynamo's compilation records ``compile_stats`` keeps while it counts (Dynamo keeps the last 64; a
+block that compiled more would lose some of its recompilations)."""
 
-    def snapshot() -> tuple[int, int, int, int]:
+
+def recompilations(records: list) -> int:
+    """How many of Dynamo's compilation records (``torch._dynamo.utils.CompilationMetrics``) are recompilations.
+
+    Dynamo writes one record for every attempt to compile a frame, and sets its ``recompile_reason`` exactly when
+    ``torch._dynamo.cache_size.is_recompilation`` holds: the frame's code object already had a compiled entry, and
+    its guards failed on this call (the reason is the first guard that failed). The attempt that hits
+    ``config.recompile_limit`` is one of them: Dynamo records it (failed, 'Unsupported') before it runs the frame
+    eagerly from then on; later calls of that frame compile nothing and record nothing. So a frame compiled again
+    on every call counts each recompilation up to the limit, the fall-back to eager included. The same on torch
+    2.13.0 and 2.15.0 (``convert_frame._compile``). ``counters["recompiles"]``, which this ledger read before, is
+    written by nothing in either release."""
+    return sum(1 for record in records if getattr(record, "recompile_reason", None) is not None)
+
+
+class CompileWatch:
+    """Dynamo's and inductor's counts from the moment it is made until ``stop``: graphs compiled
+    (``counters["stats"]["unique_graphs"]``), graph breaks, recompilations (``recompilations`` of the compilation
+    records Dynamo wrote meanwhile: a frame compiled again after its guards failed, the fall-back to eager at the
+    recompile limit included) and generated kernels.
+
+    Dynamo compiles nothing while a Python dispatch mode is active (the counted step runs its frames eagerly:
+    measured, torch 2.13.0), so a watch over the counted step alone would always read 0: a steady state is watched
+    over plain steps."""
+
+    def __init__(self) -> None:
+        from torch._dynamo import utils as dynamo
+
+        self._dynamo = dynamo
+        self._kept = dynamo._compilation_metrics.maxlen  # the ring's size, given back by ``stop``
+        dynamo.set_compilation_metrics_limit(RECORDS_KEPT)  # nothing recorded meanwhile falls off the ring
+        self._already = len(dynamo.get_compilation_metrics())
+        self._start = self._snapshot()
+        self.stats: CompileStats | None = None
+
+    def _snapshot(self) -> tuple[int, int, int]:
+        from torch._inductor import metrics
+
+        counters = self._dynamo.counters
         return (
             counters["stats"]["unique_graphs"],
             sum(counters["graph_break"].values()),
-            sum(counters["recompiles"].values()),
             metrics.generated_kernel_count,
         )
 
+    def stop(self) -> CompileStats:
+        """What was compiled since the watch began (the same figures on every later call)."""
+        if self.stats is None:
+            graphs, breaks, kernels = (b - a for a, b in zip(self._start, self._snapshot()))
+            recompiles = recompilations(self._dynamo.get_compilation_metrics()[self._already :])
+            self._dynamo.set_compilation_metrics_limit(self._kept or self._dynamo.DEFAULT_COMPILATION_METRICS_LIMIT)
+            self.stats = CompileStats(graphs, breaks, recompiles, kernels)
+        return self.stats
+
+
+@contextmanager
+def compile_stats() -> Iterator[CompileStats]:
+    """A ``CompileWatch`` over the block: the CompileStats it yields are filled in when the block ends."""
     result = CompileStats(0, 0, 0, 0)
-    start = snapshot()
+    watch = CompileWatch()
     try:
         yield result
     finally:
-        end = snapshot()
-        result.graphs, result.graph_breaks, result.recompiles, result.kernels = (b - a for a, b in zip(start, end))
+        result.graphs, result.graph_breaks, result.recompiles, result.kernels = dataclasses.astuple(watch.stop())

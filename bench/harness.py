@@ -48,7 +48,7 @@ def needs_of(recipe: Recipe, device: str) -> list[pytest.MarkDecorator]:
     return run_if(
         cuda=True,
         bf16=recipe.precision.startswith("bf16"),
-        min_capability=(8, 0) if recipe.attention == "flash" else None,
+        min_capability=(8, 0) if recipe.attention in ("flash", "cudnn") else None,
     )
 
 

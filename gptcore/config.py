@@ -14,7 +14,8 @@ Precision = Literal["fp32", "tf32", "fp16", "bf16", "bf16-pure"]
 HALF_PRECISIONS: tuple[Precision, ...] = ("fp16", "bf16", "bf16-pure")
 """The precisions whose matmuls run in a half type. On CPU their kernels' scratch, which the CPU peak counts, depends
 on the CPU's instruction set (gptcore.memory.scratch)."""
-Attention = Literal["manual", "sdpa", "flash", "math"]
+Attention = Literal["manual", "sdpa", "flash", "efficient", "cudnn", "math"]
+CUDA_ATTENTION: tuple[Attention, ...] = ("flash", "efficient", "cudnn")  # sdpa pinned to a CUDA-only kernel
 Optimizer = Literal["adamw", "sgd"]
 AdamWImpl = Literal["foreach", "fused", "for-loop"]
 LRSchedule = Literal["constant", "cosine"]
@@ -204,9 +205,9 @@ class Recipe:
     optim_in_backward: bool = False
     """Step each parameter in its post-accumulate-grad hook and free its gradient at once."""
     attention: Attention = "sdpa"
-    """Attention kernel: manual (masked softmax), sdpa (PyTorch chooses), flash (FlashAttention only), math."""
+    """Attention: manual (masked softmax), sdpa (its dispatch picks), sdpa pinned: flash, efficient, cudnn, math."""
     vocab_multiple: int = 1
-    """Pad the embedding/lm_head vocabulary to a multiple of this (64 on the ladder); logits are sliced back."""
+    """Pad the embedding/lm_head vocabulary to a multiple of this (64 on the ladder); the padding logits are -inf."""
     tie_weights: bool = True
     """Share the token embedding with the lm_head."""
     num_workers: int = 0
@@ -262,11 +263,11 @@ class Recipe:
                 "fp16 needs GradScaler's global inf check before any step; optim_in_backward steps early",
             )
         self._check_parallel()
-        if self.attention == "flash":
+        if self.attention in ("flash", "cudnn"):
             _check(
-                self.precision in ("fp16", "bf16", "bf16-pure"),
+                self.precision in HALF_PRECISIONS,
                 "attention",
-                "FlashAttention needs fp16/bf16 inputs; use precision fp16, bf16 or bf16-pure",
+                f"{self.attention} attention needs fp16/bf16 inputs; use precision fp16, bf16 or bf16-pure",
             )
 
     def _check_parallel(self) -> None:

@@ -112,7 +112,7 @@ _LADDER_STEPS: list[tuple[str, dict]] = [
     ("no-sync", dict(sync_every_step=False)),
     ("amp", dict(precision="bf16")),
     ("compile", dict(compile=True)),
-    ("flash", dict(attention="flash")),
+    ("flash attention (sdpa's own dispatch)", dict(attention="sdpa")),
     ("vocab-pad", dict(vocab_multiple=64)),
     ("tied", dict(tie_weights=True)),
     ("workers", dict(num_workers=2, pin_memory=True)),

@@ -130,7 +130,7 @@ def test_each_ladder_rung_adds_exactly_one_switch():
     assert (top.precision, top.compile, top.attention, top.vocab_multiple, top.tie_weights, top.adamw_impl) == (
         "bf16",
         True,
-        "flash",
+        "sdpa",  # the seed's "flash attention": sdpa's own dispatch (cuDNN's kernel on Hopper, flash on an A100)
         64,
         True,
         "fused",
@@ -161,6 +161,7 @@ def test_invalid_model_shapes_name_the_field(fields, field):
         (dict(optim_in_backward=True, grad_clip=None, grad_accum_steps=2), "grad_accum_steps"),
         (dict(optim_in_backward=True, grad_clip=None, precision="fp16"), "precision"),
         (dict(attention="flash"), "attention"),
+        (dict(attention="cudnn"), "attention"),
         (dict(precision="fp8"), "precision"),
         (dict(grad_accum_steps=0), "grad_accum_steps"),
         (dict(grad_clip=0.0), "grad_clip"),  # clip_grad_norm_ would erase every gradient
@@ -184,7 +185,11 @@ def test_grad_accumulation_that_does_not_divide_the_batch_is_refused():
         Recipe(grad_accum_steps=5).micro_batch(MODELS["cpu-small"])  # batch 12
 
 
-@pytest.mark.parametrize("recipe", [Recipe(precision="tf32"), Recipe(precision="bf16", attention="flash")])
+@pytest.mark.parametrize(
+    "recipe",
+    [Recipe(precision="tf32")]
+    + [Recipe(precision="bf16", attention=kernel) for kernel in ("flash", "efficient", "cudnn")],
+)
 def test_recipes_the_cpu_cannot_run_are_refused_not_run_as_something_else(recipe):
     with pytest.raises(UnsupportedRecipe):
         check_runnable(recipe, "cpu")

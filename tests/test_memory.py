@@ -112,6 +112,8 @@ VARIANTS = {
     "manual-dropout-b1": (DROPOUT_B1, dict(attention="manual")),
     "math-bf16": (dict(), dict(attention="math", precision="bf16")),
     "padded-untied-bf16": (dict(), dict(vocab_multiple=64, tie_weights=False, precision="bf16")),
+    "padded-tied": (dict(), dict(vocab_multiple=64)),
+    "padded-tied-bf16-checkpoint": (dict(), dict(vocab_multiple=64, precision="bf16", checkpoint=True)),
     "for-loop": (dict(), dict(adamw_impl="for-loop")),
     "fused-adamw-small-batch": (dict(batch_size=1, block_size=8), dict(adamw_impl="fused")),
     "bf16-oib-dropout-b1": (DROPOUT_B1, dict(precision="bf16", optim_in_backward=True, grad_clip=None)),
@@ -319,7 +321,8 @@ def test_estimate_is_arithmetic():
 
 def test_compile_and_cuda_only_switches_are_mapped_with_a_note_or_refused():
     cfg = get_model("gpt2")
-    question = resolve(cfg, get_recipe("ladder-5"))  # compile, flash
+    pinned = dataclasses.replace(get_recipe("ladder-5"), attention="flash")  # compile, sdpa pinned to flash
+    question = resolve(cfg, pinned)
     assert (question.recipe.compile, question.recipe.attention) == (False, "sdpa")
     est = estimate(question)
     assert est.notes == question.notes
@@ -331,7 +334,7 @@ def test_compile_and_cuda_only_switches_are_mapped_with_a_note_or_refused():
         ).total_bytes
     )
     with pytest.raises(ValueError, match="flash"):
-        resolve(CPU_SMALL, get_recipe("ladder-5"), device="cpu")
+        resolve(CPU_SMALL, pinned, device="cpu")
     with pytest.raises(ValueError, match="tf32"):
         resolve(CPU_SMALL, get_recipe("tf32"), device="cpu")
 

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from gptcore.config import GPTConfig, Parallel
+from gptcore.config import CUDA_ATTENTION, GPTConfig, Parallel
 from gptcore.measure.runner import CaseRunner
 from gptcore.presets import RECIPES
 from gptcore.training import distributed
@@ -34,7 +34,7 @@ def tokens_of_one_step(cfg: GPTConfig, recipe_name: str) -> int:
         compile_scope="model",
         parallel=Parallel(),
         precision="fp32" if recipe.precision == "tf32" else recipe.precision,
-        attention="sdpa" if recipe.attention == "flash" else recipe.attention,
+        attention="sdpa" if recipe.attention in CUDA_ATTENTION else recipe.attention,
     )
     trainer = Trainer(cfg, recipe, "cpu")
     seen: list[int] = []

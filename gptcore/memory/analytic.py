@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from gptcore.config import GPTConfig, Recipe
+from gptcore.config import CUDA_ATTENTION, GPTConfig, Recipe
 from gptcore.memory.categories import (
     BUFFERS,
     CATEGORIES,
@@ -68,15 +68,15 @@ def resolve(
             "(measured on CPU by the allocator's count: the CPU tier)"
         )
         recipe = dataclasses.replace(recipe, compile=False, compile_scope="model", memory_budget=None)
-    if device == "cpu" and (recipe.precision == "tf32" or recipe.attention == "flash"):
+    if device == "cpu" and (recipe.precision == "tf32" or recipe.attention in CUDA_ATTENTION):
         from gptcore.training.trainer import unsupported_reason
 
         raise ValueError(unsupported_reason(recipe, "cpu"))
     if recipe.precision == "tf32":
         notes.append("tf32: the tensors of fp32 (TF32 changes matmul precision, not sizes)")
         recipe = dataclasses.replace(recipe, precision="fp32")
-    if recipe.attention == "flash":
-        notes.append("flash: memory as sdpa's fused kernels (O(T) saved: the output and its log-sum-exp)")
+    if recipe.attention in CUDA_ATTENTION:
+        notes.append(f"{recipe.attention}: memory as sdpa's fused kernels (O(T) saved: the output and its log-sum-exp)")
         recipe = dataclasses.replace(recipe, attention="sdpa")
     if cfg.dropout > 0 and recipe.attention == "sdpa" and device == "cpu":
         notes.append("dropout > 0 on the CPU: sdpa falls back to its math kernel, which saves T x T probabilities")
@@ -206,6 +206,8 @@ def estimate(question: Question) -> Estimate:
             tally.new(4, OPTIMIZER_TEMPORARIES)  # the 0-dim step count (the tracker tags only tensors with dims)
     for _ in range(cfg.n_layer if run.attention == "manual" else 0):
         tally.new(cfg.block_size**2, BUFFERS)  # the causal mask of each attention module
+    if run.vocab_rows != run.V:
+        tally.new(run.vocab_rows * param_bytes, BUFFERS)  # the lm_head's padding mask (0, -inf)
     tally.new(2 * 8 * run.B * run.accum_steps * run.T, OTHER)  # the step's input and target token ids
     tally.new(4, OTHER)  # the running loss
     grads = Gradients(run, tally, shapes)

@@ -154,7 +154,7 @@ def block_backward(run: Run, tally: Tally, grads: Gradients, i: int, saved: Save
 def gpt_backward(run: Run, tally: Tally, grads: Gradients, blocks: list[Saved], head: Saved) -> None:
     """loss.backward(): cross-entropy, lm_head, ln_f, the blocks top-down, the embeddings."""
     param_bytes, BTC = run.param_bytes, run.BTC
-    n = run.BT * run.V
+    n = run.BT * run.vocab_rows  # the padding columns' gradient is 0, and it is there: no copy to pad it
     scalars = [tally.temporary(run.loss_bytes) for _ in range(2)]
     d_nll = tally.temporary(run.loss_bytes * n)
     if head["nll_input"] is not None:  # CUDA autocast: back through nll_loss's fp32 cast, then log_softmax
@@ -168,8 +168,6 @@ def gpt_backward(run: Run, tally: Tally, grads: Gradients, blocks: list[Saved], 
         tally.free(d_nll, head["logprobs"])
         if run.autocast:  # back through the fp32 upcast
             d_logits = tally.replace(d_logits, 2 * n)
-    if run.vocab_rows != run.V:  # back through logits[..., :vocab_size]: a zero-padded full-width gradient
-        d_logits = tally.replace(d_logits, run.matmul_bytes * run.B * run.T * run.vocab_rows)
     dx = linear_backward(
         run, tally, grads, "lm_head", BTC, False, (d_logits, head["input"], head["weight"]), cast_input=run.autocast
     )

@@ -236,9 +236,12 @@ def gpt_forward(run: Run, tally: Tally) -> tuple[Handle, list[Saved], Saved]:
     head["ln_f_stats"] = layernorm_stats(run, tally)
     head["weight"] = weight_copy(run, tally, run.vocab_rows * run.C, 0, cache, keep=True)
     head["input"] = tally.new(2 * BTC, LOGITS_AND_LOSS) if autocast else ln_f_out
+    # autocast's copy of the padding mask (model.LMHead's bias: a buffer, so not cached), dead after the matmul
+    padded = run.vocab_rows != run.V
+    mask_cast = tally.new(2 * run.vocab_rows, LOGITS_AND_LOSS) if autocast and padded else None
     logits = tally.new(run.matmul_bytes * run.B * run.T * run.vocab_rows, LOGITS_AND_LOSS)
-    tally.free(ln_f_out if autocast else None)
-    n = run.BT * run.V
+    tally.free(ln_f_out if autocast else None, mask_cast)
+    n = run.BT * run.vocab_rows  # the loss reads every column: the padding ones are -inf
     # cross-entropy = log_softmax, then nll_loss; under autocast one of them casts to fp32 first (Run.logprob_bytes):
     # the CPU's the logits (a temporary), CUDA's nll_loss the log-probabilities (a copy it saves for backward)
     nll_casts = run.logprob_bytes != run.loss_bytes

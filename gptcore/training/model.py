@@ -17,21 +17,30 @@ from torch.utils.checkpoint import checkpoint
 
 from gptcore.config import GPTConfig, Recipe
 
-_SDPA_BACKEND = {"flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}
+#: The kernels a recipe may pin sdpa to (the attention study); "sdpa" leaves the choice to sdpa's own dispatch,
+#: which picks FlashAttention-2 on an A100 and cuDNN's attention on Hopper.
+_SDPA_BACKEND = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "math": SDPBackend.MATH,
+}
+#: The pinned kernels that exist only on a CUDA GPU, and the compute capability each needs.
+_CUDA_KERNELS = {"flash": (8, 0), "efficient": (5, 0), "cudnn": (8, 0)}
 
 
 def attention_unsupported(attention: str, device: torch.device | str) -> str | None:
     """Why ``attention`` cannot run on ``device``, or None when it can."""
     device = torch.device(device)
-    if attention != "flash":
+    if attention not in _CUDA_KERNELS:
         return None
+    need = "{}.{}".format(*_CUDA_KERNELS[attention])
     if device.type != "cuda":
-        return f"flash attention needs a CUDA GPU (compute capability >= 8.0); this run is on {device.type}"
+        return f"{attention} attention needs a CUDA GPU (compute capability >= {need}); this run is on {device.type}"
     major, minor = torch.cuda.get_device_capability(device)
-    if major < 8:
-        return (
-            f"flash attention needs compute capability >= 8.0; {torch.cuda.get_device_name(device)} is {major}.{minor}"
-        )
+    if (major, minor) < _CUDA_KERNELS[attention]:
+        name = torch.cuda.get_device_name(device)
+        return f"{attention} attention needs compute capability >= {need}; {name} is {major}.{minor}"
     return None
 
 
@@ -79,6 +88,24 @@ class MLP(nn.Module):
         return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
 
 
+class LMHead(nn.Linear):
+    """The lm_head, ``vocab_rows`` wide. Padded (``vocab_rows > vocab_size``), it adds a constant bias of 0 on the
+    real columns and -inf on the padding ones: the matmul's epilogue adds it (no copy of the B x T x vocab logits),
+    the softmax gives the padding columns probability 0, so the loss is the loss over the real vocabulary, and their
+    gradient is 0 (no padding row of the weight is trained). The bias is a buffer, not a parameter."""
+
+    def __init__(self, n_embd: int, vocab_rows: int, vocab_size: int) -> None:
+        super().__init__(n_embd, vocab_rows, bias=False)
+        mask = None
+        if vocab_rows > vocab_size:
+            mask = torch.zeros(vocab_rows)
+            mask[vocab_size:] = float("-inf")
+        self.register_buffer("padding_mask", mask, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.padding_mask)
+
+
 class Block(nn.Module):
     def __init__(self, cfg: GPTConfig, attention: str) -> None:
         super().__init__()
@@ -111,7 +138,7 @@ class GPT(nn.Module):
                 ln_f=nn.LayerNorm(cfg.n_embd, bias=cfg.bias),
             )
         )
-        self.lm_head = nn.Linear(cfg.n_embd, self.vocab_rows, bias=False)
+        self.lm_head = LMHead(cfg.n_embd, self.vocab_rows, cfg.vocab_size)
         if self.tied:
             self.transformer.wte.weight = self.lm_head.weight  # one storage for both
         self.apply(self._init_weights)
@@ -139,13 +166,11 @@ class GPT(nn.Module):
                 x = checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)
-        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab_rows)
-        if self.vocab_rows != self.cfg.vocab_size:
-            logits = logits[..., : self.cfg.vocab_size]  # padding rows never reach the loss
+        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab_rows), padding columns -inf
         loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
-        return logits, loss
+        if targets is not None:  # over all vocab_rows columns: the padding ones add exp(-inf) = 0
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+        return logits[..., : self.cfg.vocab_size], loss  # a view: the caller sees the real vocabulary
 
     def num_params(self) -> int:
         """Distinct parameters (a tied embedding counts once), padding rows included."""

@@ -117,16 +117,32 @@ LADDER_CHANGES = [
     {"vocab_multiple"},
     {"tie_weights"},
     {"num_workers", "pin_memory"},
+    {"kernels.loss"},
+    {"kernels.fp8"},
+    {"compile_mode"},
+    {"fit_memory"},
 ]
+
+
+def _switches(recipe: Recipe, prefix: str = "") -> dict[str, object]:
+    """Every field of ``recipe``, a nested group's by its dotted name (as --set names them)."""
+    fields = {}
+    for f in dataclasses.fields(recipe):
+        value = getattr(recipe, f.name)
+        if dataclasses.is_dataclass(value) and f.name == "kernels":
+            fields.update(_switches(value, f"{prefix}{f.name}."))
+        else:
+            fields[prefix + f.name] = value
+    return fields
 
 
 def test_each_ladder_rung_adds_exactly_one_switch():
     assert len(LADDER) == len(LADDER_CHANGES) + 1
     for lower, upper, expected in zip(LADDER[:-1], LADDER[1:], LADDER_CHANGES, strict=True):
-        a, b = RECIPES[lower], RECIPES[upper]
-        changed = {f.name for f in dataclasses.fields(Recipe) if getattr(a, f.name) != getattr(b, f.name)}
+        a, b = _switches(RECIPES[lower]), _switches(RECIPES[upper])
+        changed = {name for name in a if a[name] != b[name]}
         assert changed == expected, upper
-    top = RECIPES[LADDER[-1]]
+    top = RECIPES["ladder-8"]  # the seed's top rung: nanoGPT's train.py step
     assert (top.precision, top.compile, top.attention, top.vocab_multiple, top.tie_weights, top.adamw_impl) == (
         "bf16",
         True,

@@ -67,8 +67,14 @@ def resolve(
             f"compile: the eager equivalent; inductor's fusion{budget} usually lower the real peak "
             "(measured on CPU by the allocator's count: the CPU tier)"
         )
-        recipe = dataclasses.replace(recipe, compile=False, compile_scope="model", memory_budget=None)
-    if device == "cpu" and (recipe.precision == "tf32" or recipe.attention in CUDA_ATTENTION):
+        recipe = dataclasses.replace(
+            recipe, compile=False, compile_scope="model", compile_mode="default", memory_budget=None
+        )
+    if recipe.fit_memory is not None:
+        notes.append(f"fit_memory {recipe.fit_memory}: the batch given here (gptcore.memory.fit chooses it)")
+        recipe = dataclasses.replace(recipe, fit_memory=None)
+    kernels = recipe.kernels.loss != "torch" or recipe.kernels.fp8
+    if device == "cpu" and (recipe.precision == "tf32" or recipe.attention in CUDA_ATTENTION or kernels):
         from gptcore.training.trainer import unsupported_reason
 
         raise ValueError(unsupported_reason(recipe, "cpu"))
@@ -78,6 +84,9 @@ def resolve(
     if recipe.attention in CUDA_ATTENTION:
         notes.append(f"{recipe.attention}: memory as sdpa's fused kernels (O(T) saved: the output and its log-sum-exp)")
         recipe = dataclasses.replace(recipe, attention="sdpa")
+    if recipe.kernels.fp8:
+        notes.append("fp8: the tensors of the recipe's precision (FP8's saved 1-byte casts and scales not modelled)")
+        recipe = dataclasses.replace(recipe, kernels=dataclasses.replace(recipe.kernels, fp8=False))
     if cfg.dropout > 0 and recipe.attention == "sdpa" and device == "cpu":
         notes.append("dropout > 0 on the CPU: sdpa falls back to its math kernel, which saves T x T probabilities")
     return Question(cfg, recipe, device, tuple(notes))

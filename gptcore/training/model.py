@@ -16,6 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from gptcore.config import GPTConfig, Recipe
+from gptcore.training.kernels import fused_linear_cross_entropy
 
 #: The kernels a recipe may pin sdpa to (the attention study); "sdpa" leaves the choice to sdpa's own dispatch,
 #: which picks FlashAttention-2 on an A100 and cuDNN's attention on Hopper.
@@ -120,7 +121,8 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """nanoGPT's GPT; ``forward(idx, targets)`` returns (logits over the real vocabulary, mean loss or None)."""
+    """nanoGPT's GPT; ``forward(idx, targets)`` returns (logits over the real vocabulary, mean loss or None); with
+    the fused linear cross-entropy (Recipe.kernels.loss) and targets, (None, mean loss)."""
 
     def __init__(self, cfg: GPTConfig, recipe: Recipe | None = None) -> None:
         super().__init__()
@@ -128,6 +130,7 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.checkpoint_blocks = recipe.checkpoint
         self.tied = recipe.tie_weights
+        self.fused_loss = recipe.kernels.loss == "liger"
         self.vocab_rows = recipe.vocab_rows(cfg)
         self.transformer = nn.ModuleDict(
             dict(
@@ -155,7 +158,7 @@ class GPT(nn.Module):
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         B, T = idx.size()
         if T > self.cfg.block_size:
             raise ValueError(f"block_size: sequence of {T} tokens exceeds the model's {self.cfg.block_size}")
@@ -166,7 +169,10 @@ class GPT(nn.Module):
                 x = checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)
-        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab_rows), padding columns -inf
+        h = self.transformer.ln_f(x)
+        if self.fused_loss and targets is not None:  # the head and the loss in one: the logits are never made
+            return None, fused_linear_cross_entropy(h, self.lm_head.weight, self.lm_head.padding_mask, targets)
+        logits = self.lm_head(h)  # (B, T, vocab_rows), padding columns -inf
         loss = None
         if targets is not None:  # over all vocab_rows columns: the padding ones add exp(-inf) = 0
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))

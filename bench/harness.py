@@ -13,9 +13,9 @@ import torch
 from gptcore import memory
 from gptcore.config import GPTConfig, Recipe, Schedule, Study, Timing
 from gptcore.gate.session import Outcome
-from gptcore.memory.fit import fitted
 from gptcore.measure.convergence import Convergence, converge
 from gptcore.measure.runner import Measurement, cannot_fit, out_of_memory_in, run_case
+from gptcore.memory.fit import fitted
 from gptcore.presets import MODELS, RECIPES
 from gptcore.training.trainer import unsupported_reason
 

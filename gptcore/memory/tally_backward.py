@@ -153,7 +153,7 @@ def block_backward(run: Run, tally: Tally, grads: Gradients, i: int, saved: Save
 
 def gpt_backward(run: Run, tally: Tally, grads: Gradients, blocks: list[Saved], head: Saved) -> None:
     """loss.backward(): cross-entropy, lm_head, ln_f, the blocks top-down, the embeddings."""
-    param_bytes, BTC = run.param_bytes, run.BTC
+    BTC = run.BTC
     if "fused" in head:
         dx = fused_head_backward(run, tally, grads, head)
         return _below_the_head(run, tally, grads, blocks, head, dx, [])

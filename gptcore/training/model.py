@@ -176,7 +176,9 @@ class GPT(nn.Module):
         loss = None
         if targets is not None:  # over all vocab_rows columns: the padding ones add exp(-inf) = 0
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
-        return logits[..., : self.cfg.vocab_size], loss  # a view: the caller sees the real vocabulary
+        if self.vocab_rows != self.cfg.vocab_size:
+            logits = logits[..., : self.cfg.vocab_size]  # a view: the caller sees the real vocabulary
+        return logits, loss
 
     def num_params(self) -> int:
         """Distinct parameters (a tied embedding counts once), padding rows included."""

@@ -92,7 +92,7 @@ def test_max_autotune_with_cuda_graphs_trains_like_the_default_compile():
 def test_the_fitted_batch_fits_the_device():
     """fit_memory on the real device: the fitted batch's step peaks within its budget (the estimate is the eager
     step's; measured peaks were within 0.5% of it, docs/memory.md), and one more sequence's estimate would not."""
-    recipe = dataclasses.replace(BF16, fit_memory=0.05)
+    recipe = dataclasses.replace(BF16, fit_memory=0.01)
     capacity = torch.cuda.get_device_properties(0).total_memory
     fit = fit_batch(SHAPE, recipe, "cuda", capacity)
     torch.cuda.empty_cache()

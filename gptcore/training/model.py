@@ -175,7 +175,7 @@ class GPT(nn.Module):
         logits = self.lm_head(h)  # (B, T, vocab_rows), padding columns -inf
         loss = None
         if targets is not None:  # over all vocab_rows columns: the padding ones add exp(-inf) = 0
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
         if self.vocab_rows != self.cfg.vocab_size:
             logits = logits[..., : self.cfg.vocab_size]  # a view: the caller sees the real vocabulary
         return logits, loss

@@ -85,7 +85,8 @@ wheels() {  # the gpu extra's packages (liger-kernel, torchao) from the wheels i
   # image's torch and triton are theirs). Without wheels or with the packages present: nothing to do; a rung whose
   # package is still missing skips with the reason
   local site=$PWD/.whl/site
-  if compgen -G ".whl/*.whl" >/dev/null && ! "$py" -c 'import liger_kernel, torchao' 2>/dev/null; then
+  if compgen -G ".whl/*.whl" >/dev/null \
+    && ! "$py" -c 'import importlib.util as u, sys; sys.exit(not (u.find_spec("liger_kernel") and u.find_spec("torchao")))'; then
     [ -d "$site" ] || "$py" -m pip install --quiet --no-deps --no-index --target "$site" .whl/*.whl \
       || echo "gpu_session.sh: the wheels in .whl/ did not install; the rungs that need them will skip" >&2
   fi

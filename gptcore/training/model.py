@@ -169,10 +169,11 @@ class GPT(nn.Module):
                 x = checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)
-        h = self.transformer.ln_f(x)
         if self.fused_loss and targets is not None:  # the head and the loss in one: the logits are never made
-            return None, fused_linear_cross_entropy(h, self.lm_head.weight, self.lm_head.padding_mask, targets)
-        logits = self.lm_head(h)  # (B, T, vocab_rows), padding columns -inf
+            head = self.lm_head
+            return None, fused_linear_cross_entropy(self.transformer.ln_f(x), head.weight, head.padding_mask, targets)
+        # no local holds ln_f's output: it dies at the matmul (under autocast its bf16 cast is what is saved)
+        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab_rows), padding columns -inf
         loss = None
         if targets is not None:  # over all vocab_rows columns: the padding ones add exp(-inf) = 0
             loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))

@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from gptcore import memory
-from gptcore.config import Recipe, Schedule, Study, Timing
+from gptcore.config import GPTConfig, Recipe, Schedule, Study, Timing
 from gptcore.gate.session import Outcome
 from gptcore.measure.convergence import Convergence, converge
 from gptcore.measure.runner import Measurement, cannot_fit, out_of_memory_in, run_case
+from gptcore.memory.fit import fitted
 from gptcore.presets import MODELS, RECIPES
 from gptcore.training.trainer import unsupported_reason
 
@@ -48,7 +49,7 @@ def needs_of(recipe: Recipe, device: str) -> list[pytest.MarkDecorator]:
     return run_if(
         cuda=True,
         bf16=recipe.precision.startswith("bf16"),
-        min_capability=(8, 0) if recipe.attention == "flash" else None,
+        min_capability=(8, 0) if recipe.attention in ("flash", "cudnn") else None,
     )
 
 
@@ -62,10 +63,9 @@ def grid(study: Study) -> list:
     ]
 
 
-def estimate_of(model: str, recipe: Recipe, device: str) -> tuple[int | str, dict[str, int] | None]:
-    """gptcore.memory.estimate's peak for the case and its breakdown by category ('err' and None if it raised:
-    an estimate column never fails a case)."""
-    cfg = MODELS[model]
+def estimate_of(cfg: GPTConfig, recipe: Recipe, device: str) -> tuple[int | str, dict[str, int] | None]:
+    """gptcore.memory.estimate's peak for the case's model and its breakdown by category ('err' and None if it
+    raised: an estimate column never fails a case)."""
     try:  # batch: the preset's sequences per optimizer step (the estimator applies divisor and accumulation)
         question = memory.resolve(cfg, recipe, batch=cfg.batch_size, seq=cfg.block_size, device=device)
         est = memory.estimate(question)
@@ -87,7 +87,11 @@ def benchmark_case(
     timing = timing.on(recipe, device, speed=speed)
     rounds = timing.speed_rounds if speed else timing.rounds
     warmup, rounds, steps_per_round = gate.timing(timing.warmup, rounds, timing.steps_per_round)
-    estimate, estimate_by_category = estimate_of(model, recipe, device)
+    try:  # the batch that fills the device, where the recipe asks for it (Recipe.fit_memory)
+        cfg = fitted(cfg, recipe, device)
+    except ValueError as err:
+        pytest.skip(str(err))
+    estimate, estimate_by_category = estimate_of(cfg, recipe, device)
     reason = cannot_fit(estimate, device)  # a GPU case the estimate says cannot fit: skipped, not an OOM
     if reason:
         pytest.skip(reason)

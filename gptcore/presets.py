@@ -12,7 +12,18 @@ import warnings
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from gptcore.config import CHAR_VOCAB, DDPOptions, FSDP2Options, GPTConfig, Parallel, Recipe, Schedule, Study, Timing
+from gptcore.config import (
+    CHAR_VOCAB,
+    DDPOptions,
+    FSDP2Options,
+    GPTConfig,
+    Kernels,
+    Parallel,
+    Recipe,
+    Schedule,
+    Study,
+    Timing,
+)
 
 GPT2_VOCAB = 50257
 
@@ -91,6 +102,10 @@ MODEL_NOTES: dict[str, str] = _notes(MODEL_PRESETS)
 _NANOGPT_CHAR = Recipe()  # fp32, AdamW (foreach) lr 1e-3 beta2 0.99, warmup 100 + cosine to 1e-4 at 5000, clip 1.0
 _IN_BACKWARD = dict(optim_in_backward=True, grad_clip=None)
 
+#: The share of the device's memory the ladder's top rung fills: the estimate is of the eager step (compile's is
+#: lower) and the CUDA libraries' workspaces and CUDA graphs' pool sit outside it.
+FILL_SHARE = 0.85
+
 # The ladder: each rung adds one optimization to the one before. Fused AdamW throughout (build-nanogpt uses it
 # wherever available), GPT-2's lr 6e-4 -> 6e-5 and beta2 0.95; manual attention, untied, unpadded and a host
 # sync every step at the bottom.
@@ -112,10 +127,15 @@ _LADDER_STEPS: list[tuple[str, dict]] = [
     ("no-sync", dict(sync_every_step=False)),
     ("amp", dict(precision="bf16")),
     ("compile", dict(compile=True)),
-    ("flash", dict(attention="flash")),
+    ("flash attention (sdpa's own dispatch)", dict(attention="sdpa")),
     ("vocab-pad", dict(vocab_multiple=64)),
     ("tied", dict(tie_weights=True)),
     ("workers", dict(num_workers=2, pin_memory=True)),
+    # past nanoGPT: what engineers reach for now
+    ("fused linear cross-entropy (liger-kernel)", dict(kernels=Kernels(loss="liger"))),
+    ("FP8 matmuls in the blocks (torchao float8, Hopper or newer)", dict(kernels=Kernels(loss="liger", fp8=True))),
+    ("autotuned compile with CUDA graphs (max-autotune)", dict(compile_mode="max-autotune")),
+    ("the batch that fills 85% of the device (estimate --fit)", dict(fit_memory=FILL_SHARE)),
 ]
 
 

@@ -74,9 +74,23 @@ if [ -z "${GPTCORE_JOB_END:-}" ]; then
 fi
 export GPTCORE_JOB_END
 
-setup() {  # gptcore from this checkout, for the scripts too (the GPU image has every dependency; nothing to install)
+setup() {  # gptcore from this checkout, for the scripts too (the GPU image has every dependency but the gpu extra's)
   mkdir -p "$out"
   [[ ":${PYTHONPATH:-}:" == *":$PWD:"* ]] || export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+  wheels
+}
+
+wheels() {  # the gpu extra's packages (liger-kernel, torchao) from the wheels in .whl/, brought along where the GPU
+  # machine reaches no registry (docs/gpu.md downloads them); installed once into .whl/site, no dependencies (the
+  # image's torch and triton are theirs). Without wheels or with the packages present: nothing to do; a rung whose
+  # package is still missing skips with the reason
+  local site=$PWD/.whl/site
+  if compgen -G ".whl/*.whl" >/dev/null \
+    && ! "$py" -c 'import importlib.util as u, sys; sys.exit(not (u.find_spec("liger_kernel") and u.find_spec("torchao")))'; then
+    [ -d "$site" ] || "$py" -m pip install --quiet --no-deps --no-index --target "$site" .whl/*.whl \
+      || echo "gpu_session.sh: the wheels in .whl/ did not install; the rungs that need them will skip" >&2
+  fi
+  if [ -d "$site" ] && [[ ":${PYTHONPATH:-}:" != *":$site:"* ]]; then export PYTHONPATH=$PYTHONPATH:$site; fi
 }
 
 budget() {

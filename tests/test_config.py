@@ -117,20 +117,36 @@ LADDER_CHANGES = [
     {"vocab_multiple"},
     {"tie_weights"},
     {"num_workers", "pin_memory"},
+    {"kernels.loss"},
+    {"kernels.fp8"},
+    {"compile_mode"},
+    {"fit_memory"},
 ]
+
+
+def _switches(recipe: Recipe, prefix: str = "") -> dict[str, object]:
+    """Every field of ``recipe``, a nested group's by its dotted name (as --set names them)."""
+    fields = {}
+    for f in dataclasses.fields(recipe):
+        value = getattr(recipe, f.name)
+        if dataclasses.is_dataclass(value) and f.name == "kernels":
+            fields.update(_switches(value, f"{prefix}{f.name}."))
+        else:
+            fields[prefix + f.name] = value
+    return fields
 
 
 def test_each_ladder_rung_adds_exactly_one_switch():
     assert len(LADDER) == len(LADDER_CHANGES) + 1
     for lower, upper, expected in zip(LADDER[:-1], LADDER[1:], LADDER_CHANGES, strict=True):
-        a, b = RECIPES[lower], RECIPES[upper]
-        changed = {f.name for f in dataclasses.fields(Recipe) if getattr(a, f.name) != getattr(b, f.name)}
+        a, b = _switches(RECIPES[lower]), _switches(RECIPES[upper])
+        changed = {name for name in a if a[name] != b[name]}
         assert changed == expected, upper
-    top = RECIPES[LADDER[-1]]
+    top = RECIPES["ladder-8"]  # the seed's top rung: nanoGPT's train.py step
     assert (top.precision, top.compile, top.attention, top.vocab_multiple, top.tie_weights, top.adamw_impl) == (
         "bf16",
         True,
-        "flash",
+        "sdpa",  # the seed's "flash attention": sdpa's own dispatch (cuDNN's kernel on Hopper, flash on an A100)
         64,
         True,
         "fused",
@@ -161,6 +177,7 @@ def test_invalid_model_shapes_name_the_field(fields, field):
         (dict(optim_in_backward=True, grad_clip=None, grad_accum_steps=2), "grad_accum_steps"),
         (dict(optim_in_backward=True, grad_clip=None, precision="fp16"), "precision"),
         (dict(attention="flash"), "attention"),
+        (dict(attention="cudnn"), "attention"),
         (dict(precision="fp8"), "precision"),
         (dict(grad_accum_steps=0), "grad_accum_steps"),
         (dict(grad_clip=0.0), "grad_clip"),  # clip_grad_norm_ would erase every gradient
@@ -184,7 +201,11 @@ def test_grad_accumulation_that_does_not_divide_the_batch_is_refused():
         Recipe(grad_accum_steps=5).micro_batch(MODELS["cpu-small"])  # batch 12
 
 
-@pytest.mark.parametrize("recipe", [Recipe(precision="tf32"), Recipe(precision="bf16", attention="flash")])
+@pytest.mark.parametrize(
+    "recipe",
+    [Recipe(precision="tf32")]
+    + [Recipe(precision="bf16", attention=kernel) for kernel in ("flash", "efficient", "cudnn")],
+)
 def test_recipes_the_cpu_cannot_run_are_refused_not_run_as_something_else(recipe):
     with pytest.raises(UnsupportedRecipe):
         check_runnable(recipe, "cpu")

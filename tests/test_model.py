@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.testing import assert_close
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -57,12 +58,77 @@ def test_vocab_padding_changes_no_logit_no_loss_and_trains_no_padding_row():
         state = {**state, name: padded_weight}
     padded.load_state_dict(state)
     (l1, loss1), (l2, loss2) = plain(x, y), padded(x, y)
-    assert l2.shape == l1.shape  # logits are sliced back to the real vocabulary
+    assert l2.shape == l1.shape  # the logits returned are a view of the real vocabulary
     assert_close(l2, l1, rtol=1e-12, atol=1e-12)
     assert_close(loss2, loss1, rtol=1e-12, atol=1e-12)
     loss2.backward()
     assert torch.count_nonzero(padded.lm_head.weight.grad[TINY.vocab_size :]) == 0
     assert torch.count_nonzero(padded.transformer.wte.weight.grad[TINY.vocab_size :]) == 0
+
+
+def sliced_forward(self: GPT, idx: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPT.forward as it was before the padding mask: the lm_head without it, the logits sliced to the real
+    vocabulary (``logits[..., :vocab_size]``) before the loss, which scatters their gradient into a zero-padded
+    B x T x vocab_rows copy in backward. Tests plant it to compare with, and to show the ledger sees the copy."""
+    x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(torch.arange(idx.size(1))))
+    for block in self.transformer.h:
+        x = block(x)
+    logits = F.linear(self.transformer.ln_f(x), self.lm_head.weight)[..., : self.cfg.vocab_size]
+    return logits, F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_padding_mask_gives_the_sliced_loss_and_gradients(tied):
+    """The -inf padding columns add exp(-inf) = 0 to the softmax's sum, so the loss and every gradient are the
+    sliced loss's, up to the order the sums are taken in: float64 over 128 columns, ~1e-16 relative (measured
+    below 1e-15), so 1e-12 has room and no formula change could hide in it. The padding rows' gradient is 0
+    exactly: softmax gives their columns 0 and the loss's gradient there is 0."""
+    x, y = batches(1)[0]
+    padded = model(Recipe(vocab_multiple=64, tie_weights=tied)).train()
+    assert padded.vocab_rows == 128 and torch.isneginf(padded.lm_head.padding_mask[TINY.vocab_size :]).all()
+    masked_logits, masked = padded(x, y)
+    masked.backward()
+    masked_grads = {n: p.grad.clone() for n, p in padded.named_parameters()}
+    head_grad = padded.lm_head.weight.grad.clone()  # wte's, when tied
+    padded.zero_grad(set_to_none=True)
+    sliced_logits, sliced = sliced_forward(padded, x, y)
+    sliced.backward()
+    assert_close(masked_logits, sliced_logits, rtol=1e-12, atol=1e-12)
+    assert_close(masked, sliced, rtol=1e-12, atol=1e-12)
+    for name, p in padded.named_parameters():
+        assert_close(masked_grads[name], p.grad, rtol=1e-12, atol=1e-12, msg=name)
+    assert torch.count_nonzero(head_grad[TINY.vocab_size :]) == 0
+
+
+def test_padding_mask_makes_no_copy_of_the_logits(monkeypatch):
+    """The padded step's work ledger (one optimizer step, every operator and allocation counted) has no copy of
+    the logits: no slice's zero-padded gradient, and no allocation beyond the unpadded step's but the wider
+    tensors themselves. The sliced loss, planted, is seen: its slice_backward allocates one B x T x vocab_rows
+    tensor."""
+    from gptcore.measure.work import count_step
+    from gptcore.training.trainer import Trainer
+
+    recipe = Recipe(vocab_multiple=64, tie_weights=False)
+    batch = batches(1)[0]
+    masked = count_step(Trainer(TINY, recipe, "cpu"), batch)
+    plain = count_step(Trainer(TINY, dataclasses.replace(recipe, vocab_multiple=1), "cpu"), batch)
+    assert "aten.slice_backward.default" not in masked.allocations_by_op
+    # the same storages as the unpadded step; the lm_head's matmul takes the mask as its bias (addmm, whose 2-D
+    # output is viewed 3-D, where mm's is _unsafe_view'd) and the logits returned are a slice of the real vocabulary
+    assert masked.allocations == plain.allocations
+    ops, plain_ops = masked.by_op("op calls"), plain.by_op("op calls")
+    moved = {op: ops.get(op, 0) - plain_ops.get(op, 0) for op in {*ops, *plain_ops}}
+    assert {op: n for op, n in moved.items() if n} == {
+        "aten.addmm.default": 1,
+        "aten.mm.default": -1,
+        "aten.view.default": 1,
+        "aten._unsafe_view.default": -1,
+        "aten.slice.Tensor": 1,
+    }
+    monkeypatch.setattr(GPT, "forward", sliced_forward)
+    sliced = count_step(Trainer(TINY, recipe, "cpu"), batch)
+    assert sliced.allocations_by_op["aten.slice_backward.default"] == 1
+    assert sliced.allocations == masked.allocations + 1
 
 
 def test_weight_tying_shares_storage_and_saves_vocab_times_width_parameters():
@@ -90,10 +156,11 @@ def test_flops_per_token_matches_flop_counter(attention):
     assert counter.get_total_flops() == m.flops_per_token() * x.numel()
 
 
-def test_flash_attention_is_refused_on_cpu_with_the_reason():
-    reason = attention_unsupported("flash", "cpu")
-    assert reason and "CUDA" in reason
-    assert attention_unsupported("sdpa", "cpu") is None
+@pytest.mark.parametrize("attention", ["flash", "efficient", "cudnn"])
+def test_pinned_cuda_attention_is_refused_on_cpu_with_the_reason(attention):
+    reason = attention_unsupported(attention, "cpu")
+    assert reason and reason.startswith(f"{attention} attention needs a CUDA GPU")
+    assert attention_unsupported("sdpa", "cpu") is None and attention_unsupported("math", "cpu") is None
 
 
 def test_sequence_longer_than_the_context_is_refused():

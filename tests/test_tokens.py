@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from gptcore.config import GPTConfig, Parallel
+from gptcore.config import CUDA_ATTENTION, GPTConfig, Kernels, Parallel
 from gptcore.measure.runner import CaseRunner
 from gptcore.presets import RECIPES
 from gptcore.training import distributed
@@ -24,17 +24,19 @@ CFG = dataclasses.replace(TINY, batch_size=16)
 
 def tokens_of_one_step(cfg: GPTConfig, recipe_name: str) -> int:
     """Tokens the model reads in one optimizer step, counted at its input (world size 1). Compilation, data
-    parallelism and the CUDA-only kernels (TF32, flash attention) are switched off: none changes which batches a
-    step draws, the CUDA ones cannot run here, and compiling every compiled recipe would take minutes."""
+    parallelism and the CUDA-only kernels (TF32, pinned attention, liger, FP8) are switched off: none changes which
+    batches a step draws, the CUDA ones cannot run here, and compiling every compiled recipe would take minutes."""
     recipe = RECIPES[recipe_name]
     recipe = dataclasses.replace(
         recipe,
         compile=False,
         memory_budget=None,
         compile_scope="model",
+        compile_mode="default",
+        kernels=Kernels(),  # liger's and torchao's kernels: GPU-only, and they change no batch
         parallel=Parallel(),
         precision="fp32" if recipe.precision == "tf32" else recipe.precision,
-        attention="sdpa" if recipe.attention == "flash" else recipe.attention,
+        attention="sdpa" if recipe.attention in CUDA_ATTENTION else recipe.attention,
     )
     trainer = Trainer(cfg, recipe, "cpu")
     seen: list[int] = []

@@ -50,12 +50,16 @@ def run(args: argparse.Namespace) -> int:
     from gptcore.measure.convergence import train_and_evaluate
     from gptcore.measure.runner import out_of_memory_in
     from gptcore.measure.timing import process_peak_memory
+    from gptcore.memory.fit import fitted
     from gptcore.training.trainer import Trainer, resolve_device
 
     cfg, recipe, label = case(args)
     if args.batch is not None:
         cfg = dataclasses.replace(cfg, batch_size=args.batch)
     device = resolve_device(args.device)
+    if args.batch is None and recipe.fit_memory is not None:  # the batch that fills the device
+        cfg = fitted(cfg, recipe, device.type)
+        print(f"fit_memory {recipe.fit_memory}: batch {cfg.batch_size}", file=sys.stderr)
     try:
         trainer = Trainer(cfg, recipe, device)
     except Exception as err:  # only an OOM is handled, as below

@@ -37,12 +37,22 @@ TRACKED_PASS_COST = 3.0
 """The CPU tracked pass (2 steps under the live-bytes tracker) costs about this many plain steps per step."""
 
 
+AUTOTUNE_SECONDS = 240.0
+"""What compile's autotuning modes add (max-autotune benchmarks each matmul's and pointwise kernel's candidate
+configurations, forward and backward; CUDA graphs are recorded during the warm-up)."""
+PLAN_MEMORY_BYTES = 150_121_545_728
+"""The device memory a fitted batch (Recipe.fit_memory) is planned for: an H200's, the largest lent GPU, so that
+the plan is not short on either."""
+
+
 def compile_seconds(cfg: GPTConfig, recipe: Recipe) -> float:
     """Assumed cold-compile time: 30 s, and 1 s a block for the whole model (the blocks' kernels are alike, so
-    inductor's code cache serves most of them); regional compilation compiles one block."""
+    inductor's code cache serves most of them); regional compilation compiles one block; an autotuning mode adds
+    :data:`AUTOTUNE_SECONDS`."""
     if not recipe.compile:
         return 0.0
-    return 30.0 + (1.0 if recipe.compile_scope == "blocks" else 1.0 * cfg.n_layer)
+    autotune = AUTOTUNE_SECONDS if "autotune" in recipe.compile_mode else 0.0
+    return 30.0 + (1.0 if recipe.compile_scope == "blocks" else 1.0 * cfg.n_layer) + autotune
 
 
 def flops_per_token(cfg: GPTConfig, recipe: Recipe) -> float:
@@ -82,6 +92,10 @@ def case_seconds(
     """Assumed wall time of a benchmark case (warm-up, timed rounds, the ledger's step, on CPU the tracked pass)
     or of a convergence case (``schedule``: its steps and evaluations)."""
     cfg, recipe = MODELS[model], RECIPES[recipe_name]
+    if recipe.fit_memory is not None:  # the batch that fills the device: its step is that much longer
+        from gptcore.memory.fit import fitted
+
+        cfg = fitted(cfg, recipe, device, PLAN_MEMORY_BYTES if device == "cuda" else None)
     step = step_seconds(cfg, recipe, device, world)
     if schedule is not None:
         evals = len(schedule.eval_steps) * schedule.eval_batches / 3  # a forward is a third of a step

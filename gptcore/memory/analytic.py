@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from gptcore.config import GPTConfig, Recipe
+from gptcore.config import CUDA_ATTENTION, GPTConfig, Recipe
 from gptcore.memory.categories import (
     BUFFERS,
     CATEGORIES,
@@ -67,17 +67,26 @@ def resolve(
             f"compile: the eager equivalent; inductor's fusion{budget} usually lower the real peak "
             "(measured on CPU by the allocator's count: the CPU tier)"
         )
-        recipe = dataclasses.replace(recipe, compile=False, compile_scope="model", memory_budget=None)
-    if device == "cpu" and (recipe.precision == "tf32" or recipe.attention == "flash"):
+        recipe = dataclasses.replace(
+            recipe, compile=False, compile_scope="model", compile_mode="default", memory_budget=None
+        )
+    if recipe.fit_memory is not None:
+        notes.append(f"fit_memory {recipe.fit_memory}: the batch given here (gptcore.memory.fit chooses it)")
+        recipe = dataclasses.replace(recipe, fit_memory=None)
+    kernels = recipe.kernels.loss != "torch" or recipe.kernels.fp8
+    if device == "cpu" and (recipe.precision == "tf32" or recipe.attention in CUDA_ATTENTION or kernels):
         from gptcore.training.trainer import unsupported_reason
 
         raise ValueError(unsupported_reason(recipe, "cpu"))
     if recipe.precision == "tf32":
         notes.append("tf32: the tensors of fp32 (TF32 changes matmul precision, not sizes)")
         recipe = dataclasses.replace(recipe, precision="fp32")
-    if recipe.attention == "flash":
-        notes.append("flash: memory as sdpa's fused kernels (O(T) saved: the output and its log-sum-exp)")
+    if recipe.attention in CUDA_ATTENTION:
+        notes.append(f"{recipe.attention}: memory as sdpa's fused kernels (O(T) saved: the output and its log-sum-exp)")
         recipe = dataclasses.replace(recipe, attention="sdpa")
+    if recipe.kernels.fp8:
+        notes.append("fp8: the tensors of the recipe's precision (FP8's saved 1-byte casts and scales not modelled)")
+        recipe = dataclasses.replace(recipe, kernels=dataclasses.replace(recipe.kernels, fp8=False))
     if cfg.dropout > 0 and recipe.attention == "sdpa" and device == "cpu":
         notes.append("dropout > 0 on the CPU: sdpa falls back to its math kernel, which saves T x T probabilities")
     return Question(cfg, recipe, device, tuple(notes))
@@ -206,6 +215,8 @@ def estimate(question: Question) -> Estimate:
             tally.new(4, OPTIMIZER_TEMPORARIES)  # the 0-dim step count (the tracker tags only tensors with dims)
     for _ in range(cfg.n_layer if run.attention == "manual" else 0):
         tally.new(cfg.block_size**2, BUFFERS)  # the causal mask of each attention module
+    if run.vocab_rows != run.V:
+        tally.new(run.vocab_rows * param_bytes, BUFFERS)  # the lm_head's padding mask (0, -inf)
     tally.new(2 * 8 * run.B * run.accum_steps * run.T, OTHER)  # the step's input and target token ids
     tally.new(4, OTHER)  # the running loss
     grads = Gradients(run, tally, shapes)

@@ -246,6 +246,10 @@ def simulate(question: Question, method: Method = "auto") -> Simulation:
     direct run if the extrapolation's own check fails."""
     if method not in get_args(Method):
         raise ValueError(f"method: unknown {method!r}; choose from {', '.join(get_args(Method))}")
+    if question.recipe.kernels.loss != "torch":
+        raise ValueError(
+            "simulate: liger's fused loss runs Triton kernels, which fake tensors cannot; the estimate stands"
+        )
     cfg, recipe, notes = question.cfg, question.recipe, question.notes
     cuda = question.device == "cuda"
     recipe = dataclasses.replace(recipe, sync_every_step=False, num_workers=0, pin_memory=False)  # host side only

@@ -153,8 +153,11 @@ def block_backward(run: Run, tally: Tally, grads: Gradients, i: int, saved: Save
 
 def gpt_backward(run: Run, tally: Tally, grads: Gradients, blocks: list[Saved], head: Saved) -> None:
     """loss.backward(): cross-entropy, lm_head, ln_f, the blocks top-down, the embeddings."""
-    param_bytes, BTC = run.param_bytes, run.BTC
-    n = run.BT * run.V
+    BTC = run.BTC
+    if "fused" in head:
+        dx = fused_head_backward(run, tally, grads, head)
+        return _below_the_head(run, tally, grads, blocks, head, dx, [])
+    n = run.BT * run.vocab_rows  # the padding columns' gradient is 0, and it is there: no copy to pad it
     scalars = [tally.temporary(run.loss_bytes) for _ in range(2)]
     d_nll = tally.temporary(run.loss_bytes * n)
     if head["nll_input"] is not None:  # CUDA autocast: back through nll_loss's fp32 cast, then log_softmax
@@ -168,11 +171,29 @@ def gpt_backward(run: Run, tally: Tally, grads: Gradients, blocks: list[Saved], 
         tally.free(d_nll, head["logprobs"])
         if run.autocast:  # back through the fp32 upcast
             d_logits = tally.replace(d_logits, 2 * n)
-    if run.vocab_rows != run.V:  # back through logits[..., :vocab_size]: a zero-padded full-width gradient
-        d_logits = tally.replace(d_logits, run.matmul_bytes * run.B * run.T * run.vocab_rows)
     dx = linear_backward(
         run, tally, grads, "lm_head", BTC, False, (d_logits, head["input"], head["weight"]), cast_input=run.autocast
     )
+    _below_the_head(run, tally, grads, blocks, head, dx, scalars)
+
+
+def fused_head_backward(run: Run, tally: Tally, grads: Gradients, head: Saved) -> Handle:
+    """Back through liger's fused linear cross-entropy: its gradients, made in the forward, come out as they are
+    (the loss's gradient is 1), then back through autocast's casts: the input's and the weight's to fp32."""
+    grad_input, grad_weight, grad_bias = head["fused"]
+    tally.free(*head["nll"])
+    dx = tally.replace(grad_input, 4 * run.BTC) if run.autocast else grad_input
+    incoming = grads.incoming("lm_head.weight")
+    tally.free(grad_weight, grad_bias)
+    grads.accumulate("lm_head.weight", incoming)
+    return dx
+
+
+def _below_the_head(
+    run: Run, tally: Tally, grads: Gradients, blocks: list[Saved], head: Saved, dx: Handle, scalars: list
+) -> None:
+    """ln_f, the blocks top-down and the embeddings, from the gradient ``dx`` of ln_f's output."""
+    param_bytes, BTC = run.param_bytes, run.BTC
     dx = layernorm_backward(run, tally, grads, "transformer.ln_f", (dx, head["x"], *head["ln_f_stats"]))
     for i in reversed(range(run.L)):
         dx = block_backward(run, tally, grads, i, blocks[i], dx)

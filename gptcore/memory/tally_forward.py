@@ -234,11 +234,18 @@ def gpt_forward(run: Run, tally: Tally) -> tuple[Handle, list[Saved], Saved]:
     head: Saved = {"x": x, "positions": positions, "emb_mask": emb_mask}
     ln_f_out = tally.activation(param_bytes * BTC)
     head["ln_f_stats"] = layernorm_stats(run, tally)
+    if run.recipe.kernels.loss == "liger":
+        head.update(fused_head_forward(run, tally, ln_f_out))
+        tally.free(*cache)
+        return None, blocks, head
     head["weight"] = weight_copy(run, tally, run.vocab_rows * run.C, 0, cache, keep=True)
     head["input"] = tally.new(2 * BTC, LOGITS_AND_LOSS) if autocast else ln_f_out
+    # autocast's copy of the padding mask (model.LMHead's bias: a buffer, so not cached), dead after the matmul
+    padded = run.vocab_rows != run.V
+    mask_cast = tally.new(2 * run.vocab_rows, LOGITS_AND_LOSS) if autocast and padded else None
     logits = tally.new(run.matmul_bytes * run.B * run.T * run.vocab_rows, LOGITS_AND_LOSS)
-    tally.free(ln_f_out if autocast else None)
-    n = run.BT * run.V
+    tally.free(ln_f_out if autocast else None, mask_cast)
+    n = run.BT * run.vocab_rows  # the loss reads every column: the padding ones are -inf
     # cross-entropy = log_softmax, then nll_loss; under autocast one of them casts to fp32 first (Run.logprob_bytes):
     # the CPU's the logits (a temporary), CUDA's nll_loss the log-probabilities (a copy it saves for backward)
     nll_casts = run.logprob_bytes != run.loss_bytes
@@ -250,3 +257,34 @@ def gpt_forward(run: Run, tally: Tally) -> tuple[Handle, list[Saved], Saved]:
     tally.free(upcast)
     tally.free(*cache)  # leaving autocast clears its cache: bias copies die, saved weight copies live on
     return logits, blocks, head
+
+
+#: liger-kernel 0.8.5's fused linear cross-entropy bounds one chunk's logits to this many times the input's size.
+LIGER_CHUNK_MEM_CONST = 1
+
+
+def fused_head_forward(run: Run, tally: Tally, ln_f_out: Handle) -> Saved:
+    """The lm_head and the loss by liger's fused linear cross-entropy (gptcore.training.kernels): its operands cast
+    to the autocast dtype, the gradients made in the forward (the input's in its dtype, the weight's and the padding
+    mask's in fp32 accumulators, then cast back), one chunk of rows' logits at a time. Saves the three gradients;
+    the logits never exist whole. Liger's per-chunk temporaries (a chunk's input gradient) are not counted."""
+    mb, rows, BT = run.matmul_bytes, run.vocab_rows, run.BT
+    padded = rows != run.V
+    casts = [tally.new(mb * run.BTC, LOGITS_AND_LOSS), tally.new(mb * rows * run.C, LOGITS_AND_LOSS)]
+    casts.append(tally.new(mb * rows, LOGITS_AND_LOSS) if padded else None)
+    if not run.autocast:  # no casts: liger reads the LayerNorm's output and the weight themselves
+        tally.free(*casts)
+        casts = []
+    grad_input = tally.new(mb * run.BTC, LOGITS_AND_LOSS)
+    grad_weight = tally.new(4 * rows * run.C, LOGITS_AND_LOSS)
+    grad_bias = tally.new(4 * rows, LOGITS_AND_LOSS) if padded else None
+    loss_1d, target_mask = tally.new(4 * BT, LOGITS_AND_LOSS), tally.new(BT, LOGITS_AND_LOSS)
+    inc_factor = -(-rows // (LIGER_CHUNK_MEM_CONST * run.C))
+    chunk = min(1 << (-(-BT // inc_factor) - 1).bit_length(), BT)  # the next power of two, at most BT
+    tally.free(tally.new(mb * chunk * rows, LOGITS_AND_LOSS), target_mask)
+    loss = tally.new(4, LOGITS_AND_LOSS)
+    tally.free(loss_1d)
+    grad_weight = tally.replace(grad_weight, mb * rows * run.C)
+    grad_bias = tally.replace(grad_bias, mb * rows) if padded else None
+    tally.free(*casts, ln_f_out)  # the LayerNorm's output: its backward saves its input, not its output
+    return {"fused": (grad_input, grad_weight, grad_bias), "nll": (loss, None)}

@@ -16,22 +16,32 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from gptcore.config import GPTConfig, Recipe
+from gptcore.training.kernels import fused_linear_cross_entropy
 
-_SDPA_BACKEND = {"flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}
+#: The kernels a recipe may pin sdpa to (the attention study); "sdpa" leaves the choice to sdpa's own dispatch,
+#: which picks FlashAttention-2 on an A100 and cuDNN's attention on Hopper.
+_SDPA_BACKEND = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "math": SDPBackend.MATH,
+}
+#: The pinned kernels that exist only on a CUDA GPU, and the compute capability each needs.
+_CUDA_KERNELS = {"flash": (8, 0), "efficient": (5, 0), "cudnn": (8, 0)}
 
 
 def attention_unsupported(attention: str, device: torch.device | str) -> str | None:
     """Why ``attention`` cannot run on ``device``, or None when it can."""
     device = torch.device(device)
-    if attention != "flash":
+    if attention not in _CUDA_KERNELS:
         return None
+    need = "{}.{}".format(*_CUDA_KERNELS[attention])
     if device.type != "cuda":
-        return f"flash attention needs a CUDA GPU (compute capability >= 8.0); this run is on {device.type}"
+        return f"{attention} attention needs a CUDA GPU (compute capability >= {need}); this run is on {device.type}"
     major, minor = torch.cuda.get_device_capability(device)
-    if major < 8:
-        return (
-            f"flash attention needs compute capability >= 8.0; {torch.cuda.get_device_name(device)} is {major}.{minor}"
-        )
+    if (major, minor) < _CUDA_KERNELS[attention]:
+        name = torch.cuda.get_device_name(device)
+        return f"{attention} attention needs compute capability >= {need}; {name} is {major}.{minor}"
     return None
 
 
@@ -79,6 +89,24 @@ class MLP(nn.Module):
         return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
 
 
+class LMHead(nn.Linear):
+    """The lm_head, ``vocab_rows`` wide. Padded (``vocab_rows > vocab_size``), it adds a constant bias of 0 on the
+    real columns and -inf on the padding ones: the matmul's epilogue adds it (no copy of the B x T x vocab logits),
+    the softmax gives the padding columns probability 0, so the loss is the loss over the real vocabulary, and their
+    gradient is 0 (no padding row of the weight is trained). The bias is a buffer, not a parameter."""
+
+    def __init__(self, n_embd: int, vocab_rows: int, vocab_size: int) -> None:
+        super().__init__(n_embd, vocab_rows, bias=False)
+        mask = None
+        if vocab_rows > vocab_size:
+            mask = torch.zeros(vocab_rows)
+            mask[vocab_size:] = float("-inf")
+        self.register_buffer("padding_mask", mask, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.padding_mask)
+
+
 class Block(nn.Module):
     def __init__(self, cfg: GPTConfig, attention: str) -> None:
         super().__init__()
@@ -93,7 +121,8 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """nanoGPT's GPT; ``forward(idx, targets)`` returns (logits over the real vocabulary, mean loss or None)."""
+    """nanoGPT's GPT; ``forward(idx, targets)`` returns (logits over the real vocabulary, mean loss or None); with
+    the fused linear cross-entropy (Recipe.kernels.loss) and targets, (None, mean loss)."""
 
     def __init__(self, cfg: GPTConfig, recipe: Recipe | None = None) -> None:
         super().__init__()
@@ -101,6 +130,7 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.checkpoint_blocks = recipe.checkpoint
         self.tied = recipe.tie_weights
+        self.fused_loss = recipe.kernels.loss == "liger"
         self.vocab_rows = recipe.vocab_rows(cfg)
         self.transformer = nn.ModuleDict(
             dict(
@@ -111,7 +141,7 @@ class GPT(nn.Module):
                 ln_f=nn.LayerNorm(cfg.n_embd, bias=cfg.bias),
             )
         )
-        self.lm_head = nn.Linear(cfg.n_embd, self.vocab_rows, bias=False)
+        self.lm_head = LMHead(cfg.n_embd, self.vocab_rows, cfg.vocab_size)
         if self.tied:
             self.transformer.wte.weight = self.lm_head.weight  # one storage for both
         self.apply(self._init_weights)
@@ -128,7 +158,7 @@ class GPT(nn.Module):
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         B, T = idx.size()
         if T > self.cfg.block_size:
             raise ValueError(f"block_size: sequence of {T} tokens exceeds the model's {self.cfg.block_size}")
@@ -139,12 +169,16 @@ class GPT(nn.Module):
                 x = checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)
-        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab_rows)
-        if self.vocab_rows != self.cfg.vocab_size:
-            logits = logits[..., : self.cfg.vocab_size]  # padding rows never reach the loss
+        if self.fused_loss and targets is not None:  # the head and the loss in one: the logits are never made
+            head = self.lm_head
+            return None, fused_linear_cross_entropy(self.transformer.ln_f(x), head.weight, head.padding_mask, targets)
+        # no local holds ln_f's output: it dies at the matmul (under autocast its bf16 cast is what is saved)
+        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab_rows), padding columns -inf
         loss = None
-        if targets is not None:
+        if targets is not None:  # over all vocab_rows columns: the padding ones add exp(-inf) = 0
             loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+        if self.vocab_rows != self.cfg.vocab_size:
+            logits = logits[..., : self.cfg.vocab_size]  # a view: the caller sees the real vocabulary
         return logits, loss
 
     def num_params(self) -> int:

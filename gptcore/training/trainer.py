@@ -21,6 +21,7 @@ import torch.nn as nn
 from gptcore.config import GPTConfig, Recipe
 from gptcore.training import distributed
 from gptcore.training.data import Corpus, TokenBatches, check_vocab, load_corpus, make_loader
+from gptcore.training.kernels import convert_to_fp8, kernels_unsupported
 from gptcore.training.model import GPT, attention_unsupported
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -48,7 +49,7 @@ def unsupported_reason(recipe: Recipe, device: torch.device | str, cfg: GPTConfi
     """Why ``recipe`` cannot run on ``device`` (for model ``cfg``, when given), or None when it can. Nothing is
     ever run as something else, and nothing is run that would train on wrong gradients."""
     device = torch.device(device)
-    reason = attention_unsupported(recipe.attention, device)
+    reason = attention_unsupported(recipe.attention, device) or kernels_unsupported(recipe.kernels, device)
     if reason:
         return reason
     if cfg is not None and cfg.dropout > 0 and recipe.memory_budget is not None and recipe.memory_budget < 1.0:
@@ -153,6 +154,8 @@ class Trainer:
         if recipe.precision == "bf16-pure":
             dtype = torch.bfloat16
         self.model = GPT(cfg, recipe).to(device=self.device, dtype=dtype)
+        if recipe.kernels.fp8:
+            convert_to_fp8(self.model.transformer.h)
         # the loss is summed over micro-batches in the master dtype, never below float32
         self.loss_dtype = torch.promote_types(dtype, torch.float32)
         if recipe.compile:
@@ -164,11 +167,12 @@ class Trainer:
         self.forward = self.model
         if recipe.parallel.mode != "none":  # DDP: a wrapper; FSDP2: the model sharded in place (before the optimizer)
             self.forward = distributed.wrap(self.model, recipe, self.device)
+        mode = None if recipe.compile_mode == "default" else recipe.compile_mode
         if recipe.compile and recipe.compile_scope == "blocks":
             for block in self.model.transformer.h:
-                block.compile()  # in place; Dynamo inlines nn.Module calls, so the blocks share one graph
+                block.compile(mode=mode)  # in place; Dynamo inlines nn.Module calls, so the blocks share one graph
         elif recipe.compile:
-            self.forward = torch.compile(self.model)
+            self.forward = torch.compile(self.model, mode=mode)
         self.autocast_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(recipe.precision)
         self.scaler = torch.amp.GradScaler(self.device.type) if recipe.precision == "fp16" else None
         groups = param_groups(self.model, recipe.weight_decay)

@@ -1,0 +1,50 @@
+"""The configuration's types: GPTConfig (model shape), Recipe (every training switch, grouped by what it switches:
+Recipe.parallel's data parallelism, Recipe.kernels' kernels past nanoGPT's), Study with its Schedule and Timing; the
+named values are in gptcore.presets. Frozen dataclasses checked on creation (and by ``dataclasses.replace``):
+ValueError names the field, a nested one dotted. No torch, for a fast CLI."""
+
+from gptcore.config.model import CHAR_VOCAB, DATASETS, Dataset, GPTConfig
+from gptcore.config.parallel import PARALLELS, DDPOptions, FSDP2Options, FSDPParamDtype, Parallel, ParallelMode
+from gptcore.config.recipe import (
+    CUDA_ATTENTION,
+    HALF_PRECISIONS,
+    AdamWImpl,
+    Attention,
+    CompileMode,
+    CompileScope,
+    Kernels,
+    LossKernel,
+    LRSchedule,
+    Optimizer,
+    Precision,
+    Recipe,
+)
+from gptcore.config.study import Schedule, Study, Timing
+
+__all__ = [
+    "CHAR_VOCAB",
+    "DATASETS",
+    "Dataset",
+    "GPTConfig",
+    "PARALLELS",
+    "DDPOptions",
+    "FSDP2Options",
+    "FSDPParamDtype",
+    "Parallel",
+    "ParallelMode",
+    "CUDA_ATTENTION",
+    "HALF_PRECISIONS",
+    "AdamWImpl",
+    "Attention",
+    "CompileMode",
+    "CompileScope",
+    "Kernels",
+    "LossKernel",
+    "LRSchedule",
+    "Optimizer",
+    "Precision",
+    "Recipe",
+    "Schedule",
+    "Study",
+    "Timing",
+]

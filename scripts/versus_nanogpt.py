@@ -1,0 +1,100 @@
+"""A ladder rung side by side with nanoGPT's train.py step, in one process on one GPU, on the same batches.
+
+nanoGPT's code is never part of this repository: pass the folder of a nanoGPT checkout (its model.py is imported
+from there; docs/gpu.md fetches it at run time into a git-ignored folder, since the GPU machine reaches no network).
+Both steps are GPT-2 124M at B=16, T=1024, bf16 autocast, torch.compile, vocab 50,304, tied, fused AdamW (lr 6e-4,
+betas 0.9/0.95, weight decay 0.1), clip 1.0, on the same random batches already on the GPU. After a warm-up of each
+(compilation), ROUNDS rounds of STEPS steps alternate between the two (which goes first alternates too), each round
+timed by CUDA events; the median tokens/s of each and their ratio are printed, and written to --json.
+
+Usage: python scripts/versus_nanogpt.py NANOGPT_DIR [--recipe ladder-8] [--rounds 10] [--steps 10] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from gptcore.presets import MODELS, get_recipe
+from gptcore.training.trainer import Trainer
+
+B, T, VOCAB, PADDED = 16, 1024, 50257, 50304
+
+
+def nanogpt_step(folder: Path):
+    """nanoGPT's model at GPT-2 124M with its configure_optimizers, compiled, and its train.py step."""
+    spec = importlib.util.spec_from_file_location("nanogpt_model", folder / "model.py")
+    if spec is None or not (folder / "model.py").is_file():
+        sys.exit(f"versus_nanogpt.py: no model.py in {folder}: pass a nanoGPT checkout's folder")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cfg = module.GPTConfig(block_size=T, vocab_size=PADDED, n_layer=12, n_head=12, n_embd=768, dropout=0.0, bias=True)
+    model = module.GPT(cfg).cuda()
+    optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), "cuda")
+    compiled = torch.compile(model)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            _, loss = compiled(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def timed(step, batches: list, steps: int) -> float:
+    """Tokens/s of ``steps`` steps over ``batches``, by CUDA events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(steps):
+        step(*batches[i % len(batches)])
+    end.record()
+    end.synchronize()
+    return steps * B * T / (start.elapsed_time(end) / 1e3)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("nanogpt", type=Path, help="a nanoGPT checkout's folder (outside this repository)")
+    parser.add_argument("--recipe", default="ladder-8", help="the gptcore recipe (default ladder-8, B=16)")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("versus_nanogpt.py: needs a CUDA GPU")
+    torch.manual_seed(0)
+    batches = [
+        (torch.randint(0, VOCAB, (B, T), device="cuda"), torch.randint(0, VOCAB, (B, T), device="cuda"))
+        for _ in range(4)
+    ]
+    trainer = Trainer(MODELS["gpt2"], get_recipe(args.recipe), "cuda")
+    if trainer.micro_batch * trainer.accum != B:
+        sys.exit(f"versus_nanogpt.py: {args.recipe} trains a batch of {trainer.micro_batch * trainer.accum}, not {B}")
+    steps = {"gptcore": lambda x, y: trainer.step((x, y)), "nanoGPT": nanogpt_step(args.nanogpt)}
+    for step in steps.values():  # warm-up: compilation and the optimizer's state
+        timed(step, batches, 5)
+    rates: dict[str, list[float]] = {name: [] for name in steps}
+    for r in range(args.rounds):
+        for name in list(steps) if r % 2 == 0 else list(steps)[::-1]:
+            rates[name].append(timed(steps[name], batches, args.steps))
+    median = {name: statistics.median(values) for name, values in rates.items()}
+    ratio = median["gptcore"] / median["nanoGPT"]
+    device = f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
+    print(f"{device}: gptcore {args.recipe} {median['gptcore']:,.0f} tok/s, nanoGPT {median['nanoGPT']:,.0f} tok/s")
+    print(f"ratio {ratio:.3f} (median of {args.rounds} alternating rounds of {args.steps} steps)")
+    if args.json:
+        args.json.write_text(json.dumps(dict(device=device, recipe=args.recipe, rates=rates, ratio=ratio), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

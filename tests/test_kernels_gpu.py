@@ -1,0 +1,108 @@
+"""On a GPU (the smoke stage): the ladder's kernels past nanoGPT against a float64 reference on a tiny model, each
+new kind reached once. liger's and torchao's kernels are Triton's and exist only on a GPU; the reference is the same
+model's loss and gradients computed in float64 on the CPU (the sliced-logits-free loss that tests/test_model.py
+proves on CPU). Skipped, with the reason, without CUDA or without the package (``pip install -e '.[gpu]'``).
+
+Tolerances from the arithmetic. bf16 has an 8-bit significand (unit roundoff 2^-8 = 3.9e-3): one bf16 matmul's
+relative error grows as sqrt(K) x 2^-8 for K-term fp32-accumulated sums of rounded products, about 2% at K = 64;
+through two blocks and the head a loss near ln(128) = 4.85 moves by well under 1%, so the loss is checked at 1e-2
+relative and each gradient by the cosine of its angle to the reference (> 0.99) and its norm (within 5%). FP8 e4m3
+has a 4-bit significand (2^-4 = 6.3% unit roundoff): 5x looser, 5e-2 on the loss, cosine > 0.95, norm within 20%.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from gptcore.config import Kernels, Recipe
+from gptcore.memory.fit import fit_batch
+from gptcore.training.kernels import kernels_unsupported
+from gptcore.training.trainer import Trainer
+from tests.helpers import TINY, batches
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (liger's and torchao's Triton kernels)"),
+]
+
+# 128 wide and a padded vocabulary: FP8's matmuls need dimensions divisible by 16, the head takes the padding mask
+SHAPE = dataclasses.replace(TINY, n_embd=128, n_head=4, batch_size=4)
+BF16 = Recipe(precision="bf16", vocab_multiple=64, adamw_impl="fused")
+
+
+def _skip_unless_runnable(recipe: Recipe) -> None:
+    reason = kernels_unsupported(recipe.kernels, "cuda")
+    if reason:
+        pytest.skip(reason)
+
+
+def _loss_and_grads(recipe: Recipe, device: str, dtype: torch.dtype) -> tuple[float, dict[str, torch.Tensor]]:
+    """One forward and backward of the tiny model, seeded alike, on the same batch: the loss and every gradient."""
+    trainer = Trainer(SHAPE, recipe, device, dtype=dtype)
+    x, y = (t.to(device) for t in batches(1, SHAPE)[0])
+    with trainer.autocast():
+        loss = trainer.forward(x, y)[1]
+    loss.backward()
+    grads = {n: p.grad.detach().double().cpu() for n, p in trainer.model.named_parameters() if p.grad is not None}
+    return loss.item(), grads
+
+
+def _reference() -> tuple[float, dict[str, torch.Tensor]]:
+    return _loss_and_grads(dataclasses.replace(BF16, precision="fp32"), "cpu", torch.float64)
+
+
+def _close(got: tuple[float, dict], want: tuple[float, dict], loss_rtol: float, cosine: float, norm: float) -> None:
+    assert got[0] == pytest.approx(want[0], rel=loss_rtol)
+    for name, ref in want[1].items():
+        g = got[1][name]
+        cos = torch.nn.functional.cosine_similarity(g.flatten(), ref.flatten(), dim=0).item()
+        assert cos > cosine, f"{name}: cosine {cos:.4f} to the float64 gradient"
+        assert g.norm().item() == pytest.approx(ref.norm().item(), rel=norm), name
+
+
+def test_liger_fused_loss_matches_float64():
+    recipe = dataclasses.replace(BF16, kernels=Kernels(loss="liger"))
+    _skip_unless_runnable(recipe)
+    got = _loss_and_grads(recipe, "cuda", torch.float32)
+    _close(got, _reference(), 1e-2, 0.99, 0.05)
+    # and the unfused bf16 head, the rung below, on the same footing
+    _close(_loss_and_grads(BF16, "cuda", torch.float32), _reference(), 1e-2, 0.99, 0.05)
+
+
+def test_fp8_matmuls_match_float64():
+    recipe = dataclasses.replace(BF16, kernels=Kernels(fp8=True))
+    _skip_unless_runnable(recipe)
+    got = _loss_and_grads(recipe, "cuda", torch.float32)
+    _close(got, _reference(), 5e-2, 0.95, 0.2)
+
+
+def test_max_autotune_with_cuda_graphs_trains_like_the_default_compile():
+    """compile_mode max-autotune (autotuned kernels, CUDA graphs): three steps' losses equal the default compile's
+    within bf16's rounding (both bf16 autocast; only the kernels differ)."""
+    losses = {}
+    for mode in ("default", "max-autotune"):
+        trainer = Trainer(SHAPE, dataclasses.replace(BF16, compile=True, compile_mode=mode), "cuda")
+        losses[mode] = [trainer.step().item() for _ in range(3)]
+    assert losses["max-autotune"] == pytest.approx(losses["default"], rel=1e-2)
+
+
+def test_the_fitted_batch_fits_the_device():
+    """fit_memory on the real device: the fitted batch's step peaks within its budget (the estimate is the eager
+    step's; measured peaks were within 0.5% of it, docs/memory.md), and one more sequence's estimate would not."""
+    recipe = dataclasses.replace(BF16, fit_memory=0.01)
+    capacity = torch.cuda.get_device_properties(0).total_memory
+    fit = fit_batch(SHAPE, recipe, "cuda", capacity)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    trainer = Trainer(dataclasses.replace(SHAPE, batch_size=fit.batch), recipe, "cuda")
+    for _ in range(2):
+        trainer.step()
+    torch.cuda.synchronize()
+    measured = torch.cuda.max_memory_allocated() - base
+    budget = fit.budget_bytes
+    print(f"fitted batch {fit.batch}: estimated {fit.peak_bytes:,} B, measured {measured:,} B, budget {budget:,} B")
+    assert measured <= budget * 1.01

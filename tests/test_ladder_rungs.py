@@ -1,0 +1,140 @@
+"""The rungs past nanoGPT, on CPU: the batch that fills the device is the estimator's largest that fits; the kernels
+that need a GPU or a package are refused in one line; the compile mode reaches torch.compile; the fused loss's
+estimate drops the logits. Their arithmetic against a float64 reference runs on a GPU (tests/test_kernels_gpu.py,
+in the smoke stage)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+
+import pytest
+import torch
+
+from gptcore.config import Kernels, Recipe
+from gptcore.memory import estimate, resolve
+from gptcore.memory.fit import fit_batch, fitted
+from gptcore.presets import LADDER, MODELS, RECIPES
+from gptcore.training import kernels as kernels_module
+from gptcore.training.kernels import kernels_unsupported
+from gptcore.training.trainer import Trainer, UnsupportedRecipe
+from tests.helpers import TINY, run_cli
+
+pytestmark = pytest.mark.cpu
+
+GPT2, TOP = MODELS["gpt2"], RECIPES["ladder-8"]
+H200 = 150_121_545_728  # torch.cuda.get_device_properties(0).total_memory of an NVIDIA H200 (docs/gpu.md)
+
+
+def _peak(cfg, recipe, batch, device="cuda") -> int:
+    return estimate(resolve(cfg, recipe, batch=batch, seq=cfg.block_size, device=device)).total_bytes
+
+
+@pytest.mark.parametrize("share", [0.5, 0.85])
+@pytest.mark.parametrize("recipe", ["ladder-8", "ladder-12"])
+def test_the_fitted_batch_is_the_largest_whose_estimate_fits(recipe, share):
+    recipe = dataclasses.replace(RECIPES[recipe], fit_memory=share)
+    fit = fit_batch(GPT2, recipe, "cuda", H200)
+    base = dataclasses.replace(recipe, fit_memory=None)
+    assert fit.budget_bytes == int(share * H200)
+    assert fit.peak_bytes == _peak(GPT2, base, fit.batch) <= fit.budget_bytes
+    assert _peak(GPT2, base, fit.batch + recipe.grad_accum_steps) > fit.budget_bytes  # one more would not fit
+
+
+def test_the_fitted_batch_respects_accumulation_and_the_cpu():
+    cpu = dataclasses.replace(MODELS["cpu-small"])
+    recipe = Recipe(grad_accum_steps=2, fit_memory=0.5)
+    fit = fit_batch(cpu, recipe, "cpu", 100_000_000)
+    assert fit.batch % 2 == 0
+    base = dataclasses.replace(recipe, fit_memory=None)
+    assert _peak(cpu, base, fit.batch, "cpu") <= 50_000_000 < _peak(cpu, base, fit.batch + 2, "cpu")
+    assert fitted(cpu, recipe, "cpu", 100_000_000).batch_size == fit.batch
+    assert fitted(cpu, dataclasses.replace(recipe, fit_memory=None), "cpu", 1) is cpu  # no fit asked: the model's
+
+
+def test_the_top_rung_fills_the_device_with_a_larger_batch_than_the_seeds():
+    assert LADDER[-1] == "ladder-12" and RECIPES["ladder-12"].fit_memory == 0.85
+    fitted_batch = fitted(GPT2, RECIPES["ladder-12"], "cuda", H200).batch_size
+    assert fitted_batch > 64  # the seed grew its batch by hand to 64
+
+
+def test_a_batch_that_cannot_fit_is_one_line():
+    done = run_cli(
+        "estimate", "--model", "cpu-small", "--recipe", "fp32", "--device", "cpu", "--fit", "0.5", "--capacity", "9"
+    )
+    err = done.stderr.strip()
+    assert done.returncode != 0 and len(err.splitlines()) == 1 and "a batch of 1 already needs" in err
+
+
+def test_estimate_fit_prints_the_fitted_batch():
+    done = run_cli("estimate", "--model", "gpt2", "--recipe", "ladder-12", "--capacity", str(H200))
+    out = done.stdout
+    batch = fitted(GPT2, RECIPES["ladder-12"], "cuda", H200).batch_size
+    assert done.returncode == 0 and f"fit: batch {batch} is the largest" in out and f"batch {batch}, seq 1024" in out
+
+
+def test_the_fused_loss_estimate_makes_no_logits_and_lowers_the_peak():
+    plain = estimate(resolve(GPT2, TOP))
+    fused = estimate(resolve(GPT2, dataclasses.replace(TOP, kernels=Kernels(loss="liger"))))
+    logits = 2 * 16 * 1024 * TOP.vocab_rows(GPT2)  # the bf16 logits alone
+    assert plain.at_forward_end["logits and loss"] > logits
+    assert fused.at_forward_end["logits and loss"] < logits / 10  # its saved gradients: B x T x C and V x C
+    assert fused.total_bytes < plain.total_bytes / 1.5
+    assert fused.num_params == plain.num_params
+
+
+@pytest.mark.parametrize(
+    "kernels, start",
+    [
+        (Kernels(loss="liger"), "liger's fused linear cross-entropy run Triton kernels on a CUDA GPU"),
+        (Kernels(fp8=True), "FP8 training matmuls run Triton kernels on a CUDA GPU"),
+    ],
+)
+def test_gpu_kernels_are_refused_on_cpu_in_one_line(kernels, start):
+    recipe = dataclasses.replace(TOP, compile=False, kernels=kernels)
+    with pytest.raises(UnsupportedRecipe, match=f"^{start}; this run is on cpu$"):
+        Trainer(TINY, dataclasses.replace(recipe, precision="bf16", num_workers=0, pin_memory=False), "cpu")
+    with pytest.raises(ValueError, match="CUDA GPU"):
+        resolve(TINY, recipe, device="cpu")
+
+
+def test_a_missing_package_is_named_with_how_to_install_it(monkeypatch):
+    """On a GPU that could run it, a recipe whose package is missing is skipped with the reason (the planted case: a
+    Hopper GPU faked, find_spec answering None)."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        kernels_module.importlib.util,
+        "find_spec",
+        lambda name: None if name in ("liger_kernel", "torchao") else real(name),
+    )
+    reason = kernels_unsupported(Kernels(loss="liger"), "cuda")
+    install = "needs liger-kernel==0.8.5 (pip install -e '.[gpu]'), which is not installed"
+    assert reason == f"liger's fused linear cross-entropy {install}"
+    assert "torchao==0.18.0" in kernels_unsupported(Kernels(fp8=True), "cuda")
+
+
+def test_fp8_is_refused_below_hopper(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    reason = kernels_unsupported(Kernels(fp8=True), "cuda")
+    assert (
+        reason == "FP8 training matmuls need compute capability >= 9.0 (Hopper or newer); NVIDIA A100-SXM4-80GB is 8.0"
+    )
+
+
+@pytest.mark.parametrize("mode, passed", [("default", None), ("max-autotune", "max-autotune")])
+def test_the_compile_mode_reaches_torch_compile(monkeypatch, mode, passed):
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda model, mode=None: seen.append(mode) or model)
+    Trainer(TINY, Recipe(compile=True, compile_mode=mode), "cpu")
+    assert seen == [passed]
+
+
+def test_a_compile_mode_without_compile_is_refused():
+    with pytest.raises(ValueError, match="^compile_mode: a compile mode needs compile=True"):
+        Recipe(compile_mode="max-autotune")
+    with pytest.raises(ValueError, match="^fit_memory: must be a share in"):
+        Recipe(fit_memory=1.5)
+    with pytest.raises(ValueError, match="^kernels.loss: unknown 'cce'"):
+        Kernels(loss="cce")

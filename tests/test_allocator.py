@@ -63,6 +63,40 @@ def test_an_allocation_is_counted_to_the_byte_and_given_back_when_freed() -> Non
     assert allocator.max_allocated_bytes() == before
 
 
+def test_a_windows_peak_does_not_depend_on_when_the_cyclic_collector_runs() -> None:
+    """A counted tensor held only by a reference cycle, made before a window opens, is freed by whichever collection
+    comes first: before the window (then it is in neither the start's count nor the rise) or inside it (then the
+    count falls below the start and the rise reads short by its bytes). The window collects before it opens and
+    holds the collector off inside, so a collection at any moment inside gives the same peak; without that, the
+    collection inside freed both calls' garbage and the second peak read 6,144 B instead of 8,192 (cpu-small under
+    budget-0.60 peaked 128 B apart from run to run for this reason)."""
+
+    class Cycle:
+        pass
+
+    def peak(collect_inside: bool) -> int:
+        a, b = Cycle(), Cycle()
+        a.b, b.a = b, a
+        a.t = torch.empty(1024, dtype=torch.uint8)  # counted; only the cyclic collector frees it
+        del a, b
+        with allocator.window(0) as w:
+            x = torch.empty(4096, dtype=torch.uint8)
+            if collect_inside:
+                gc.collect()  # as an automatic collection would, at a moment of its own
+            y = torch.empty(4096, dtype=torch.uint8)
+            del x, y
+        return w.peak_bytes
+
+    assert peak(collect_inside=False) == peak(collect_inside=True) == 8192
+    gc.enable()  # the collector is held off inside a window and given back as it was found
+    try:
+        with allocator.window(0):
+            assert not gc.isenabled()
+        assert gc.isenabled()
+    finally:
+        gc.disable()
+
+
 def test_outside_counting_c10s_own_allocator_serves_and_what_was_counted_is_still_given_back() -> None:
     before = allocator.allocated_bytes()
     kept = torch.empty(100, dtype=torch.uint8)  # counted: inside the fixture's block

@@ -42,6 +42,10 @@ def _name(op: str) -> str:
     return op.removesuffix(".default")
 
 
+def _swap(a: str, n: int, b: str, m: int) -> str:
+    return f"{_name(a)} ({n:,}) -> {_name(b)} ({m:,})"
+
+
 @dataclass
 class PhaseChanges:
     """What changed in the operators of one phase."""
@@ -75,7 +79,7 @@ class PhaseChanges:
 
     def text(self) -> str:
         """'forward: aten.X (12) -> aten.Y (12), aten.Z (4) new' (the phase first, then each change)."""
-        said = [f"{_name(a)} ({n:,}) -> {_name(b)} ({m:,})" for a, n, b, m in self.swapped]
+        said = [_swap(*s) for s in self.swapped]
         said += [f"{_name(op)} ({n:,}) gone" for op, n in self.gone]
         said += [f"{_name(op)} ({n:,}) new" for op, n in self.new]
         said += [f"{_name(op)} {before:,} -> {now:,}" for op, before, now in self.traded]
@@ -115,11 +119,7 @@ def changes(now: dict[str, dict[str, int]] | None, before: dict[str, dict[str, i
 def renamed_text(found: list[PhaseChanges], before_torch: str, now_torch: str) -> str | None:
     """'renamed between torch 2.13.0+cpu and 2.15.0+cu132: backward: fsdp.chunk_cat (5) -> fsdp.chunk_cat_mixed_dtype
     (5)' for the swaps at an equal count; None when there are none."""
-    said = [
-        f"{c.phase}: " + ", ".join(f"{_name(a)} ({n:,}) -> {_name(b)} ({m:,})" for a, n, b, m in c.renames())
-        for c in found
-        if c.renames()
-    ]
+    said = [f"{c.phase}: " + ", ".join(_swap(*s) for s in c.renames()) for c in found if c.renames()]
     return f"renamed between torch {before_torch} and {now_torch}: {'; '.join(said)}" if said else None
 
 
@@ -149,8 +149,8 @@ def operator_checks(
     if now is None or before is None:
         return []
     judged, renamed = split(changes(now.ops, before.ops), *torches)
-    checks = [Check(RENAMED, None, None, None, Status.CHANGED, f"{renamed}; the operator's name changed, not the work")]
-    checks = checks if renamed else []
+    news = f"{renamed}; the operator's name changed, not the work"
+    checks = [Check(RENAMED, None, None, None, Status.CHANGED, news)] if renamed else []
     if not judged:
         return checks
     said = "; ".join(c.text() for c in judged)

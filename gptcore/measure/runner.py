@@ -177,7 +177,7 @@ class CaseRunner:
                 steps -= TRACKED_STEPS
             for _ in range(steps):
                 self._step()
-        self.steady = CompileWatch()  # the timed rounds and the steps after them: a steady step compiles nothing
+        self.steady = CompileWatch() if self.recipe.compile else None  # the timed rounds and the steps after them
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -296,7 +296,8 @@ class CaseRunner:
         """The work ledger of one more step (after the peaks are read; the loss step itself where that is the next
         step, whose loss is then read from it), and MFU from its FLOPs where they differ from the analytic formula."""
         trainer, m = self.trainer, self.m
-        try:
+        steady = self.steady.stop() if self.steady else None  # a steady step compiles nothing; stopped here, before
+        try:  # the counted step (under its modes Dynamo compiles nothing), so that Dynamo's record ring is given back
             ledger, loss = counted_step(trainer)
             if trainer.step_count == self.loss_step:
                 self.loss_at = loss
@@ -305,8 +306,8 @@ class CaseRunner:
                 raise
             self.out_of_memory(oom)
             return
-        if self.recipe.compile:  # the warm-up's, and what the steps since compiled (not the counted step: Dynamo
-            ledger.compile = self.compiled + self.steady.stop()  # compiles nothing under the ledger's modes)
+        if steady is not None:  # the warm-up's, and what the steps since compiled
+            ledger.compile = self.compiled + steady
         m.work = ledger.to_json()
         analytic = trainer.model.flops_per_token()
         counted = sum(ledger.flops.values()) // m.tokens_per_step

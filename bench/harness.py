@@ -17,6 +17,8 @@ from gptcore.measure.convergence import Convergence, converge
 from gptcore.measure.runner import Measurement, cannot_fit, out_of_memory_in, run_case
 from gptcore.memory.fit import fitted
 from gptcore.presets import MODELS, RECIPES
+from gptcore.training.kernels import FP8_CAPABILITY
+from gptcore.training.model import attention_capability
 from gptcore.training.trainer import unsupported_reason
 
 
@@ -43,14 +45,12 @@ def run_if(
 
 
 def needs_of(recipe: Recipe, device: str) -> list[pytest.MarkDecorator]:
-    """The run_if marks a recipe implies on ``device`` (bf16 and flash need the right GPU)."""
+    """The run_if marks a recipe implies on ``device``: bf16, a pinned attention kernel and FP8 need the right GPU
+    (the capabilities are the model's and the kernels' own, which ``unsupported_reason`` checks again at run time)."""
     if device != "cuda":
         return []
-    return run_if(
-        cuda=True,
-        bf16=recipe.precision.startswith("bf16"),
-        min_capability=(8, 0) if recipe.attention in ("flash", "cudnn") else None,
-    )
+    needs = [c for c in (attention_capability(recipe.attention), FP8_CAPABILITY if recipe.kernels.fp8 else None) if c]
+    return run_if(cuda=True, bf16=recipe.precision.startswith("bf16"), min_capability=max(needs, default=None))
 
 
 def grid(study: Study) -> list:

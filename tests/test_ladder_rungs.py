@@ -123,6 +123,28 @@ def test_fp8_is_refused_below_hopper(monkeypatch):
     )
 
 
+@pytest.mark.parametrize(
+    "rung, capability, skipped",
+    [
+        ("ladder-5", (7, 5), None),  # sdpa's own dispatch runs on any GPU
+        ("ladder-8", (8, 0), None),
+        ("ladder-10", (8, 0), "needs compute capability >= 9.0"),  # FP8 over the rung's bf16
+        ("ladder-10", (9, 0), None),
+    ],
+)
+def test_the_gpu_grid_skips_at_collection_what_the_gpu_cannot_run(monkeypatch, rung, capability, skipped):
+    from bench.harness import needs_of
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    marks = needs_of(RECIPES[rung], "cuda")
+    assert [m.kwargs["reason"] for m in marks] == ([skipped] if skipped else [])
+    pinned = dataclasses.replace(RECIPES["ladder-8"], attention="flash")  # a pinned kernel: the model's own need
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    assert [m.kwargs["reason"] for m in needs_of(pinned, "cuda")] == ["needs compute capability >= 8.0"]
+
+
 @pytest.mark.parametrize("mode, passed", [("default", None), ("max-autotune", "max-autotune")])
 def test_the_compile_mode_reaches_torch_compile(monkeypatch, mode, passed):
     seen = []

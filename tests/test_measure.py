@@ -135,6 +135,26 @@ def test_out_of_memory_is_reported_with_the_case_failed_not_raised(monkeypatch: 
     assert len(m.round_seconds) == 2  # the rounds before the failure
 
 
+def test_a_compiled_case_out_of_memory_in_its_rounds_gives_dynamos_record_ring_back(monkeypatch) -> None:
+    # the steady CompileWatch enlarges Dynamo's ring of compilation records while it watches; the counted step that
+    # normally stops it never runs after an OOM. The compiler itself is not under test: the model runs eagerly.
+    from torch._dynamo import utils as dynamo
+
+    kept = dynamo._compilation_metrics.maxlen
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
+    step, count = Trainer.step, itertools.count()
+
+    def step_then_oom(self, batch=None):
+        if next(count) == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return step(self, batch)
+
+    monkeypatch.setattr(Trainer, "step", step_then_oom)
+    m = run_case(CPU_SMALL, RECIPES["compile"], "cpu", warmup=2, rounds=3, steps_per_round=1)
+    assert m.error.startswith("out of memory after 3 steps")
+    assert dynamo._compilation_metrics.maxlen == kept
+
+
 @pytest.mark.cpu
 def test_a_gpu_case_the_estimate_says_cannot_fit_is_skipped_with_the_estimate(monkeypatch):
     from types import SimpleNamespace

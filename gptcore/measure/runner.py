@@ -130,6 +130,7 @@ class CaseRunner:
         self.loss_at: torch.Tensor | float | None = None  # the loss of step ``loss_step``, kept on the device (no
         # sync; a float when read during the tracked steps, where holding a tensor would add its bytes to the peak)
         self.trainer = None
+        self.steady: CompileWatch | None = None  # compiled recipes: what the steps after the warm-up compile
         self._tracked = False  # the peak was tracked over the first warm-up steps
         self.timer = StepTimer(self.device)
         self.gpu_clocks = gpu_clocks or open_clocks(self.device)
@@ -245,6 +246,8 @@ class CaseRunner:
             m.loss_step = self.loss_step if self.loss_step is not None else last
             if m.error is None:  # GPU: one step more, traced, after every other figure (CPU: none)
                 m.gpu_busy_seconds = trace.busy_seconds(trainer.step, self.device)
+        if self.steady is not None:  # a case that ran out of memory in its rounds gives Dynamo's record ring back too
+            self.steady.stop()
         self.trainer = self.last_loss = trainer = None
         gc.collect()
         if self.device.type == "cuda":

@@ -5,6 +5,7 @@ the device's memory. The estimate is monotone in the batch, so doubling then bis
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 from gptcore.config import GPTConfig, Recipe
@@ -30,6 +31,7 @@ def fit_batch(cfg: GPTConfig, recipe: Recipe, device: str, capacity_bytes: int, 
     budget = int(share * capacity_bytes)
     base, accum = dataclasses.replace(recipe, fit_memory=None, batch_divisor=1), recipe.grad_accum_steps
 
+    @functools.cache  # the fitted batch's peak was estimated on the way; it is read back, not estimated again
     def peak(micro: int) -> int:
         question = resolve(cfg, base, batch=micro * accum, seq=cfg.block_size, device=device)
         return estimate(question).total_bytes

@@ -30,16 +30,22 @@ _SDPA_BACKEND = {
 _CUDA_KERNELS = {"flash": (8, 0), "efficient": (5, 0), "cudnn": (8, 0)}
 
 
+def attention_capability(attention: str) -> tuple[int, int] | None:
+    """The CUDA compute capability that ``attention`` needs, or None when it runs anywhere (manual, sdpa, math)."""
+    return _CUDA_KERNELS.get(attention)
+
+
 def attention_unsupported(attention: str, device: torch.device | str) -> str | None:
     """Why ``attention`` cannot run on ``device``, or None when it can."""
     device = torch.device(device)
-    if attention not in _CUDA_KERNELS:
+    capability = attention_capability(attention)
+    if capability is None:
         return None
-    need = "{}.{}".format(*_CUDA_KERNELS[attention])
+    need = "{}.{}".format(*capability)
     if device.type != "cuda":
         return f"{attention} attention needs a CUDA GPU (compute capability >= {need}); this run is on {device.type}"
     major, minor = torch.cuda.get_device_capability(device)
-    if (major, minor) < _CUDA_KERNELS[attention]:
+    if (major, minor) < capability:
         name = torch.cuda.get_device_name(device)
         return f"{attention} attention needs compute capability >= {need}; {name} is {major}.{minor}"
     return None

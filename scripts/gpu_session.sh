@@ -21,8 +21,8 @@
 #   --resume-from  a folder of an earlier job's STAGE.jsonl logs, where OUT_DIR starts empty on each job
 #   --pack FILE    OUT_DIR as one .tar.gz, rewritten every 15 s and at the end (replaced whole, never half
 #                  written), for a job that can hand back only a file or a few: a kill keeps the last 15 s
-#   -k EXPR        the pytest stages run only the cases EXPR matches (pytest's -k; and-ed with a stage's own), e.g.
-#                  `memory,verify -k budget`: record the memory recipes left out, then run the budgets again
+#   -k EXPR        the pytest stages run (and plan) only the cases EXPR matches (pytest's -k; and-ed with a stage's
+#                  own), e.g. `memory,verify -k budget`: record the memory recipes left out, then the budgets again
 # A failed smoke stops the rest.
 set -uo pipefail
 stages=${1:?stage: plan, smoke, ladder, memory, char, convergence, verify, budget or profile (several: smoke,ladder)}
@@ -150,7 +150,8 @@ fi
 rc=0
 for stage in ${stages//,/ }; do
   case "$stage" in
-    plan) "$py" scripts/gpu_stage.py plan ${limit:+--time-limit "$limit"} ${device:+--device "$device"} ;;
+    plan) "$py" scripts/gpu_stage.py plan ${limit:+--time-limit "$limit"} ${device:+--device "$device"} \
+        ${select:+-k "$select"} ;;
     smoke|ladder|memory|char|convergence|verify)
       setup
       "$py" scripts/gpu_stage.py run "$stage" --out "$out" ${resume_from:+--resume "$resume_from/$stage.jsonl"} \

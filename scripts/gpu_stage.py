@@ -1,6 +1,6 @@
 """Run one stage of a GPU run in a time-limited or preemptible job, or plan every stage on CPU.
 
-    python scripts/gpu_stage.py plan [--time-limit S] [--device SLUG]  # every stage, its cases, a planned time
+    python scripts/gpu_stage.py plan [--time-limit S] [--device SLUG] [-k EXPR]  # every stage, cases, planned time
     python scripts/gpu_stage.py run STAGE --out DIR [-k EXPR]  # one stage (its cases EXPR matches), written as it ends
     python scripts/gpu_stage.py fits STAGE                 # exit 0 if a script stage fits what is left of the job
     python scripts/gpu_stage.py job-end [--time-limit S]   # the Unix time a job started now must be done by
@@ -51,8 +51,9 @@ def _overrides(options: list[str]) -> tuple[int | None, int | None, int | None]:
     return tuple(int(values[o]) if o in values else None for o in ("--bench-warmup", "--bench-rounds", "--bench-steps"))
 
 
-def collect(stage: Stage) -> list:
-    """The items pytest would run for ``stage`` (collected here, on CPU; GPU cases are collected and skipped)."""
+def collect(stage: Stage, select: str | None = None) -> list:
+    """The items pytest would run for ``stage`` (collected here, on CPU; GPU cases are collected and skipped), only
+    those ``select`` (pytest's ``-k`` expression) matches where it is given, as ``run`` narrows them."""
     import pytest
 
     class Items:
@@ -64,7 +65,8 @@ def collect(stage: Stage) -> list:
     options = [o for o in stage.options if o not in PLAN_DROPS]
     with contextlib.redirect_stdout(io.StringIO()):  # pytest's own listing: the plan prints its table instead
         code = pytest.main(
-            ["--collect-only", "-q", "-p", "no:cacheprovider", *stage.pytest, *options], plugins=[Items()]
+            ["--collect-only", "-q", "-p", "no:cacheprovider", *selected(stage.pytest, select), *options],
+            plugins=[Items()],
         )
     if code not in (0, 5):
         sys.exit(f"gpu_stage: collecting stage {stage.name} failed (pytest exit {code})")
@@ -101,9 +103,11 @@ def recorded_seconds(device: str | None) -> dict[str, float]:
     return {name: e.seconds for name, e in file.entries.items() if e.seconds}
 
 
-def plan_all(time_limit: float | None, device: str | None = None) -> int:
+def plan_all(time_limit: float | None, device: str | None = None, select: str | None = None) -> int:
     """Print each stage's cases with the planned time (the wall time ``device``'s baselines recorded where there is
-    one, else on an H100) and, under ``time_limit``, the jobs they need; 1 when a case cannot fit one job."""
+    one, else on an H100) and, under ``time_limit``, the jobs they need; 1 when a case cannot fit one job. With
+    ``select`` (a pytest ``-k`` expression), each pytest stage plans only the cases it matches, as a job given the
+    same ``-k`` runs them."""
     from tabulate import tabulate
 
     usable = None if time_limit is None else time_limit - MARGIN_SECONDS
@@ -131,7 +135,11 @@ def plan_all(time_limit: float | None, device: str | None = None) -> int:
             summary.append([name, "—", f"{stage.script_seconds:.0f}", 1, f"{stage.script_seconds:.0f}"])
             unfit += [name] if limit is not None and stage.script_seconds > limit else []
             continue
-        items = collect(stage)
+        items = collect(stage, select)
+        if select and not items:
+            print(f"== {name}: no case matches -k {select}\n")
+            summary.append([name, 0, "0", 0, "0"])
+            continue
         overrides = _overrides(stage.options)  # recorded times hold the full timing: not for smoke's shorter one
         planned = [
             plan.estimate(item, {}, overrides, None if any(overrides) else recorded.get(item.name)) for item in items
@@ -286,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     plan_p = sub.add_parser("plan", help="every stage with its cases and planned time (no GPU needed)")
     plan_p.add_argument("--time-limit", default=None, help=f"the job's seconds (default ${TIME_LIMIT_ENV})")
     plan_p.add_argument("--device", default=None, help="plan from baselines/DEVICE.json's recorded times (nvidia-h200)")
+    plan_p.add_argument("-k", dest="select", default=None, help="plan only the cases this pytest -k EXPR matches")
     run_p = sub.add_parser("run", help="run one stage")
     run_p.add_argument("stage", choices=[n for n in ORDER if STAGES[n].pytest])
     run_p.add_argument("--out", type=Path, required=True, help="where everything is written as it ends")
@@ -299,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     end_p.add_argument("--time-limit", default=None, help=f"the job's seconds (default ${TIME_LIMIT_ENV})")
     args = parser.parse_args(argv)
     if args.command == "plan":
-        return plan_all(time_limit(args.time_limit), args.device)
+        return plan_all(time_limit(args.time_limit), args.device, args.select)
     if args.command == "fits":
         return fits(args.stage)
     if args.command == "job-end":

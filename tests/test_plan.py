@@ -163,24 +163,20 @@ def test_a_plan_for_a_recorded_gpu_takes_the_times_its_baselines_recorded():
 
 
 def test_k_narrows_a_stage_to_the_cases_it_names_and_keeps_the_stages_own_selection(tmp_path):
-    """`gpu_session.sh memory,verify -k budget`: the stages run only the cases -k matches (the budgets left over by
-    an earlier job's deadline), and-ed with a stage's own -k (convergence's shorter runs)."""
+    """`gpu_session.sh memory,verify -k budget`: the stages run (and plan) only the cases -k matches (the budgets left
+    over by an earlier job's deadline), and-ed with a stage's own -k (convergence's shorter runs)."""
     from scripts.gpu_stage import selected
 
     memory, convergence = STAGES["memory"].pytest, STAGES["convergence"].pytest
     assert selected(memory, None) == memory and selected(memory, "budget") == [*memory, "-k", "budget"]
     narrowed = selected(convergence, "fp16")
     assert narrowed.count("-k") == 1 and narrowed[narrowed.index("-k") + 1] == f"({CONVERGENCE_SHORT}) and (fp16)"
-    collected = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *selected(memory, "budget")],
-        cwd=ROOT,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    ids = [line.split("::")[-1] for line in collected.stdout.splitlines() if "::" in line]
-    assert ids == [f"test_memory_recipes[deep-1.6b-{r}]" for r in MEMORY_RECIPES if "budget" in r], collected.stdout
+    planned = gpu_session(["plan", "--time-limit", "540", "-k", "budget"])  # the plan narrows as the run does
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    stages = dict(part.split(":", 1) for part in planned.stdout.split("\n== ")[1:])
+    ids = [line.split("::")[-1].split()[0] for line in stages["memory"].splitlines() if "::" in line]
+    assert ids == [f"test_memory_recipes[deep-1.6b-{r}]" for r in MEMORY_RECIPES if "budget" in r], planned.stdout
+    assert stages["ladder"].strip() == "no case matches -k budget"
     done = gpu_session(["memory", str(tmp_path / "a"), "-k", "budget"])  # no GPU: pytest refuses, after the command
     assert done.returncode == 4 and "/test_memory_recipes.py -k budget --require-gpu" in done.stdout, done.stdout
     bad = gpu_session(["memory", str(tmp_path / "b"), "-k"])

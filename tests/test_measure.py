@@ -118,16 +118,20 @@ def test_run_case_times_the_rounds_apart_from_warmup_and_reads_the_last_loss() -
     assert m.loss == expected
 
 
-def test_out_of_memory_is_reported_with_the_case_failed_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
-    step = Trainer.step
-    count = itertools.count()
+def oom_at_step(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    """Trainer.step raises CUDA's OutOfMemoryError on its ``n``-th call (0-based), and steps as usual before it."""
+    step, count = Trainer.step, itertools.count()
 
     def step_then_oom(self, batch=None):
-        if next(count) == 4:
+        if next(count) == n:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return step(self, batch)
 
     monkeypatch.setattr(Trainer, "step", step_then_oom)
+
+
+def test_out_of_memory_is_reported_with_the_case_failed_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    oom_at_step(monkeypatch, 4)
     # the two warm-up steps (tracked for the peak on CPU), two rounds of one step, then the fifth step fails
     m = run_case(CPU_SMALL, RECIPES["fp32"], "cpu", warmup=2, rounds=3, steps_per_round=1)
     assert m.error.startswith("out of memory after 4 steps: CUDA out of memory. Tried to allocate 2.00 GiB")
@@ -142,14 +146,7 @@ def test_a_compiled_case_out_of_memory_in_its_rounds_gives_dynamos_record_ring_b
 
     kept = dynamo._compilation_metrics.maxlen
     monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
-    step, count = Trainer.step, itertools.count()
-
-    def step_then_oom(self, batch=None):
-        if next(count) == 3:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return step(self, batch)
-
-    monkeypatch.setattr(Trainer, "step", step_then_oom)
+    oom_at_step(monkeypatch, 3)
     m = run_case(CPU_SMALL, RECIPES["compile"], "cpu", warmup=2, rounds=3, steps_per_round=1)
     assert m.error.startswith("out of memory after 3 steps")
     assert dynamo._compilation_metrics.maxlen == kept

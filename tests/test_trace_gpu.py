@@ -1,0 +1,35 @@
+"""On a GPU (the smoke stage): GPU busy time read off a real device timeline. The CPU tests hand the same code a
+profiler with recorded device events (tests/test_trace.py); this one asks CUPTI itself, so that a torch whose profiler
+records no device work under ``ProfilerActivity.CUDA`` alone shows here, at the first GPU call, and not as a column
+of missing busy times in a recorded baseline. Skipped, with the reason, without CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from gptcore.config import Recipe
+from gptcore.measure import trace
+from gptcore.measure.runner import run_case
+from gptcore.training.trainer import Trainer
+from tests.helpers import TINY
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the device's own timeline)"),
+]
+
+
+def test_a_real_step_on_the_gpu_has_a_busy_time_and_a_case_records_it():
+    device = torch.device("cuda")
+    trainer = Trainer(TINY, Recipe(), device)
+    trainer.step()  # the first step's one-time work (cuBLAS handles, the optimizer's state) outside the trace
+    timeline = trace.traced_step(trainer.step, trace.trace_for(device))
+    linears = sum(isinstance(m, nn.Linear) for m in trainer.model.modules())
+    assert timeline.events >= 3 * linears  # each Linear: a forward matmul and two in backward, at the least
+    # the union of the intervals is at most their sum (equal where no two kernels overlapped); both sums of the same
+    # microsecond figures, so 1 ns covers their floating-point rounding
+    assert 0 < timeline.busy_seconds <= timeline.kernel_seconds + 1e-9
+    m = run_case(TINY, Recipe(), device, warmup=1, rounds=1, steps_per_round=1)
+    assert m.error is None and m.gpu_busy_seconds is not None and m.gpu_busy_seconds > 0

@@ -66,6 +66,13 @@ def test_a_batch_that_cannot_fit_is_one_line():
     assert done.returncode != 0 and len(err.splitlines()) == 1 and "a batch of 1 already needs" in err
 
 
+def test_a_fit_for_a_gpu_on_a_machine_without_one_is_one_line_naming_capacity(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a CPU-only machine, whatever this one is
+    done = run_cli("estimate", "--model", "gpt2", "--recipe", "ladder-12")
+    [line] = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and "sees no CUDA GPU here" in line and "--capacity" in line, done.stderr
+
+
 def test_estimate_fit_prints_the_fitted_batch():
     done = run_cli("estimate", "--model", "gpt2", "--recipe", "ladder-12", "--capacity", str(H200))
     out = done.stdout

@@ -51,10 +51,16 @@ def fit_batch(cfg: GPTConfig, recipe: Recipe, device: str, capacity_bytes: int, 
 
 
 def device_memory(device: str) -> int:
-    """The memory a batch may fill: the GPU's (``cuda``: device 0's total), or the host's physical memory (``cpu``)."""
+    """The memory a batch may fill: the GPU's (``cuda``: device 0's total), or the host's physical memory (``cpu``).
+    ValueError, in one line, for ``cuda`` on a machine with no CUDA GPU."""
     if device == "cuda":
         import torch
 
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"fit_memory: the batch that fills the GPU needs the GPU's memory, and torch {torch.__version__} sees "
+                f"no CUDA GPU here; give the memory in bytes (estimate --capacity; an H200 has 150,121,545,728)"
+            )
         return torch.cuda.get_device_properties(0).total_memory
     import os
 

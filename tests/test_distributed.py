@@ -334,3 +334,6 @@ def test_a_parallel_recipe_outside_torchrun_is_refused_with_the_command(monkeypa
     monkeypatch.delenv("RANK", raising=False)
     with pytest.raises(UnsupportedRecipe, match="runs under torchrun"):
         Trainer(MODELS["cpu-small"], RECIPES["fsdp2"], "cpu")
+    # the command it gives runs what was asked for: HSDP's 2 replicas of 2 ranks each, not FSDP2 on 2
+    with pytest.raises(UnsupportedRecipe, match=r"on a 2-D mesh \(2 replicas\).*--nproc-per-node=4 .*--recipe hsdp$"):
+        Trainer(MODELS["cpu-small"], RECIPES["hsdp"], "cpu")

@@ -61,9 +61,12 @@ def unsupported_reason(recipe: Recipe, device: torch.device | str, cfg: GPTConfi
         )
     mode = recipe.parallel.mode
     if mode != "none" and not distributed.launched():
+        fsdp2 = recipe.parallel.fsdp2
+        replicas = fsdp2.replicate if fsdp2 is not None else 1  # HSDP: each replica shards over 2 ranks at the least
+        what, example = (f"{mode} on a 2-D mesh ({replicas} replicas)", "hsdp") if replicas > 1 else (mode, mode)
         return (
-            f"parallel {mode} runs under torchrun (RANK and WORLD_SIZE are unset), e.g. "
-            f"torchrun --nproc-per-node=2 -m gptcore train --model cpu-small --recipe {mode}"
+            f"parallel {what} runs under torchrun (RANK and WORLD_SIZE are unset), e.g. "
+            f"torchrun --nproc-per-node={2 * replicas} -m gptcore train --model cpu-small --recipe {example}"
         )
     if device.type == "cpu":
         if recipe.precision == "tf32":

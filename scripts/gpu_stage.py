@@ -165,7 +165,8 @@ def plan_all(time_limit: float | None, device: str | None = None, select: str | 
         return 1
     if usable is not None:
         print(f"\nEvery job fits its time limit by this estimate ({usable:.0f} s for cases).")
-    print(f"\nA first run, in order: bash scripts/gpu_session.sh {','.join(ORDER)} OUT_DIR [--time-limit S]")
+    narrowed = f" -k {shlex.quote(select)}" if select else ""
+    print(f"\nA first run, in order: bash scripts/gpu_session.sh {','.join(ORDER)} OUT_DIR [--time-limit S]{narrowed}")
     return 0
 
 

@@ -177,6 +177,7 @@ def test_k_narrows_a_stage_to_the_cases_it_names_and_keeps_the_stages_own_select
     ids = [line.split("::")[-1].split()[0] for line in stages["memory"].splitlines() if "::" in line]
     assert ids == [f"test_memory_recipes[deep-1.6b-{r}]" for r in MEMORY_RECIPES if "budget" in r], planned.stdout
     assert stages["ladder"].strip() == "no case matches -k budget"
+    assert planned.stdout.rstrip().endswith("OUT_DIR [--time-limit S] -k budget")  # the run it plans
     done = gpu_session(["memory", str(tmp_path / "a"), "-k", "budget"])  # no GPU: pytest refuses, after the command
     assert done.returncode == 4 and "/test_memory_recipes.py -k budget --require-gpu" in done.stdout, done.stdout
     bad = gpu_session(["memory", str(tmp_path / "b"), "-k"])

@@ -18,6 +18,15 @@ TORCHAO = ("torchao", "torchao==0.18.0")
 FP8_CAPABILITY = (9, 0)
 
 
+def below_capability(device: torch.device, capability: tuple[int, int]) -> str | None:
+    """'NVIDIA A100-SXM4-80GB is 8.0' where CUDA ``device`` has a compute capability below ``capability``; None where
+    it meets it. The one check of a kernel's GPU need: the pinned attention kernels' and FP8's."""
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) >= capability:
+        return None
+    return f"{torch.cuda.get_device_name(device)} is {major}.{minor}"
+
+
 def _missing(package: tuple[str, str], what: str) -> str | None:
     module, requirement = package
     if importlib.util.find_spec(module) is None:
@@ -36,10 +45,8 @@ def kernels_unsupported(kernels: Kernels, device: torch.device | str) -> str | N
     for what, package, capability in wanted:
         if device.type != "cuda":
             return f"{what} run Triton kernels on a CUDA GPU; this run is on {device.type}"
-        if capability and torch.cuda.get_device_capability(device) < capability:
-            major, minor = torch.cuda.get_device_capability(device)
-            name = torch.cuda.get_device_name(device)
-            return f"{what} need compute capability >= 9.0 (Hopper or newer); {name} is {major}.{minor}"
+        if capability and (short := below_capability(device, capability)):
+            return f"{what} need compute capability >= {capability[0]}.{capability[1]} (Hopper or newer); {short}"
         reason = _missing(package, what)
         if reason:
             return reason

@@ -16,7 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from gptcore.config import GPTConfig, Recipe
-from gptcore.training.kernels import fused_linear_cross_entropy
+from gptcore.training.kernels import below_capability, fused_linear_cross_entropy
 
 #: The kernels a recipe may pin sdpa to (the attention study); "sdpa" leaves the choice to sdpa's own dispatch,
 #: which picks FlashAttention-2 on an A100 and cuDNN's attention on Hopper.
@@ -44,11 +44,8 @@ def attention_unsupported(attention: str, device: torch.device | str) -> str | N
     need = "{}.{}".format(*capability)
     if device.type != "cuda":
         return f"{attention} attention needs a CUDA GPU (compute capability >= {need}); this run is on {device.type}"
-    major, minor = torch.cuda.get_device_capability(device)
-    if (major, minor) < capability:
-        name = torch.cuda.get_device_name(device)
-        return f"{attention} attention needs compute capability >= {need}; {name} is {major}.{minor}"
-    return None
+    short = below_capability(device, capability)
+    return f"{attention} attention needs compute capability >= {need}; {short}" if short else None
 
 
 class CausalSelfAttention(nn.Module):

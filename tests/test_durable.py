@@ -106,6 +106,30 @@ def test_a_run_killed_after_its_third_case_keeps_cases_one_to_three_in_the_log_a
     assert models[identity.cpu_model()] >= len(logged)
 
 
+def test_the_deadline_skips_a_plain_test_planned_past_it_too(tmp_path):
+    """A stage's plain tests (the smoke's checks on a tiny model) share its time: with 50 s left, a test planned at
+    100 s by its marker is not started, and one at the default 30 s is."""
+    from types import SimpleNamespace
+
+    from gptcore.gate import plan
+    from gptcore.gate.session import Gate
+    from gptcore.plugin.cases import CaseHooks
+
+    def item(name: str, *marks: pytest.Mark) -> SimpleNamespace:
+        return SimpleNamespace(
+            nodeid=f"tests/test_x.py::{name}", name=name, get_closest_marker={m.name: m for m in marks}.get
+        )
+
+    gate = Gate(directory=tmp_path, update=False, strict=False, overrides={}, timing_override=(None,) * 3)
+    hooks = CaseHooks(gate, deadline=50)
+    assert plan.OTHER_SECONDS < 49
+    hooks.pytest_runtest_setup(item("test_quick"))  # started: no skip raised
+    long = pytest.mark.planned(100, why="one long compile").mark
+    with pytest.raises(pytest.skip.Exception, match=r"s left of 50 s, .* about 100 s \(assumed \(one long compile\)\)"):
+        hooks.pytest_runtest_setup(item("test_long", long))
+    assert gate.not_started == ["test_long"]
+
+
 @pytest.mark.slow  # two pytest runs of one or two cases, in this process: ~5 s
 def test_the_deadline_skips_what_would_end_after_it_and_resume_runs_only_that(tmp_path):
     baselines = _copy_baselines(tmp_path)

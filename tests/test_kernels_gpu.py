@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from gptcore.config import Kernels, Recipe
+from gptcore.gate import plan
 from gptcore.memory.fit import fit_batch
 from gptcore.training.kernels import kernels_unsupported
 from gptcore.training.trainer import Trainer
@@ -79,14 +80,22 @@ def test_fp8_matmuls_match_float64():
     _close(got, _reference(), 5e-2, 0.95, 0.2)
 
 
-def test_max_autotune_with_cuda_graphs_trains_like_the_default_compile():
-    """compile_mode max-autotune (autotuned kernels, CUDA graphs): three steps' losses equal the default compile's
-    within bf16's rounding (both bf16 autocast; only the kernels differ)."""
+AUTOTUNED = dataclasses.replace(BF16, compile=True, compile_mode="max-autotune")
+
+
+@pytest.mark.planned(
+    plan.SETUP_SECONDS["cuda"] + plan.compile_seconds(SHAPE, AUTOTUNED),
+    why="one compile with autotuning, as the plan assumes a rung's",
+)
+def test_max_autotune_with_cuda_graphs_trains_like_eager():
+    """compile_mode max-autotune (autotuned kernels, CUDA graphs): three steps' losses equal the eager step's within
+    bf16's rounding (both bf16 autocast; only the kernels differ). Eager, not the default compile, is the reference:
+    the same check for one compile fewer (the compile is nearly all of this test's time)."""
     losses = {}
-    for mode in ("default", "max-autotune"):
-        trainer = Trainer(SHAPE, dataclasses.replace(BF16, compile=True, compile_mode=mode), "cuda")
-        losses[mode] = [trainer.step().item() for _ in range(3)]
-    assert losses["max-autotune"] == pytest.approx(losses["default"], rel=1e-2)
+    for name, recipe in (("eager", BF16), ("autotuned", AUTOTUNED)):
+        trainer = Trainer(SHAPE, recipe, "cuda")  # seeded by its recipe: the same weights and batches
+        losses[name] = [trainer.step().item() for _ in range(3)]
+    assert losses["autotuned"] == pytest.approx(losses["eager"], rel=1e-2)
 
 
 def test_the_fitted_batch_fits_the_device():

@@ -16,6 +16,7 @@ import pytest
 from gptcore.gate import plan
 from gptcore.gate.stages import CONVERGENCE_SHORT, ORDER, STAGES
 from gptcore.presets import MEMORY_RECIPES, MODELS, RECIPES
+from tests import test_kernels_gpu
 from tests.test_gate import ROOT, child_env
 
 pytestmark = pytest.mark.cpu
@@ -61,6 +62,13 @@ def test_the_plan_prints_every_stage_cut_into_jobs_of_the_time_limit():
     for node in STAGES["smoke"].pytest:
         assert node in done.stdout  # every smoke case is a collected test
     assert "jobs of 3600 s (3540 s for cases)" in done.stdout
+    # a plain test plans at 30 s unless it states its own time: the autotuned compile's, as a rung's is planned
+    smoke = {line.split()[0].rsplit("::", 1)[-1]: line.split()[1] for line in done.stdout.splitlines() if "::" in line}
+    assert smoke["test_fp8_matmuls_match_float64"] == f"{plan.OTHER_SECONDS:.0f}"
+    autotuned = plan.SETUP_SECONDS["cuda"] + plan.compile_seconds(
+        test_kernels_gpu.SHAPE, dataclasses.replace(test_kernels_gpu.BF16, compile=True, compile_mode="max-autotune")
+    )
+    assert autotuned > 240 and smoke["test_max_autotune_with_cuda_graphs_trains_like_eager"] == f"{autotuned:.0f}"
     assert "Every job fits its time limit by this estimate (3540 s for cases)" in done.stdout
     assert f"bash scripts/gpu_session.sh {','.join(ORDER)} OUT_DIR" in done.stdout
 

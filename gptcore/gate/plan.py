@@ -30,7 +30,8 @@ SETUP_SECONDS = {"cpu": 1.0, "cuda": 5.0}
 HISTORY_MARGIN = 1.15
 """A case planned from its history: its last wall time plus 15%."""
 OTHER_SECONDS = 30.0
-"""A test that is not a study case (the smoke stage's estimate-against-measured check)."""
+"""A test that is not a study case (the smoke stage's checks on a tiny model) and states no time of its own: a test
+that takes longer says so with ``@pytest.mark.planned(seconds, why=...)``."""
 PLAN_GPUS = 1
 """GPUs a plan assumes when none is present (a lent machine has one): a 2-rank case then skips itself."""
 TRACKED_PASS_COST = 3.0
@@ -162,6 +163,9 @@ def estimate(
         return Estimate(baseline_seconds * HISTORY_MARGIN, "baseline")
     case = item_case(item)
     if case is None:
+        marker = item.get_closest_marker("planned") if hasattr(item, "get_closest_marker") else None
+        if marker is not None:
+            return Estimate(float(marker.args[0]), f"assumed ({marker.kwargs.get('why', 'its planned marker')})")
         return Estimate(OTHER_SECONDS, f"assumed (a plain test: {OTHER_SECONDS:.0f} s)")
     if case["world"] > gpus_for_plan(case["device"]):
         return Estimate(0.0, f"skipped: needs {case['world']} GPUs")

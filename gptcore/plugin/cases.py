@@ -44,7 +44,9 @@ class CaseHooks:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
-        if self.deadline is None or item.nodeid not in self.bench:
+        # every test, not only the benchmark cases: a stage's plain tests (the smoke's checks on a tiny model) share
+        # its time, planned at their @pytest.mark.planned time or gptcore.gate.plan.OTHER_SECONDS
+        if self.deadline is None:
             return
         planned = self.planned(item)
         left = self.deadline - (time.monotonic() - self.started)

@@ -100,7 +100,8 @@ def add_options(parser: pytest.Parser, root: Path) -> None:
         default=_env_float(DEADLINE_ENV),
         help="start no case that would likely end more than SECONDS after pytest started (judged from "
         "the case's last time in the results log or its baseline, else from its FLOPs at an "
-        f"assumed throughput: gptcore/gate/plan.py); skip those with the reason 'deadline'. "
+        "assumed throughput; a plain test from its @pytest.mark.planned time, else 30 s: "
+        f"gptcore/gate/plan.py); skip those with the reason 'deadline'. "
         f"Default: ${DEADLINE_ENV}",
     )
     group.addoption(

@@ -87,7 +87,9 @@ wheels() {  # the gpu extra's packages (liger-kernel, torchao) from the wheels i
   local site=$PWD/.whl/site
   if compgen -G ".whl/*.whl" >/dev/null \
     && ! "$py" -c 'import importlib.util as u, sys; sys.exit(not (u.find_spec("liger_kernel") and u.find_spec("torchao")))'; then
-    [ -d "$site" ] || "$py" -m pip install --quiet --no-deps --no-index --target "$site" .whl/*.whl \
+    # torchao's wheel ships its own test suite as a top-level package named `test`, which on PYTHONPATH would shadow
+    # the standard library's: removed once installed
+    [ -d "$site" ] || { "$py" -m pip install --quiet --no-deps --no-index --target "$site" .whl/*.whl && rm -rf "$site/test"; } \
       || echo "gpu_session.sh: the wheels in .whl/ did not install; the rungs that need them will skip" >&2
   fi
   if [ -d "$site" ] && [[ ":${PYTHONPATH:-}:" != *":$site:"* ]]; then export PYTHONPATH=$PYTHONPATH:$site; fi

@@ -69,6 +69,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    if args.rounds < 1 or args.steps < 1:
+        sys.exit("versus_nanogpt.py: --rounds and --steps must be at least 1")
     if not torch.cuda.is_available():
         sys.exit("versus_nanogpt.py: needs a CUDA GPU")
     torch.manual_seed(0)
@@ -82,17 +84,19 @@ def main() -> int:
     steps = {"gptcore": lambda x, y: trainer.step((x, y)), "nanoGPT": nanogpt_step(args.nanogpt)}
     for step in steps.values():  # warm-up: compilation and the optimizer's state
         timed(step, batches, 5)
+    device = f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
     rates: dict[str, list[float]] = {name: [] for name in steps}
-    for r in range(args.rounds):
+    for r in range(args.rounds):  # each round printed and written as it ends: a job cut short keeps the rounds so far
         for name in list(steps) if r % 2 == 0 else list(steps)[::-1]:
             rates[name].append(timed(steps[name], batches, args.steps))
-    median = {name: statistics.median(values) for name, values in rates.items()}
-    ratio = median["gptcore"] / median["nanoGPT"]
-    device = f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
+        median = {name: statistics.median(values) for name, values in rates.items()}
+        ratio = median["gptcore"] / median["nanoGPT"]
+        print(f"round {r + 1}: " + ", ".join(f"{n} {v[-1]:,.0f} tok/s" for n, v in rates.items()), flush=True)
+        if args.json:
+            record = dict(device=device, recipe=args.recipe, rounds=r + 1, rates=rates, ratio=ratio)
+            args.json.write_text(json.dumps(record, indent=1))
     print(f"{device}: gptcore {args.recipe} {median['gptcore']:,.0f} tok/s, nanoGPT {median['nanoGPT']:,.0f} tok/s")
     print(f"ratio {ratio:.3f} (median of {args.rounds} alternating rounds of {args.steps} steps)")
-    if args.json:
-        args.json.write_text(json.dumps(dict(device=device, recipe=args.recipe, rates=rates, ratio=ratio), indent=1))
     return 0
 
 

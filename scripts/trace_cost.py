@@ -2,11 +2,11 @@
 
     python scripts/trace_cost.py --model cpu-small --recipe fp32 --pairs 10
 
-A GPU case traces one step more under ``torch.profiler`` (gptcore.measure.trace), after its timed rounds. On CPU
-there is no device timeline, so this traces the CPU's own activity instead, the nearest stand-in: the same profiler
-session around the same step. It prints the first traced step (the profiler's start-up in the process), then the
-median of ``--pairs`` plain and traced steps, alternating, and their ratio. On a GPU the cost is CUPTI's, unmeasured
-here.
+A GPU case traces two steps more under ``torch.profiler`` (gptcore.measure.trace: a warm-up step, thrown away, then
+the step read), after its timed rounds. On CPU there is no device timeline, so this traces the CPU's own activity
+instead, the nearest stand-in: the same profiler session around the same step. It prints the first traced step (the
+profiler's start-up in the process), then the median of ``--pairs`` plain steps and traced measurements, alternating,
+and the cost of a traced step over a plain one. On a GPU the cost is CUPTI's, unmeasured here.
 """
 
 from __future__ import annotations
@@ -56,8 +56,12 @@ def main(argv: list[str] | None = None) -> int:
         traced.append(timed(lambda: trace.traced_step(trainer.step, CPU)))
     p, t = statistics.median(plain), statistics.median(traced)
     print(f"{args.model} {args.recipe}, torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
-    print(f"first traced step: {first * 1e3:,.1f} ms (the profiler starting in the process)")
-    print(f"median of {args.pairs}: plain {p * 1e3:,.1f} ms, traced {t * 1e3:,.1f} ms, ratio {t / p:.2f}")
+    n = trace.WARMUP_STEPS + 1  # the steps of one traced measurement
+    print(f"first traced measurement ({n} steps): {first * 1e3:,.1f} ms (the profiler starting in the process)")
+    print(
+        f"median of {args.pairs}: plain step {p * 1e3:,.1f} ms, traced measurement {t * 1e3:,.1f} ms "
+        f"({n} steps: {t / n / p:.2f}x a plain step each)"
+    )
     return 0
 
 

@@ -31,5 +31,8 @@ def test_a_real_step_on_the_gpu_has_a_busy_time_and_a_case_records_it():
     # the union of the intervals is at most their sum (equal where no two kernels overlapped); both sums of the same
     # microsecond figures, so 1 ns covers their floating-point rounding
     assert 0 < timeline.busy_seconds <= timeline.kernel_seconds + 1e-9
+    # one session after another in a process (a stage traces one per case): the same step, the same records, none
+    # lost or mis-stamped at a session's head (its warm-up step takes those)
+    assert [trace.traced_step(trainer.step, trace.trace_for(device)).events for _ in range(3)] == [timeline.events] * 3
     m = run_case(TINY, Recipe(), device, warmup=1, rounds=1, steps_per_round=1)
     assert m.error is None and m.gpu_busy_seconds is not None and m.gpu_busy_seconds > 0

@@ -244,7 +244,7 @@ class CaseRunner:
             if loss is not None:
                 m.loss = float(loss) if isinstance(loss, float) else float(loss.item())
             m.loss_step = self.loss_step if self.loss_step is not None else last
-            if m.error is None:  # GPU: one step more, traced, after every other figure (CPU: none)
+            if m.error is None:  # GPU: two steps more, traced (a warm-up, then the one read), after every other figure
                 m.gpu_busy_seconds = trace.busy_seconds(trainer.step, self.device)
         if self.steady is not None:  # a case that ran out of memory in its rounds gives Dynamo's record ring back too
             self.steady.stop()

@@ -104,18 +104,29 @@ def device_time(events: Iterable[Any], trace: DeviceTrace) -> DeviceTime:
     )
 
 
+WARMUP_STEPS = 1
+"""Steps traced and thrown away before the one that is read: the profiler's own warm-up (``torch.profiler.schedule``),
+whose documentation says why: the first records of a trace are skewed by the profiler's start. On CUDA a session's
+first kernel records can also be lost or mis-stamped (CUPTI re-registers its clock callback at every session, and
+pytorch/pytorch#192021 found one more record lost per session in a process): those fall in the warm-up."""
+
+
 def traced_step(step: Callable[[], object], trace: DeviceTrace) -> DeviceTime:
-    """Run ``step`` once under the profiler with ``trace``'s activity, wait for the device, and read its timeline."""
-    with profile(activities=[trace.activity]) as prof:
-        step()
-        trace.synchronize()
+    """Run ``step`` under the profiler with ``trace``'s activity, a warm-up step (:data:`WARMUP_STEPS`) and then the
+    step that is read, each waited for on the device, and read that last step's timeline."""
+    schedule = torch.profiler.schedule(wait=0, warmup=WARMUP_STEPS, active=1, repeat=1)
+    with profile(activities=[trace.activity], schedule=schedule) as prof:
+        for _ in range(WARMUP_STEPS + 1):
+            step()
+            trace.synchronize()
+            prof.step()
     return device_time(prof.events(), trace)
 
 
 def busy_seconds(step: Callable[[], object], device: torch.device) -> float | None:
-    """The GPU busy time of one call of ``step`` on ``device``; None, and ``step`` not called, on a device with no
-    trace (CPU); None where the profiler saw no work on the device (a torch built without CUPTI), never a 0 that
-    would read as every kernel gone."""
+    """The GPU busy time of one call of ``step`` on ``device`` (after a traced warm-up call); None, and ``step`` not
+    called, on a device with no trace (CPU); None where the profiler saw no work on the device (a torch built
+    without CUPTI), never a 0 that would read as every kernel gone."""
     device_trace = trace_for(device)
     if device_trace is None:
         return None

@@ -144,6 +144,18 @@ def test_the_warm_up_steps_records_are_traced_and_thrown_away():
     assert timeline.events == 1 and timeline.busy_seconds == timeline.kernel_seconds > 0
 
 
+def test_the_profiler_starts_once_in_a_process_and_never_on_cpu(recorded, monkeypatch):
+    """The runner starts the profiler before a GPU case builds its model, so that its first use comes before any CUDA
+    graph is captured: one empty session in the process, however many cases; none on a device with no trace."""
+    monkeypatch.setattr(trace, "_started", set())
+    for _ in range(2):
+        trace.start_once(torch.device("cuda", 0))
+    assert recorded.entered == [[ProfilerActivity.CUDA]]
+    monkeypatch.setattr(trace, "trace_for", lambda device: None)
+    trace.start_once(torch.device("cpu"))
+    assert recorded.entered == [[ProfilerActivity.CUDA]]
+
+
 def test_no_device_work_in_the_trace_is_no_figure_not_zero(recorded, monkeypatch):
     """A torch without CUPTI traces nothing on the device: no busy time, rather than a 0 that reads as -100%."""
     monkeypatch.setattr(

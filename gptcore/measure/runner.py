@@ -78,8 +78,8 @@ class Measurement:
     """CPU only: median over rounds of the process's CPU time / (wall time x threads); below ~0.9 the machine was
     busy with something else and tokens/s says little (see StepTimer)."""
     gpu_busy_seconds: float | None = None
-    """GPU only: the device's busy time over one more step, traced apart from the timed rounds (the union of its
-    kernels' intervals on the device timeline, gptcore.measure.trace): what a slower host cannot move. None on CPU."""
+    """GPU only: the device's busy time over a step traced after a warm-up one, apart from the timed rounds (the
+    union of its kernels' intervals on the device timeline, gptcore.measure.trace): what a slower host cannot move."""
     error: str | None = None
     """Set when the case failed (out of memory), with what was allocated at the time."""
     case_seconds: float = 0.0
@@ -152,14 +152,14 @@ class CaseRunner:
 
         if self.device.type == "cpu":
             allocator.load()  # built and loaded before anything runs: a case that cannot count fails at once
-            r = self.recipe
-            if r.compile and r.precision in HALF_PRECISIONS and r.parallel.mode == "none":  # before the case's own
-                # Trainer, which seeds torch again: the probe's step changes nothing the case draws
-                self.m.kernel_scratch_bytes = kernel_scratch(self.cfg, r)
+            if self.recipe.compile and self.recipe.precision in HALF_PRECISIONS and self.recipe.parallel.mode == "none":
+                # before the case's own Trainer, which seeds torch again: the probe's step changes nothing it draws
+                self.m.kernel_scratch_bytes = kernel_scratch(self.cfg, self.recipe)
                 gc.collect()
         elif self.device.type == "cuda":  # what an earlier case left allocated is in this case's peak: the gate says so
             gc.collect()
             torch.cuda.empty_cache()
+            trace.start_once(self.device)  # the profiler's first use in the process, before any CUDA graph is captured
             self.m.allocated_before = torch.cuda.memory_allocated(self.device)
         with compile_stats() as self.compiled:  # compilation happens while building and warming up
             t0 = time.perf_counter()

@@ -123,6 +123,22 @@ def traced_step(step: Callable[[], object], trace: DeviceTrace) -> DeviceTime:
     return device_time(prof.events(), trace)
 
 
+_started: set[str] = set()
+
+
+def start_once(device: torch.device) -> None:
+    """Start and stop the device's profiler once in the process, before the first case builds its model: a CUDA
+    graph captured before the profiler's first use and replayed under it (a busy-time trace of max-autotune's
+    graphs) broke CUPTI (pytorch/pytorch#75504; torch.profiler._utils._init_for_cuda_graphs does this same empty
+    session). Nothing on a device with no trace."""
+    device_trace = trace_for(device)
+    if device_trace is None or device.type in _started:
+        return
+    with profile(activities=[device_trace.activity]):
+        pass
+    _started.add(device.type)
+
+
 def busy_seconds(step: Callable[[], object], device: torch.device) -> float | None:
     """The GPU busy time of one call of ``step`` on ``device`` (after a traced warm-up call); None, and ``step`` not
     called, on a device with no trace (CPU); None where the profiler saw no work on the device (a torch built

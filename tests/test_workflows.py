@@ -150,6 +150,18 @@ def test_gpu_tier_runs_as_a_shard_matrix_each_gated_and_its_log_uploaded_always(
     assert "${{ matrix.shard }}" in upload["with"]["name"]
 
 
+def test_the_gpu_shards_install_the_gpu_extra_and_one_runs_the_gpu_proofs_in_tests() -> None:
+    """Without the gpu extra the rungs past nanoGPT skip and no round samples its clocks; the proofs that need CUDA
+    (tests/ marked gpu) run once, on shard 1, whatever the benchmarks did."""
+    gpu = load("gpu.yml")
+    assert "pip install -e '.[dev,plot,gpu]'" in runs(gpu, "shard")
+    proofs = [s for s in steps(gpu, "shard") if "pytest tests" in s.get("run", "")]
+    assert [" ".join(s["run"].split()) for s in proofs] == [
+        "python -m pytest tests -m gpu --require-gpu -p no:cacheprovider"
+    ]
+    assert proofs[0]["if"] == "always() && matrix.shard == 1"
+
+
 def test_the_merge_job_waits_for_every_shard_and_merges_all_their_logs_into_one_verdict() -> None:
     gpu = load("gpu.yml")
     merge = gpu["jobs"]["merge"]

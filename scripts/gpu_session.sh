@@ -60,9 +60,10 @@ for stage in ${stages//,/ }; do
     exit 2
   fi
 done
-# the project's dependencies first: one line naming what is missing, never a Python traceback
+# the stages' dependencies first: one line naming what is missing, never a Python traceback (not ruptures: only
+# `gptcore history` imports it, and the GPU image has none)
 missing=$("$py" -c 'import importlib.util as u
-print(" ".join(m for m in ("torch", "numpy", "tabulate", "pytest", "pytest_benchmark", "ruptures") if not u.find_spec(m)))' \
+print(" ".join(m for m in ("torch", "numpy", "tabulate", "pytest", "pytest_benchmark") if not u.find_spec(m)))' \
   2>/dev/null) || missing="everything (it did not run)"
 if [[ -n "$missing" ]]; then
   echo "gpu_session.sh: $py lacks $missing: install the project into it first (pip install -e '.[dev,gpu]'," \

@@ -1,7 +1,8 @@
 """A ladder rung side by side with nanoGPT's train.py step, in one process on one GPU, on the same batches.
 
 nanoGPT's code is never part of this repository: pass the folder of a nanoGPT checkout (its model.py is imported
-from there; docs/gpu.md fetches it at run time into a git-ignored folder, since the GPU machine reaches no network).
+from there; docs/gpu.md downloads it beforehand, on a machine with a network, into a git-ignored folder that travels
+to a GPU machine that reaches none).
 Both steps are GPT-2 124M at B=16, T=1024, bf16 autocast, torch.compile, vocab 50,304, tied, fused AdamW (lr 6e-4,
 betas 0.9/0.95, weight decay 0.1), clip 1.0, on the same random batches already on the GPU. After a warm-up of each
 (compilation), ROUNDS rounds of STEPS steps alternate between the two (which goes first alternates too), each round

@@ -1,7 +1,7 @@
 """Root conftest: thin hooks into gptcore.plugin (the benchmark gate's options and pytest wiring; the gate's state
 and judgment are in gptcore.gate.session, the end table in gptcore.gate.summary).
 
-Markers (cpu, gpu, slow, convergence) are registered in pyproject.toml; --strict-markers is on.
+Markers (cpu, gpu, slow, convergence, planned) are registered in pyproject.toml; --strict-markers is on.
 """
 
 from __future__ import annotations

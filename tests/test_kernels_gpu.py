@@ -1,7 +1,9 @@
 """On a GPU (the smoke stage): the ladder's kernels past nanoGPT against a float64 reference on a tiny model, each
-new kind reached once. liger's and torchao's kernels are Triton's and exist only on a GPU; the reference is the same
-model's loss and gradients computed in float64 on the CPU (the sliced-logits-free loss that tests/test_model.py
-proves on CPU). Skipped, with the reason, without CUDA or without the package (``pip install -e '.[gpu]'``).
+new kind reached once. These are the kernels the rungs run: liger's compiled Triton kernels and torchao's float8
+matmuls on the tensor cores (tests/test_kernels.py proves the same arithmetic on CPU, liger under Triton's
+interpreter). The reference is the same model's loss and gradients computed in float64 on the CPU (the
+sliced-logits-free loss that tests/test_model.py proves on CPU). Skipped, with the reason, without CUDA or without the
+package (``pip install -e '.[gpu]'``).
 
 Tolerances from the arithmetic. bf16 has an 8-bit significand (unit roundoff 2^-8 = 3.9e-3): one bf16 matmul's
 relative error grows as sqrt(K) x 2^-8 for K-term fp32-accumulated sums of rounded products, about 2% at K = 64;
@@ -26,7 +28,10 @@ from tests.helpers import TINY, batches
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (liger's and torchao's Triton kernels)"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available(),
+        reason="needs CUDA (the compiled kernels; tests/test_kernels.py proves their arithmetic on CPU)",
+    ),
 ]
 
 # 128 wide and a padded vocabulary: FP8's matmuls need dimensions divisible by 16, the head takes the padding mask
@@ -55,7 +60,15 @@ def _reference() -> tuple[float, dict[str, torch.Tensor]]:
     return _loss_and_grads(dataclasses.replace(BF16, precision="fp32"), "cpu", torch.float64)
 
 
-def _close(got: tuple[float, dict], want: tuple[float, dict], loss_rtol: float, cosine: float, norm: float) -> None:
+#: (the loss's relative tolerance, the least cosine of each gradient to its reference, its norm's relative tolerance)
+BF16_BOUNDS = (1e-2, 0.99, 0.05)
+FP8_BOUNDS = (5e-2, 0.95, 0.2)
+
+
+def assert_near(
+    got: tuple[float, dict], want: tuple[float, dict], loss_rtol: float, cosine: float, norm: float
+) -> None:
+    """``got``'s loss and gradients within the bounds of ``want``'s (the module's docstring derives them)."""
     assert got[0] == pytest.approx(want[0], rel=loss_rtol)
     for name, ref in want[1].items():
         g = got[1][name]
@@ -68,16 +81,16 @@ def test_liger_fused_loss_matches_float64():
     recipe = dataclasses.replace(BF16, kernels=Kernels(loss="liger"))
     _skip_unless_runnable(recipe)
     got = _loss_and_grads(recipe, "cuda", torch.float32)
-    _close(got, _reference(), 1e-2, 0.99, 0.05)
+    assert_near(got, _reference(), *BF16_BOUNDS)
     # and the unfused bf16 head, the rung below, on the same footing
-    _close(_loss_and_grads(BF16, "cuda", torch.float32), _reference(), 1e-2, 0.99, 0.05)
+    assert_near(_loss_and_grads(BF16, "cuda", torch.float32), _reference(), *BF16_BOUNDS)
 
 
 def test_fp8_matmuls_match_float64():
     recipe = dataclasses.replace(BF16, kernels=Kernels(fp8=True))
     _skip_unless_runnable(recipe)
     got = _loss_and_grads(recipe, "cuda", torch.float32)
-    _close(got, _reference(), 5e-2, 0.95, 0.2)
+    assert_near(got, _reference(), *FP8_BOUNDS)
 
 
 AUTOTUNED = dataclasses.replace(BF16, compile=True, compile_mode="max-autotune")

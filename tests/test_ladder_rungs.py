@@ -93,8 +93,8 @@ def test_the_fused_loss_estimate_makes_no_logits_and_lowers_the_peak():
 @pytest.mark.parametrize(
     "kernels, start",
     [
-        (Kernels(loss="liger"), "liger's fused linear cross-entropy run Triton kernels on a CUDA GPU"),
-        (Kernels(fp8=True), "FP8 training matmuls run Triton kernels on a CUDA GPU"),
+        (Kernels(loss="liger"), "liger's fused linear cross-entropy: kernels for a CUDA GPU"),
+        (Kernels(fp8=True), "FP8 training matmuls: kernels for a CUDA GPU"),
     ],
 )
 def test_gpu_kernels_are_refused_on_cpu_in_one_line(kernels, start):

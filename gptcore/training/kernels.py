@@ -44,7 +44,8 @@ def kernels_unsupported(kernels: Kernels, device: torch.device | str) -> str | N
         wanted.append(("FP8 training matmuls", TORCHAO, FP8_CAPABILITY))
     for what, package, capability in wanted:
         if device.type != "cuda":
-            return f"{what} run Triton kernels on a CUDA GPU; this run is on {device.type}"
+            # a CPU can run both only slowly, as proofs of their arithmetic (tests/test_kernels.py), never to measure
+            return f"{what}: kernels for a CUDA GPU; this run is on {device.type}"
         if capability and (short := below_capability(device, capability)):
             return f"{what} need compute capability >= {capability[0]}.{capability[1]} (Hopper or newer); {short}"
         reason = _missing(package, what)

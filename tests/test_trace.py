@@ -6,6 +6,7 @@ a refresh), the end table and the report. The runner's code is the GPU's: only t
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -44,6 +45,11 @@ BUSY_US = 1000.0 + 50.0 + 950.0  # [0, 1000] (three kernels and the copy under t
 KERNEL_US = 400.0 + 100.0 + 200.0 + 400.0 + 50.0 + 950.0  # each device event's duration, overlaps counted twice
 
 
+NAMES_ACTIVITY = "activity_type" in inspect.signature(FunctionEvent.__init__).parameters
+"""Whether this torch's profiler events name their activity: 2.13's do; 2.11's, the GPU image's, do not, and there
+every event is made as that torch makes it (the busy time takes the fallback that torch's own device totals use)."""
+
+
 def events(scale: float = 1.0, activity: bool = True) -> list[FunctionEvent]:
     """STEP's events as torch's profiler makes them, every device time x ``scale`` (a slower or faster step);
     ``activity`` False: as a torch release whose events do not name their activity."""
@@ -55,8 +61,8 @@ def events(scale: float = 1.0, activity: bool = True) -> list[FunctionEvent]:
             start_us=start * scale,
             end_us=end * scale,
             device_type=device,
-            activity_type=kind if activity else None,
             is_user_annotation=kind == "gpu_user_annotation",
+            **({"activity_type": kind if activity else None} if NAMES_ACTIVITY else {}),
         )
         for i, (name, kind, device, start, end) in enumerate(STEP)
     ]

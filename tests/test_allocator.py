@@ -289,8 +289,10 @@ def test_a_memory_budget_that_silently_stops_saving_fails_the_cpu_tier(
         "--baseline-strict",
     )
     result.assert_outcomes(failed=1)
-    # the compiled step now holds every activation: its peak is the plain compile's, 39% over the budget's
-    result.stdout.fnmatch_lines(["*test_cpu_recipes?cpu-small-budget-0.05?: peak memory +38.7%*compiled step*"])
+    # the compiled step now holds every activation: its peak is the plain compile's, 39% over the budget's (+38.7%,
+    # the compiled step +9.78 MiB, under torch 2.13.0; +39.6% and +10.00 MiB under 2.11.0), nothing else moved
+    line = "*test_cpu_recipes?cpu-small-budget-0.05?: peak memory +3?.?% (*compiled step +*MiB, everything else =)*"
+    result.stdout.fnmatch_lines([line])
 
 
 def test_without_a_compiler_a_cpu_case_fails_in_one_line_that_says_so(tmp_path, monkeypatch) -> None:

@@ -85,7 +85,10 @@ def resolve(
         notes.append(f"{recipe.attention}: memory as sdpa's fused kernels (O(T) saved: the output and its log-sum-exp)")
         recipe = dataclasses.replace(recipe, attention="sdpa")
     if recipe.kernels.fp8:
-        notes.append("fp8: the tensors of the recipe's precision (FP8's saved 1-byte casts and scales not modelled)")
+        notes.append(
+            "fp8: the tensors of the recipe's precision; torchao saves no FP8 cast, and the fp32 weight rather than a "
+            "bf16 copy: over by 2 bytes a block weight (docs/memory.md)"
+        )
         recipe = dataclasses.replace(recipe, kernels=dataclasses.replace(recipe.kernels, fp8=False))
     if cfg.dropout > 0 and recipe.attention == "sdpa" and device == "cpu":
         notes.append("dropout > 0 on the CPU: sdpa falls back to its math kernel, which saves T x T probabilities")

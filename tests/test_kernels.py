@@ -21,6 +21,7 @@ conversion would change; the tolerances alone could not see either."""
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
 import subprocess
@@ -58,14 +59,24 @@ WORKER_TIMEOUT_S = 300
 FP8_MATMULS = 3 * 4 * SHAPE.n_layer
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    """Every recipe's loss, gradients, matmul dtypes and FP8 matmul count (tests/kernels_worker.py), by name."""
-    out = tmp_path_factory.mktemp("kernels")
-    env = dict(os.environ, TRITON_INTERPRET="1")  # the worker puts the checkout on its path itself
-    cmd = [sys.executable, str(ROOT / "tests" / "kernels_worker.py"), str(out)]
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
-    assert done.returncode == 0, done.stderr[-4000:]
+    """Every recipe's loss, gradients, matmul dtypes and FP8 matmul count (tests/kernels_worker.py), by name: one
+    worker run for the whole test run. Under xdist the workers share the run's temporary folder, and the first to
+    ask runs it while the other waits on the lock (a module's fixture ran 3 times in one `-n 2` run: work-stealing
+    hands a worker other modules' tests between two of this one's)."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # this run's folder, above each worker's own
+    out = shared / "kernels"
+    with open(shared / "kernels.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "kernels.pt").exists():
+            out.mkdir(exist_ok=True)
+            env = dict(os.environ, TRITON_INTERPRET="1")  # the worker puts the checkout on its path itself
+            cmd = [sys.executable, str(ROOT / "tests" / "kernels_worker.py"), str(out)]
+            done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
+            assert done.returncode == 0, done.stderr[-4000:]
     return torch.load(out / "kernels.pt")
 
 

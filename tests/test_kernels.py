@@ -40,8 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _why_not() -> str | None:
     """Why this machine cannot run the proofs: a package missing, or a Triton whose interpreter fails under the
-    installed numpy (Triton 3.6's makes a Python int of a 1-element array, which numpy 2.4 refuses; 3.7 fixed it).
-    CI has neither: constraints-cpu.txt pins the Triton. A CUDA torch brings its own Triton, which may be older."""
+    installed numpy (Triton 3.6's makes a Python int of a 1-element array, which numpy 2.4 refuses; 3.7.0 fixed it).
+    CI meets neither: constraints-cpu.txt pins the Triton. A CUDA torch brings its own Triton, which may be older."""
     missing = [m for m in ("liger_kernel", "torchao", "triton") if importlib.util.find_spec(m) is None]
     if missing:
         return f"needs {', '.join(missing)} (pip install -e '.[dev]', on Linux x86-64)"

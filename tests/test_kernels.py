@@ -33,6 +33,7 @@ import pytest
 import torch
 
 from gptcore.config import CHAR_VOCAB
+from gptcore.plugin.options import under_xdist
 from tests.test_kernels_gpu import BF16_BOUNDS, FP8_BOUNDS, SHAPE, assert_near
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,7 +53,8 @@ def _why_not() -> str | None:
     return None
 
 
-pytestmark = [pytest.mark.cpu, pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))]
+WHY_NOT = _why_not()
+pytestmark = [pytest.mark.cpu, pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))]
 WORKER_TIMEOUT_S = 300
 #: FP8 matmuls in one step: each of a block's 4 Linear layers (c_attn, attn.c_proj, c_fc, mlp.c_proj) runs its
 #: forward, its input gradient and its weight gradient in FP8; the lm_head stays in the recipe's precision.
@@ -66,7 +68,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     ask runs it while the other waits on the lock (a module's fixture ran 3 times in one `-n 2` run: work-stealing
     hands a worker other modules' tests between two of this one's)."""
     shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if under_xdist():
         shared = shared.parent  # this run's folder, above each worker's own
     out = shared / "kernels"
     with open(shared / "kernels.lock", "w") as lock:

@@ -54,13 +54,19 @@ def kernels_unsupported(kernels: Kernels, device: torch.device | str) -> str | N
     return None
 
 
+@torch.compiler.disable
 def fused_linear_cross_entropy(
     h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor
 ) -> torch.Tensor:
     """The mean cross-entropy of ``h @ weight.T + bias`` against ``targets`` by liger-kernel's fused linear
     cross-entropy: chunk by chunk, with the gradients computed in the forward, so the logits never exist whole.
     Under autocast its operands are cast to the autocast dtype here (what autocast would do to the lm_head's
-    matmul), and liger runs with autocast off."""
+    matmul), and liger runs with autocast off.
+
+    Never traced by ``torch.compile``: liger's kernels are Triton already, and its forward reads the token count on
+    the host (``.item()``), so Dynamo would split it into graphs of its own, and under torch 2.11 it failed in
+    them (``torch.addmm(..., out_dtype=torch.float32)`` has no fake-tensor rule there; on a CPU, Triton's
+    interpreter fails under Dynamo). A compiled model runs its blocks in one graph and this loss eagerly after it."""
     from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
 
     device = h.device.type

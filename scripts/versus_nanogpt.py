@@ -8,7 +8,11 @@ betas 0.9/0.95, weight decay 0.1), clip 1.0, on the same random batches already 
 (compilation), ROUNDS rounds of STEPS steps alternate between the two (which goes first alternates too), each round
 timed by CUDA events; the median tokens/s of each and their ratio are printed, and written to --json.
 
+With --profile FILE, 3 more steps of each run under torch.profiler after the timed rounds, and FILE gets each
+step's kernels by CUDA time, side by side: where the two steps differ, by name.
+
 Usage: python scripts/versus_nanogpt.py NANOGPT_DIR [--recipe ladder-8] [--rounds 10] [--steps 10] [--json FILE]
+       [--profile FILE]
 """
 
 from __future__ import annotations
@@ -62,6 +66,21 @@ def timed(step, batches: list, steps: int) -> float:
     return steps * B * T / (start.elapsed_time(end) / 1e3)
 
 
+def profiled(steps: dict, batches: list, out: Path, n: int = 3) -> None:
+    """``n`` steps of each under torch.profiler, after the timed rounds; ``out`` gets each one's operators and
+    kernels by self CUDA time, per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    parts = []
+    for name, step in steps.items():
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            timed(step, batches, n)
+        table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=90)
+        parts.append(f"== {name}: {n} steps\n{table}")
+    out.write_text("\n".join(parts))
+    print(f"profile of {n} steps of each: {out}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("nanogpt", type=Path, help="a nanoGPT checkout's folder (outside this repository)")
@@ -69,6 +88,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--profile", type=Path, default=None, help="a file for both steps' kernels, side by side")
     args = parser.parse_args()
     if args.rounds < 1 or args.steps < 1:
         sys.exit("versus_nanogpt.py: --rounds and --steps must be at least 1")
@@ -98,6 +118,8 @@ def main() -> int:
             args.json.write_text(json.dumps(record, indent=1))
     print(f"{device}: gptcore {args.recipe} {median['gptcore']:,.0f} tok/s, nanoGPT {median['nanoGPT']:,.0f} tok/s")
     print(f"ratio {ratio:.3f} (median of {args.rounds} alternating rounds of {args.steps} steps)")
+    if args.profile:
+        profiled(steps, batches, args.profile)
     return 0
 
 

@@ -22,6 +22,7 @@ from gptcore.gate.results import Record
 from gptcore.gate.session import Gate
 from gptcore.gate.summary import gate_markdown
 from tests.test_gate import CASE, CASE_GLOB, ROOT, entry, recorded, run  # noqa: F401 (fixtures)
+from tests.test_noise import H200_BASELINES
 
 pytestmark = pytest.mark.cpu
 
@@ -96,7 +97,7 @@ def test_on_the_h200_flash_attention_swapped_for_efficient_attention_fails_namin
     """The H200's patched copy (issue 57): the flash rung's entry as recorded, measured with efficient attention in
     its place, 12 calls a phase either way and 12 allocations fewer; it failed on speed alone, -13.7%. Judged here
     with a speed within even the memory recipes' 17%, the swap alone fails it."""
-    file = baselines.load(ROOT / "baselines" / "nvidia-h200.json", "nvidia-h200")
+    file = baselines.load(H200_BASELINES, "nvidia-h200")
     case = "test_ladder[gpt2-ladder-8]"
     recorded_entry = file.entry(case)
     measured = copy.deepcopy(recorded_entry)
@@ -123,14 +124,13 @@ def test_on_the_h200_flash_attention_swapped_for_efficient_attention_fails_namin
 
 def test_every_recorded_h200_run_holds_its_baselines_operators_phase_by_phase() -> None:
     """The GPU runs kept in tests/data/gpu-h200 (the recording and the verify runs of two sessions, and a second
-    host's run) against
-    baselines/nvidia-h200.json: the same operators in every phase of every case that has an entry, so the check
-    fails nothing that did not change."""
+    host's run) against baselines/nvidia-h200.json as they were judged against it (H200_BASELINES): the same
+    operators in every phase of every case that has an entry, so the check fails nothing that did not change."""
     from gptcore.gate import results
     from gptcore.gate.operators import operator_checks
     from gptcore.gate.schema import Entry
 
-    file = baselines.load(ROOT / "baselines" / "nvidia-h200.json", "nvidia-h200")
+    file = baselines.load(H200_BASELINES, "nvidia-h200")
     compared = 0
     for log in sorted((ROOT / "tests" / "data" / "gpu-h200").glob("*.jsonl")):
         for r in results.read(log):

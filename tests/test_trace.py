@@ -291,10 +291,11 @@ def test_a_distributed_jobs_busy_time_is_its_busiest_ranks():
 
 
 def test_old_baseline_files_read_with_the_provisional_tolerance_and_a_cpu_file_never_names_it(tmp_path: Path):
-    """The committed files predate busy time: the H200's reads, every study at the provisional 3%, its entries with
-    no figure; a CPU file is written without the tolerance, as before it existed."""
+    """A file that predates busy time (the H200's as it was before its ladder was recorded again) reads, every study
+    at the provisional 3%, its entries with no figure; a CPU file is written without the tolerance, as before it
+    existed."""
     root = Path(__file__).resolve().parent.parent
-    h200 = baselines.load(root / "baselines" / "nvidia-h200.json", expect_slug="nvidia-h200")
+    h200 = baselines.load(root / "tests" / "data" / "gpu-h200" / "baselines-then.json", expect_slug="nvidia-h200")
     assert {h200.tolerances_for(name).gpu_busy for name in h200.entries} == {GPU_BUSY_TOLERANCE}
     assert {e.gpu_busy_seconds for e in h200.entries.values()} == {None}
     cpu = baselines.load(root / "baselines" / "cpu.json", expect_slug="cpu")

@@ -207,7 +207,9 @@ def test_the_committed_h200_tolerances_are_what_the_rule_gives_on_its_recorded_r
     assert committed["tolerances_by_test"] == {test: tolerances_of(own) for test, own in studies.items()}
     evidence = json.loads((H200 / "noise.json").read_text())  # the script's own evidence agrees
     assert evidence["summary"] == rule and evidence["by_test"] == studies
-    assert set(committed["benchmarks"]) == {c.name for c in cases} | H200_UNVERIFIED
+    # the rungs past nanoGPT were recorded later, with their own evidence (tests/data/gpu-h200-past-nanogpt)
+    past_nanogpt = {"test_ladder[gpt2-ladder-9]", "test_ladder[gpt2-ladder-10]"}
+    assert set(committed["benchmarks"]) == {c.name for c in cases} | H200_UNVERIFIED | past_nanogpt
     assert not H200_UNVERIFIED & {c.name for c in cases}
 
 

@@ -1,7 +1,8 @@
 """The CPU side of tests/test_kernels.py, in a process of its own: ``TRITON_INTERPRET=1 python tests/kernels_worker.py
 OUT`` writes OUT/kernels.pt, one forward and backward of the tiny model per recipe: its loss, every gradient, the
 dtypes of every matmul's operands as the dispatcher saw them, and how many ``aten::_scaled_mm`` the profiler saw
-(torchao's float8 tensors run it inside their own dispatch, below what a dispatch mode sees).
+(torchao's float8 tensors run it inside their own dispatch, below what a dispatch mode sees); and liger's loss under
+``torch.compile``: what Dynamo captured.
 
 Its own process because Triton chooses between compiling a kernel and interpreting it when the kernel's module is
 imported: liger-kernel imported here runs under Triton's interpreter (numpy executing the kernels' own code, on CPU
@@ -54,6 +55,30 @@ def step(recipe: Recipe) -> dict:
     return {"loss": loss.item(), "grads": grads, "matmuls": matmuls, "scaled_mm": scaled_mm}
 
 
+def compiled_forward(recipe: Recipe) -> dict:
+    """One forward of SHAPE under ``recipe`` with the model under ``torch.compile``, each graph kept as Dynamo
+    captured it (a backend that runs it as captured: no inductor, so it costs seconds): the loss, the eager loss and
+    the number of graphs; or the error, where the backend found a node of liger-kernel's code in a graph (it stops
+    the compile there) or Dynamo failed."""
+    trainer = trainer_module.Trainer(SHAPE, recipe, "cpu")
+    x, y = batches(1, SHAPE)[0]
+    graphs = []
+
+    def record(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        liger = sum("liger_kernel" in (node.stack_trace or "") for node in gm.graph.nodes)
+        if liger:
+            raise RuntimeError(f"{liger} nodes of liger-kernel's code in a captured graph")
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    try:
+        loss = torch.compile(trainer.model, backend=record)(x, y)[1].item()
+    except Exception as e:  # the failure is the result: a planted regression raises here (the tests say which)
+        return {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    return {"loss": loss, "eager_loss": trainer.model(x, y)[1].item(), "graphs": len(graphs)}
+
+
 def main(out: Path) -> None:
     trainer_module.kernels_unsupported = lambda kernels, device: None  # the CPU's refusal lifted (docstring)
     results = {name: step(recipe) for name, recipe in RECIPES.items()}
@@ -61,6 +86,12 @@ def main(out: Path) -> None:
     fused = model_module.fused_linear_cross_entropy
     model_module.fused_linear_cross_entropy = lambda h, weight, bias, targets: fused(h, weight, None, targets)
     results["fp32-liger-unmasked"] = step(RECIPES["fp32-liger"])
+    model_module.fused_linear_cross_entropy = fused
+    results["fp32-liger-compiled"] = compiled_forward(RECIPES["fp32-liger"])
+    # planted: liger's loss without torch.compiler.disable, so that Dynamo traces into liger's forward (on an H200,
+    # torch 2.11 failed there: ladder-9 and 10 never ran)
+    model_module.fused_linear_cross_entropy = fused.__wrapped__
+    results["fp32-liger-compiled-traced"] = compiled_forward(RECIPES["fp32-liger"])
     torch.save(results, out / "kernels.pt")
 
 

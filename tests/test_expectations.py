@@ -22,6 +22,7 @@ MiB = 2**20
 CHECKPOINT = next(e for e in EXPECTATIONS if e.recipe == "checkpoint")
 IN_BWD = next(e for e in EXPECTATIONS if e.recipe == "optim-in-bwd")
 RUNG_3 = next(e for e in EXPECTATIONS if e.recipe == "ladder-3")
+LIGER = next(e for e in EXPECTATIONS if e.recipe == "ladder-9" and e.metric == "peak memory")
 
 
 def mem(peak: float, estimate: float | None = None) -> Figures:
@@ -56,6 +57,23 @@ def test_lower_memory_where_the_estimate_predicts_no_saving_is_judged_not_higher
     assert judge_effect(CHECKPOINT, "m", mem(fp32 * 1.03, estimate), mem(fp32, estimate)).status == "FAIL"
     saving = judge_effect(CHECKPOINT, "m", mem(fp32, estimate * 0.97), mem(fp32, estimate))  # 3% predicted
     assert saving.status == "FAIL" and saving.line.startswith("checkpoint: peak 32.01 GiB is not below")
+
+
+def test_where_the_estimate_misses_the_references_peak_its_ratio_bounds_nothing() -> None:
+    """The H200's ladder (tests/data/gpu-h200-past-nanogpt): ladder-8's compiled loss keeps less than the estimate
+    of the eager step counts (15,507,233,792 B estimated, 12,284,743,168 B measured: 26% off), so the estimate's
+    ratio, 0.488, would ask ladder-9 for at most 5.82 GiB where it measured 7,652,680,704 B (its own estimate,
+    7,573,191,168 B, within 1.1%). Judged "below ladder-8" alone, which a liger that saves nothing still fails."""
+    GiB = 2**30
+    ladder_8 = Figures(12_284_743_168, None, None, 15_507_233_792)
+    fused = judge_effect(LIGER, "gpt2", Figures(7_652_680_704, None, None, 7_573_191_168), ladder_8)
+    assert fused.status == "ok", fused.line
+    assert fused.expected == "below 11.44 GiB (the estimate is 26% off ladder-8's peak)"
+    unfused = judge_effect(LIGER, "gpt2", Figures(12_284_743_168, None, None, 7_573_191_168), ladder_8)
+    assert unfused.status == "FAIL" and "is not below ladder-8's 11.44 GiB" in unfused.line
+    # where the estimate holds for the reference (within the 2% slack), its ratio still bounds the saving
+    held = Figures(12_284_743_168, None, None, int(12_284_743_168 * 1.019))
+    assert judge_effect(LIGER, "gpt2", Figures(8 * GiB, None, None, 7_573_191_168), held).status == "FAIL"  # > 7.15
 
 
 def test_not_higher_allows_2_percent_and_says_when_a_peak_was_not_measured() -> None:

@@ -119,6 +119,24 @@ def test_the_comparison_catches_a_fused_loss_without_the_padding_mask(results):
         assert_same_fp32(results["fp32-liger-unmasked"], results["fp32"])
 
 
+def test_under_torch_compile_liger_runs_outside_the_graph_and_computes_the_same_loss(results):
+    """A compiled model captures the blocks in one graph and leaves liger's loss out of it (its kernels are Triton
+    already, and Dynamo inside its forward failed on an H200 under torch 2.11): no captured node comes from
+    liger-kernel's code (the worker's backend raises at the first), and the loss is the eager one to the bit (the
+    same operations, run as captured)."""
+    compiled = results["fp32-liger-compiled"]
+    assert "error" not in compiled, compiled.get("error")
+    assert compiled["graphs"] == 1
+    assert compiled["loss"] == compiled["eager_loss"]
+
+
+def test_the_compile_check_catches_liger_traced_by_dynamo(results):
+    """Planted in the worker: liger's loss without ``torch.compiler.disable``. Dynamo then captures liger's first
+    lines (the token count, up to its ``.item()``) in the model's graph, and the check above fails on it."""
+    traced = results["fp32-liger-compiled-traced"]
+    assert "nodes of liger-kernel's code in a captured graph" in traced.get("error", ""), traced
+
+
 def test_fp8_matmuls_match_the_bf16_rung(results):
     assert_near(_pair(results["bf16-fp8"]), _pair(results["bf16"]), *FP8_BOUNDS)
 

@@ -10,7 +10,9 @@ Bounds:
 
 * peak memory, ``lower``: below the reference, and at most the reference's peak times the estimate's ratio of
   the two cases plus ``MEMORY_SLACK`` (the estimator predicts the saving; the slack covers what it leaves out).
-  Without an estimate, only "below the reference".
+  Without an estimate, only "below the reference"; and where the estimate misses the reference's measured peak by
+  more than that slack, its ratio predicts nothing (the estimate is of the eager step: a compiled step's loss can
+  save what it counts), so again only "below the reference".
   Where the estimate predicts no saving (its ratio at least 1 - ``MEMORY_SLACK``: the peak is where the recipe
   saves nothing, e.g. checkpointing when the optimizer step's AdamW state and temporaries, not the activations, make
   deep-1.6b's peak), it is judged ``not higher``, and its bound says so.
@@ -198,11 +200,11 @@ def _judge_memory(e: Expectation, model: str, now: Figures, ref: Figures) -> Eff
             e, model, "not measured", "—", "—", f"{e.recipe}: peak memory of {missing} not measured on this device"
         )
     unit = unit_for(now.peak, ref.peak)
-    predicted = (
-        now.estimate / ref.estimate
-        if isinstance(now.estimate, int) and isinstance(ref.estimate, int) and ref.estimate
-        else None
-    )
+    estimated = isinstance(now.estimate, int) and isinstance(ref.estimate, int) and ref.estimate
+    # the estimate's ratio predicts the saving only where it holds for the reference: within the slack the bound
+    # allows (a compiled loss saves what the estimate, of the eager step, counts: ladder-8's is 26% over)
+    off = abs(ref.estimate / ref.peak - 1) if estimated and ref.peak else None
+    predicted = now.estimate / ref.estimate if off is not None and off <= MEMORY_SLACK else None
     now_text, ref_text = format_bytes(now.peak, unit), format_bytes(ref.peak, unit)
     no_saving = predicted is not None and predicted >= 1 - MEMORY_SLACK  # the peak is where the recipe saves nothing
     if e.direction == "lower" and not no_saving:
@@ -210,7 +212,7 @@ def _judge_memory(e: Expectation, model: str, now: Figures, ref: Figures) -> Eff
         expected = (
             f"at most {format_bytes(bound, unit)}: estimate {predicted:.3f}x + {MEMORY_SLACK:.0%}"
             if bound is not None
-            else f"below {ref_text}"
+            else f"below {ref_text}" + (f" (the estimate is {off:.0%} off {e.reference}'s peak)" if off else "")
         )
         failed = now.peak >= ref.peak or (bound is not None and now.peak > bound)
         verb = "is not below" if now.peak >= ref.peak else "saves less than the estimate against"

@@ -65,7 +65,7 @@ def fused_linear_cross_entropy(
 
     Never traced by ``torch.compile``: liger's kernels are Triton already, and its forward reads the token count on
     the host (``.item()``), so Dynamo would split it into graphs of its own, and under torch 2.11 it failed in
-    them (``torch.addmm(..., out_dtype=torch.float32)`` has no fake-tensor rule there; on a CPU, Triton's
+    them (``torch.addmm(..., out_dtype=torch.float32)``'s fake-tensor rule raised there; on a CPU, Triton's
     interpreter fails under Dynamo). A compiled model runs its blocks in one graph and this loss eagerly after it."""
     from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
 

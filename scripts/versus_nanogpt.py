@@ -68,14 +68,15 @@ def timed(step, batches: list, steps: int) -> float:
 
 def profiled(steps: dict, batches: list, out: Path, n: int = 3) -> None:
     """``n`` steps of each under torch.profiler, after the timed rounds; ``out`` gets each one's operators and
-    kernels by self CUDA time, per step."""
+    kernels by self CUDA time, summed over the ``n`` steps (the top 100: a shorter table cut one step's kernel that
+    the other's kept, and read as a difference)."""
     from torch.profiler import ProfilerActivity, profile
 
     parts = []
     for name, step in steps.items():
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             timed(step, batches, n)
-        table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=90)
+        table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=100, max_name_column_width=90)
         parts.append(f"== {name}: {n} steps\n{table}")
     out.write_text("\n".join(parts))
     print(f"profile of {n} steps of each: {out}")

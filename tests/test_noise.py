@@ -257,11 +257,11 @@ def test_the_host_bound_case_is_gated_by_its_busy_time_where_its_speed_cannot_be
     assert [c.metric for c in verdict_of(name, slower, recorded, tol).failed] == ["GPU busy"]
 
 
-def test_the_h200s_second_runs_pass_against_the_committed_baselines():
-    """The second run of every verified H200 case, judged again against baselines/nvidia-h200.json (as it was then,
-    H200_BASELINES) as the gate judges
-    it: no check fails. On the device two failed under the one tolerance of the ladder's noise (deep-1.6b in pure bf16
-    at -8.1% tokens/s, fp32 compiled at +1.91e-6 nats, 2 ulps of fp32 at 11.3), which its own study now gives."""
+def test_the_h200s_second_runs_pass_against_the_baselines_they_were_run_against():
+    """The second run of every verified H200 case, judged again against baselines/nvidia-h200.json as it was then
+    (H200_BASELINES), as the gate judges it: no check fails. On the device two failed under the one tolerance of the
+    ladder's noise (deep-1.6b in pure bf16 at -8.1% tokens/s, fp32 compiled at +1.91e-6 nats, 2 ulps of fp32 at
+    11.3), which its own study now gives."""
     from gptcore.gate import baselines
     from gptcore.gate.schema import Entry
     from gptcore.gate.verdicts import verdict_of
@@ -291,10 +291,9 @@ H200_HOSTS = {  # each host's runs against what the recording host recorded
 }
 
 
-def judged_against_the_committed_baselines(paths: list) -> dict:
+def judged_against_the_baselines_then(paths: list) -> dict:
     """Each case's run in the logs at ``paths`` against baselines/nvidia-h200.json as it was then (H200_BASELINES),
-    as the gate judges it (its
-    study's tolerances): name -> (measured entry, baseline entry, verdict)."""
+    as the gate judges it (its study's tolerances): name -> (measured entry, baseline entry, verdict)."""
     from gptcore.gate import baselines
     from gptcore.gate.schema import Entry
     from gptcore.gate.verdicts import verdict_of
@@ -317,7 +316,7 @@ def judged_against_the_committed_baselines(paths: list) -> dict:
 def test_each_studys_tolerances_hold_for_both_hosts_runs(host):
     """Every case that either host ran again passes against the committed baselines under its study's committed
     tolerances (the ladder's 3.4%, the memory recipes' 17%, ...), every work count the same."""
-    cases = judged_against_the_committed_baselines(H200_HOSTS[host])
+    cases = judged_against_the_baselines_then(H200_HOSTS[host])
     assert len(cases) == {"the recording host's second runs": 16, "a second host": 11}[host]
     assert {name: verdict.failed for name, (_, _, verdict) in cases.items()} == {name: [] for name in cases}
     for name, (_, _, verdict) in cases.items():
@@ -329,7 +328,7 @@ def test_the_second_host_moved_as_its_readme_says_and_the_host_bound_case_cannot
     """tests/data/gpu-h200/README.md's figures of the second host, and what they mean: deep-1.6b in pure bf16 came
     out 8.1% slower on both the recording host's second run and the second host, a case that times the host (18.5 µs
     a dispatched op, docs/gpu.md); its study's 17% then passes a 15% slower run too. Busy time is what will gate it."""
-    second = judged_against_the_committed_baselines(H200_HOSTS["a second host"])
+    second = judged_against_the_baselines_then(H200_HOSTS["a second host"])
     speed = {name: v.checks[1] for name, (_, _, v) in second.items()}
     assert all(c.metric == "tokens/s" for c in speed.values())
     ladder = [c.delta for name, c in speed.items() if name.startswith("test_ladder[")]
@@ -338,7 +337,7 @@ def test_the_second_host_moved_as_its_readme_says_and_the_host_bound_case_cannot
     assert {d for name, d in peaks.items() if name.startswith("test_ladder[")} == {0}
     assert {d for name, d in peaks.items() if name.startswith("test_memory_recipes[")} == {799_744}  # +0.005%
     pure = "test_memory_recipes[deep-1.6b-bf16-pure]"
-    again = judged_against_the_committed_baselines(H200_HOSTS["the recording host's second runs"])
+    again = judged_against_the_baselines_then(H200_HOSTS["the recording host's second runs"])
     assert round(speed[pure].delta, 3) == round(again[pure][2].checks[1].delta, 3) == -0.081
     assert round(speed["test_memory_recipes[deep-1.6b-fp32]"].delta, 4) == -0.0008
     # the host-bound case: under the ladder's 3.4% it fails on both hosts with nothing changed; under its study's

@@ -314,8 +314,9 @@ def judged_against_the_baselines_then(paths: list) -> dict:
 
 @pytest.mark.parametrize("host", H200_HOSTS)
 def test_each_studys_tolerances_hold_for_both_hosts_runs(host):
-    """Every case that either host ran again passes against the committed baselines under its study's committed
-    tolerances (the ladder's 3.4%, the memory recipes' 17%, ...), every work count the same."""
+    """Every case that either host ran again passes against the baselines it ran against (H200_BASELINES) under its
+    study's tolerances, committed then and now (the ladder's 3.4%, the memory recipes' 17%, ...), every work count
+    the same."""
     cases = judged_against_the_baselines_then(H200_HOSTS[host])
     assert len(cases) == {"the recording host's second runs": 16, "a second host": 11}[host]
     assert {name: verdict.failed for name, (_, _, verdict) in cases.items()} == {name: [] for name in cases}

@@ -4,8 +4,9 @@ A CPU can run both: liger-kernel's fused linear cross-entropy under Triton's int
 kernels' own code), and torchao's float8 training eagerly (torch._scaled_mm has a CPU kernel). One difference from a
 GPU: torchao's Float8Linear reads CUDA's autocast only, so on a CPU its input reaches the FP8 cast in fp32 rather
 than bf16; FP8's rounding is 16 times bf16's, so the bounds below hold either way. One worker process
-(tests/kernels_worker.py, ~8 s on 2 cores) runs every recipe; the tests compare what it saved. The compiled kernels
-themselves are proven on a GPU against float64 (tests/test_kernels_gpu.py, the smoke stage).
+(tests/kernels_worker.py, ~18 s on 2 cores, 7 of them the compile checks) runs every recipe; the tests compare what
+it saved. The compiled kernels themselves are proven on a GPU against float64 (tests/test_kernels_gpu.py, the smoke
+stage).
 
 Tolerances from the arithmetic:
 - liger in fp32 against the unfused fp32 head: the same products, summed in another order (the log-sum-exp over the

@@ -25,6 +25,7 @@ from gptcore.gate.verdicts import GPU_BUSY, verdict_of
 from gptcore.measure import trace
 from gptcore.measure.runner import Measurement, run_case
 from gptcore.presets import RECIPES, get_model
+from tests.test_noise import H200_BASELINES
 
 pytestmark = pytest.mark.cpu
 
@@ -295,7 +296,7 @@ def test_old_baseline_files_read_with_the_provisional_tolerance_and_a_cpu_file_n
     at the provisional 3%, its entries with no figure; a CPU file is written without the tolerance, as before it
     existed."""
     root = Path(__file__).resolve().parent.parent
-    h200 = baselines.load(root / "tests" / "data" / "gpu-h200" / "baselines-then.json", expect_slug="nvidia-h200")
+    h200 = baselines.load(H200_BASELINES, expect_slug="nvidia-h200")
     assert {h200.tolerances_for(name).gpu_busy for name in h200.entries} == {GPU_BUSY_TOLERANCE}
     assert {e.gpu_busy_seconds for e in h200.entries.values()} == {None}
     cpu = baselines.load(root / "baselines" / "cpu.json", expect_slug="cpu")

@@ -5,6 +5,7 @@ a refresh), the end table and the report. The runner's code is the GPU's: only t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import json
@@ -17,6 +18,7 @@ from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 from torch.profiler import ProfilerActivity
 
+from gptcore.config import Recipe
 from gptcore.gate import baselines
 from gptcore.gate.schema import GPU_BUSY_TOLERANCE, BaselineError, Entry, Tolerances
 from gptcore.gate.session import Row
@@ -25,6 +27,7 @@ from gptcore.gate.verdicts import GPU_BUSY, verdict_of
 from gptcore.measure import trace
 from gptcore.measure.runner import Measurement, run_case
 from gptcore.presets import RECIPES, get_model
+from tests.helpers import TINY
 from tests.test_noise import H200_BASELINES
 
 pytestmark = pytest.mark.cpu
@@ -195,6 +198,43 @@ def test_a_traced_step_reaches_the_entry_and_changes_no_other_figure(recorded, m
     )
     same = ("loss", "loss_step", "peak_allocated_bytes", "peak_by_category", "work", "kept_bytes")
     assert {k: getattr(plain, k) for k in same} == {k: getattr(m, k) for k in same}
+
+
+COMPILED_REGION = "Torch-Compiled Region"
+"""The name of the profiler range Dynamo draws around a compiled frame's run (torch 2.11 to 2.15)."""
+
+
+def traced_names(monkeypatch: pytest.MonkeyPatch, recipe: Recipe) -> set[str]:
+    """A case of TINY under ``recipe`` on CPU, its traced step read with the CPU's activity where a GPU has CUDA's:
+    the names of the events in the step that is read."""
+    cpu = trace.DeviceTrace(ProfilerActivity.CPU, DeviceType.CPU, lambda: None, frozenset({"cpu_op"}))
+    monkeypatch.setattr(trace, "trace_for", lambda device: cpu)
+    read: list[set[str]] = []
+    device_time = trace.device_time
+
+    def names(events, device_trace):
+        events = list(events)
+        read.append({e.name for e in events})
+        return device_time(events, device_trace)
+
+    monkeypatch.setattr(trace, "device_time", names)
+    m = run_case(TINY, recipe, "cpu", warmup=2, rounds=1, steps_per_round=1)
+    assert m.error is None and m.gpu_busy_seconds is not None and len(read) == 1
+    return read[0]
+
+
+def test_a_compiled_cases_traced_step_runs_its_compiled_graph_after_the_work_ledgers_eager_one(monkeypatch):
+    """The busy time is traced after the work ledger's step, which runs eagerly under its dispatch modes. Dynamo,
+    meeting a mode, skips the frame and marks its code to skip from then on: every later step ran eager, and a
+    compiled case's busy time was its eager step's (on an H200, the compiled ladder rungs' busy time came out above
+    their step time: ladder-8 42.8 ms a step against 35.1 ms). Planted: the ledger's step without Dynamo's
+    force_eager stance (torch.compiler.set_stance made a no-op for the case): the traced step has no compiled
+    region."""
+    compiled = Recipe(compile=True)
+    assert any(name.startswith(COMPILED_REGION) for name in traced_names(monkeypatch, compiled))
+    assert not any(name.startswith(COMPILED_REGION) for name in traced_names(monkeypatch, Recipe()))
+    monkeypatch.setattr(torch.compiler, "set_stance", lambda *a, **k: contextlib.nullcontext())
+    assert not any(name.startswith(COMPILED_REGION) for name in traced_names(monkeypatch, compiled))
 
 
 def test_the_gate_fails_a_slower_kernel_time_and_reports_a_faster_one(recorded):

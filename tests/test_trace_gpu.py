@@ -36,3 +36,22 @@ def test_a_real_step_on_the_gpu_has_a_busy_time_and_a_case_records_it():
     assert [trace.traced_step(trainer.step, trace.trace_for(device)).events for _ in range(3)] == [timeline.events] * 3
     m = run_case(TINY, Recipe(), device, warmup=1, rounds=1, steps_per_round=1)
     assert m.error is None and m.gpu_busy_seconds is not None and m.gpu_busy_seconds > 0
+
+
+def test_a_compiled_cases_traced_step_runs_the_compiled_kernels(monkeypatch):
+    """After the work ledger's eager step, the traced step of a compiled case runs inductor's Triton kernels, and its
+    busy time is within its timed step's (before the fix, ladder-8's traced step was the eager one: 42.8 ms busy in
+    a step of 35.1 ms on an H200). tests/test_trace.py proves the same order on CPU."""
+    read: list[set[str]] = []
+    device_time = trace.device_time
+
+    def names(events, device_trace):
+        events = list(events)
+        read.append({e.name for e in events if trace.is_work(e, device_trace)})
+        return device_time(events, device_trace)
+
+    monkeypatch.setattr(trace, "device_time", names)
+    m = run_case(TINY, Recipe(compile=True), torch.device("cuda"), warmup=2, rounds=3, steps_per_round=2)
+    assert m.error is None and len(read) == 1
+    assert any(name.startswith("triton_") for name in read[0]), sorted(read[0])
+    assert m.gpu_busy_seconds <= min(m.round_seconds) / m.steps_per_round

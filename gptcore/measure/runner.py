@@ -239,7 +239,7 @@ class CaseRunner:
                 m.peak_reserved_bytes = torch.cuda.max_memory_reserved(self.device)
             last = trainer.step_count
             self._count_work()  # one step more: the loss step itself where that is the next one (its loss is the
-            # loss of a plain step, bit for bit: the ledger's modes only count; tests/test_measure.py)
+            # loss of a plain eager step, bit for bit: the ledger's modes only count; tests/test_measure.py)
             loss = self.loss_at if self.loss_step is not None else self.last_loss
             if loss is not None:
                 m.loss = float(loss) if isinstance(loss, float) else float(loss.item())

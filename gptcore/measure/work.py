@@ -19,9 +19,11 @@ rounds never see:
 Every figure is a count, the same on every CPU, thread count and instruction set, so the gate compares them
 exactly (see ``gptcore.gate.baselines``).
 
-Compiled recipes: under a Python dispatch mode Dynamo runs the step's frames eagerly, so their FLOPs, operator
-calls and allocations are those of the eager step (measured: identical to the eager recipe's). What compilation
-does is watched by the compile counts, taken over the real compiled steps (``CompileWatch``).
+Compiled recipes: the counted step runs eagerly, so their FLOPs, operator calls and allocations are those of the
+eager step (measured: identical to the eager recipe's), and so is its loss. What compilation does is watched by the
+compile counts, taken over the real compiled steps (``CompileWatch``). The step runs under Dynamo's ``force_eager``
+stance (:func:`counted_step`): left to itself, Dynamo meets the dispatch mode, skips the frame, and marks its code
+to run eagerly from then on, so every later step of the case (the GPU busy time's traced steps) would run eager.
 """
 
 from __future__ import annotations
@@ -229,7 +231,9 @@ def counted_step(trainer, batch: tuple[torch.Tensor, torch.Tensor] | None = None
     counts = _OpCounter(tracker, _host_step_counters(trainer.optimizers))
     with phases(tracker, trainer.model, trainer.optimizers):
         before, before_bytes = tracker.allocations, tracker.allocated_bytes
-        with tracker, counts:
+        # eager on purpose, without Dynamo: a compiled frame called under a dispatch mode is skipped and its code
+        # marked to skip for good (torch 2.11 to 2.15), so the case's steps after this one would all run eager
+        with torch.compiler.set_stance("force_eager"), tracker, counts:
             loss = trainer.step(batch)
     allocations = tracker.allocations - before
     by_op = dict(counts.allocs)
@@ -275,9 +279,8 @@ class CompileWatch:
     records Dynamo wrote meanwhile: a frame compiled again after its guards failed, the fall-back to eager at the
     recompile limit included) and generated kernels.
 
-    Dynamo compiles nothing while a Python dispatch mode is active (the counted step runs its frames eagerly:
-    measured, torch 2.13.0), so a watch over the counted step alone would always read 0: a steady state is watched
-    over plain steps."""
+    The counted step runs eagerly (``counted_step``), so a watch over it alone would always read 0: a steady state
+    is watched over plain steps."""
 
     def __init__(self) -> None:
         from torch._dynamo import utils as dynamo

@@ -24,6 +24,11 @@ held to) and over each study's cases alone (its ``tolerances_by_test``, keyed by
 Studies differ in noise: on an H200 the GPT-2 ladder's tokens/s moved by at most 1.69%, deep-1.6b in pure bf16 by
 8.1% at the same clocks; one number for both would either cry wolf on the one or blunt the gate of the other.
 A study's ``gpu_busy`` from here replaces the provisional 3% (gptcore.gate.schema.GPU_BUSY_TOLERANCE) for its cases.
+
+``--void-busy NAME`` (a case's name, or a study's: its test function) leaves those cases' busy time out of the
+comparison: a figure known to be of another step than the one the gate holds. Before commit 257ca1e a compiled
+case's traced step ran eagerly (gptcore.measure.work.counted_step), so the H200's compiled ladder rungs carry the
+busy time of their eager step; the evidence names what it left out (``void_busy``).
 """
 
 from __future__ import annotations
@@ -101,11 +106,21 @@ def _pair(a: dict, b: dict, get) -> tuple | None:
     return (x, y) if x is not None and y is not None else None
 
 
-def compare(first: dict[str, dict | None], second: dict[str, dict | None]) -> list[Case]:
-    """Every case measured in both runs with its figures and changes, in the first run's order."""
+def voided(name: str, void_busy: tuple[str, ...]) -> bool:
+    """Whether ``name``'s busy time is left out: its own name or its study's is among ``void_busy``."""
+    return name in void_busy or study_of(name) in void_busy
+
+
+def compare(
+    first: dict[str, dict | None], second: dict[str, dict | None], void_busy: tuple[str, ...] = ()
+) -> list[Case]:
+    """Every case measured in both runs with its figures and changes, in the first run's order (the busy time of
+    the cases ``void_busy`` names left out)."""
     cases = []
     for name in (n for n in first if first[n] is not None and second.get(n) is not None):
         a, b = first[name], second[name]
+        if voided(name, void_busy):
+            a, b = ({k: v for k, v in e.items() if k != "gpu_busy_seconds"} for e in (a, b))
         speed = _pair(a, b, lambda e: (e.get("tokens_per_s") or {}).get("median"))
         iqr = _pair(a, b, lambda e: (e.get("tokens_per_s") or {}).get("iqr"))
         peak = _pair(a, b, lambda e: e.get("peak_allocated_bytes"))
@@ -224,13 +239,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--against", type=Path, nargs="+", required=True, help="the second run's results logs")
     parser.add_argument("--json", type=Path, help="write the evidence (runs, cases, summary, tolerances) here")
     parser.add_argument("--device", default=None, help="the device and torch version, as the evidence names them")
+    parser.add_argument(
+        "--void-busy",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="leave out the busy time of this case, or of every case of this study (its test function); repeatable",
+    )
     args = parser.parse_args(argv)
+    void_busy = tuple(args.void_busy)
     try:
         first, second = measured(args.first), measured(args.against)
     except results.LogError as err:
         print(f"gpu_noise: {err}", file=sys.stderr)
         return 2
-    cases = compare(first, second)
+    cases = compare(first, second, void_busy)
     if not cases:
         print("gpu_noise: no case was measured in both runs", file=sys.stderr)
         return 1
@@ -260,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             "first": [str(p) for p in args.first],
             "second": [str(p) for p in args.against],
             "rule": {"sigmas": SIGMAS, "worst_times": WORST_TIMES, "floors": FLOORS},
+            **({"void_busy": list(void_busy)} if void_busy else {}),
             "summary": figures,
             "by_test": studies,
             "tolerances": tolerances_of(figures),

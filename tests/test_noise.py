@@ -218,25 +218,46 @@ def test_the_committed_h200_tolerances_are_what_the_rule_gives_on_its_recorded_r
 PAST_NANOGPT = ROOT / "tests" / "data" / "gpu-h200-past-nanogpt"
 
 
+def test_the_compiled_rungs_logged_busy_times_are_not_of_their_compiled_step():
+    """The ladder's busy times in tests/data/gpu-h200-past-nanogpt were traced after the work ledger's step, which
+    left Dynamo running the case eagerly (fixed in gptcore.measure.work.counted_step; tests/test_trace.py): five of
+    the six compiled rungs show more busy time than their whole timed step takes at their own tokens/s, which no
+    step of theirs can (ladder-5: 69.2 ms of kernels in a step of 38.0 ms). Their busy times are left out of the
+    rule (``void_busy``), and the ladder's entries carry none."""
+    tokens_per_step = 16 * 1024  # GPT-2 124M's ladder: B=16, T=1024
+    logged = measured([PAST_NANOGPT / name for name in ("ladder.jsonl", "ladder-9-10.jsonl", "verify.jsonl")])
+    over = {
+        name: e["gpu_busy_seconds"] > tokens_per_step / e["tokens_per_s"]["median"]
+        for name, e in logged.items()
+        if e and e.get("gpu_busy_seconds")
+    }
+    assert len(over) == 6 and sorted(name for name, above in over.items() if not above) == [
+        "test_ladder[gpt2-ladder-9]"  # host-bound: 58 ms of wall time a step, more than even its eager kernels
+    ]
+    file = json.loads((ROOT / "baselines" / "nvidia-h200.json").read_text())
+    assert not any("gpu_busy_seconds" in e for name, e in file["benchmarks"].items() if name.startswith("test_ladder"))
+
+
 def test_each_studys_busy_tolerance_is_what_the_rule_gives_on_two_runs_of_its_cases():
-    """Busy time's noise, over two runs on an H200 (torch 2.11.0+cu130; tests/data/gpu-h200-past-nanogpt): ladder-5..8
-    recorded on one machine and run again on another, ladder-9 and 10 recorded and run again on the second, deep-1.6b
-    in pure bf16 twice on the first. Busy time moved at most 0.61% (ladder-7) where tokens/s moved 4.15%: each
-    study's gpu_busy is the rule's 1.7%, under the 3% target, in place of the provisional 3%."""
+    """Busy time's noise, over two runs on an H200 (torch 2.11.0+cu130; tests/data/gpu-h200-past-nanogpt): deep-1.6b
+    in pure bf16 (eager) twice on one machine moved 0.42%, so the memory recipes' gpu_busy is the rule's 1.7%,
+    under the 3% target. The ladder's busy times were of the eager step (the test above): they are left out, and the
+    ladder keeps the file's provisional 3% until its compiled steps have been traced twice."""
     first = [PAST_NANOGPT / name for name in ("ladder.jsonl", "ladder-9-10.jsonl", "memory.jsonl")]
     second = [PAST_NANOGPT / name for name in ("verify.jsonl", "memory-verify.jsonl")]
-    cases = compare(measured(first), measured(second))
-    assert len(cases) == 7 and all(c.busy_change is not None for c in cases)
-    assert max(abs(c.busy_change) for c in cases) == pytest.approx(0.0061, abs=5e-5)
+    cases = compare(measured(first), measured(second), void_busy=("test_ladder",))
+    assert len(cases) == 7
+    assert [c.name for c in cases if c.busy_change is not None] == ["test_memory_recipes[deep-1.6b-bf16-pure]"]
+    assert max(abs(c.busy_change) for c in cases if c.busy_change is not None) == pytest.approx(0.0042, abs=5e-5)
     assert min(c.speed_change for c in cases) == pytest.approx(-0.0714, abs=5e-5)  # ladder-9, host-bound
     studies = by_test(cases)
     committed = json.loads((ROOT / "baselines" / "nvidia-h200.json").read_text())
-    busy = {test: tolerances_of(figures)["gpu_busy"] for test, figures in studies.items()}
-    assert busy == {"test_ladder": 0.017, "test_memory_recipes": 0.017}
+    busy = {test: tolerances_of(figures).get("gpu_busy") for test, figures in studies.items()}
+    assert busy == {"test_ladder": None, "test_memory_recipes": 0.017}
     assert {test: t.get("gpu_busy") for test, t in committed["tolerances_by_test"].items()} == busy
-    assert committed["tolerances"]["gpu_busy"] == 0.03  # a study with no runs of its own (char) keeps the 3%
+    assert committed["tolerances"]["gpu_busy"] == 0.03  # the ladder, and a study with no runs of its own (char)
     evidence = json.loads((PAST_NANOGPT / "noise.json").read_text())  # the script's own evidence agrees
-    assert evidence["by_test"] == studies
+    assert evidence["by_test"] == studies and evidence["void_busy"] == ["test_ladder"]
 
 
 def test_the_host_bound_case_is_gated_by_its_busy_time_where_its_speed_cannot_be():

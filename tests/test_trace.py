@@ -200,6 +200,26 @@ def test_a_traced_step_reaches_the_entry_and_changes_no_other_figure(recorded, m
     assert {k: getattr(plain, k) for k in same} == {k: getattr(m, k) for k in same}
 
 
+def test_a_busy_time_above_the_step_that_was_timed_is_refused(recorded):
+    """No step's device timeline is longer than the step. On an H200, ladder-8's traced step (run eagerly, before the
+    fix below) logged 42.77 ms of kernels against a timed step of 35.1 ms (16,384 tokens at 466,290 tok/s): refused,
+    with both figures. Within STEP_SLACK (the clocks the traced and timed steps ran at) it stands. End to end, a
+    traced step 1,000 times the recorded one (2 s of kernels against cpu-small's step of milliseconds) fails the
+    case with that line."""
+    step = 16 * 1024 / 466_289.87
+    assert trace.beyond_step(0.04277439, step) == (
+        "GPU busy time 42.77 ms is 22% above the slowest timed step (35.14 ms): the traced step did other work than"
+        " the timed one"
+    )
+    assert trace.beyond_step(step * (1 + trace.STEP_SLACK), step) is None
+    assert trace.beyond_step(None, step) is None and trace.beyond_step(0.05, None) is None
+    m = measure(1000.0)
+    assert m.gpu_busy_seconds == pytest.approx(BUSY_US * 1000 / 1e6, rel=1e-12)
+    assert m.error == trace.beyond_step(m.gpu_busy_seconds, max(m.round_seconds) / m.steps_per_round)
+    assert m.error.startswith("GPU busy time 2,000.00 ms is ")
+    assert measure().error is None
+
+
 COMPILED_REGION = "Torch-Compiled Region"
 """The name of the profiler range Dynamo draws around a compiled frame's run (torch 2.11 to 2.15)."""
 

@@ -238,14 +238,14 @@ class CaseRunner:
                 m.peak_allocated_bytes = torch.cuda.max_memory_allocated(self.device)
                 m.peak_reserved_bytes = torch.cuda.max_memory_reserved(self.device)
             last = trainer.step_count
-            self._count_work()  # one step more: the loss step itself where that is the next one (its loss is the
-            # loss of a plain eager step, bit for bit: the ledger's modes only count; tests/test_measure.py)
+            self._count_work()  # one step more, eager: the loss step where that is the next (tests/test_measure.py)
             loss = self.loss_at if self.loss_step is not None else self.last_loss
             if loss is not None:
                 m.loss = float(loss) if isinstance(loss, float) else float(loss.item())
             m.loss_step = self.loss_step if self.loss_step is not None else last
             if m.error is None:  # GPU: two steps more, traced (a warm-up, then the one read), after every other figure
                 m.gpu_busy_seconds = trace.busy_seconds(trainer.step, self.device)
+                m.error = trace.beyond_step(m.gpu_busy_seconds, max(m.round_seconds, default=0) / self.steps_per_round)
         if self.steady is not None:  # a case that ran out of memory in its rounds gives Dynamo's record ring back too
             self.steady.stop()
         self.trainer = self.last_loss = trainer = None

@@ -139,6 +139,25 @@ def start_once(device: torch.device) -> None:
     _started.add(device.type)
 
 
+STEP_SLACK = 0.10
+"""How far a step's busy time may exceed its slowest timed step before the figure is refused. The union of one
+step's device intervals is never longer than that step; the traced step and the timed ones differ only by the clocks
+they ran at (the H200 held compiled steps at 1830-1965 MHz under its power cap, a 7% spread) and timing noise."""
+
+
+def beyond_step(busy: float | None, step_seconds: float | None) -> str | None:
+    """Why ``busy`` cannot be the busy time of the step that was timed (``step_seconds``, the slowest timed step):
+    more than :data:`STEP_SLACK` above it, the traced step did other work than the timed one (on an H200 the traced
+    steps of compiled cases once ran eagerly: ladder-8's 42.77 ms of kernels against a step of 35.1 ms); None where
+    it can be, or where either figure is missing."""
+    if busy is None or not step_seconds or busy <= step_seconds * (1 + STEP_SLACK):
+        return None
+    return (
+        f"GPU busy time {busy * 1e3:,.2f} ms is {busy / step_seconds - 1:.0%} above the slowest timed step"
+        f" ({step_seconds * 1e3:,.2f} ms): the traced step did other work than the timed one"
+    )
+
+
 def busy_seconds(step: Callable[[], object], device: torch.device) -> float | None:
     """The GPU busy time of one call of ``step`` on ``device`` (after a traced warm-up call); None, and ``step`` not
     called, on a device with no trace (CPU); None where the profiler saw no work on the device (a torch built

@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -222,6 +222,14 @@ def count_step(trainer, batch: tuple[torch.Tensor, torch.Tensor] | None = None) 
     return counted_step(trainer, batch)[0]
 
 
+def _without_dynamo() -> AbstractContextManager:
+    """Dynamo's ``force_eager`` stance: compiled code runs eagerly and Dynamo is not called. Under a dispatch mode
+    Dynamo itself would skip the frame and mark its code to skip for good (torch 2.11 to 2.15), so that every later
+    step of the case ran eager. A torch before 2.6 has no stances: nothing."""
+    stance = getattr(torch.compiler, "set_stance", None)
+    return stance("force_eager") if stance is not None else nullcontext()
+
+
 def counted_step(trainer, batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[WorkLedger, torch.Tensor]:
     """``count_step``, with the loss the step returned (the modes only count: the loss of a plain step, bit for
     bit)."""
@@ -231,9 +239,7 @@ def counted_step(trainer, batch: tuple[torch.Tensor, torch.Tensor] | None = None
     counts = _OpCounter(tracker, _host_step_counters(trainer.optimizers))
     with phases(tracker, trainer.model, trainer.optimizers):
         before, before_bytes = tracker.allocations, tracker.allocated_bytes
-        # eager on purpose, without Dynamo: a compiled frame called under a dispatch mode is skipped and its code
-        # marked to skip for good (torch 2.11 to 2.15), so the case's steps after this one would all run eager
-        with torch.compiler.set_stance("force_eager"), tracker, counts:
+        with _without_dynamo(), tracker, counts:
             loss = trainer.step(batch)
     allocations = tracker.allocations - before
     by_op = dict(counts.allocs)

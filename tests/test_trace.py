@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import inspect
 import json
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -229,6 +230,10 @@ def traced_names(monkeypatch: pytest.MonkeyPatch, recipe: Recipe) -> set[str]:
     the names of the events in the step that is read."""
     cpu = trace.DeviceTrace(ProfilerActivity.CPU, DeviceType.CPU, lambda: None, frozenset({"cpu_op"}))
     monkeypatch.setattr(trace, "trace_for", lambda device: cpu)
+    # the CPU's op intervals hold the profiler's own overhead, which a device's kernels do not: a traced step of ops
+    # may outlast an untraced one (measured: cpu-small's union of ops 0.82-1.07x its timed step), so the refusal of
+    # a busy time above the timed step (tested above) is not this stand-in's to judge
+    monkeypatch.setattr(trace, "STEP_SLACK", math.inf)
     read: list[set[str]] = []
     device_time = trace.device_time
 

@@ -231,8 +231,8 @@ def _without_dynamo() -> AbstractContextManager:
 
 
 def counted_step(trainer, batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[WorkLedger, torch.Tensor]:
-    """``count_step``, with the loss the step returned (the modes only count: the loss of a plain step, bit for
-    bit)."""
+    """``count_step``, with the loss the step returned (the modes only count: the loss of a plain eager step, bit
+    for bit; a compiled recipe's step runs eagerly here)."""
     if batch is None:  # made outside the counted step, as a DataLoader would
         batch = trainer.step_batch()
     tracker = LiveBytes(round_to=512 if trainer.device.type == "cuda" else 1)

@@ -182,6 +182,28 @@ def test_gpu_busy_time_gets_the_rule_where_both_runs_traced_it_and_no_figure_whe
     assert "gpu_busy" not in summary(plain) and "busy" not in table(plain)
 
 
+def test_busy_times_named_void_are_left_out_and_the_evidence_says_which(tmp_path, capsys):
+    """``--void-busy NAME``: a figure known to be of another step than the one gated (the H200 ladder's, traced on
+    the eager step) is left out of the rule, by case or by study, and the evidence names what was left out; every
+    other figure of those cases is compared as before."""
+    from scripts.gpu_noise import main
+
+    changes = {"a": 1.004, "b": 1.30, "c": 1.012}  # b's busy time "moved" 30%: a figure of another step
+    write(tmp_path / "one.jsonl", {name: dict(FIRST[name], gpu_busy_seconds=0.1) for name in changes})
+    write(tmp_path / "two.jsonl", {name: dict(SECOND[name], gpu_busy_seconds=0.1 * c) for name, c in changes.items()})
+    out = tmp_path / "noise.json"
+    argv = [str(tmp_path / "one.jsonl"), "--against", str(tmp_path / "two.jsonl"), "--json", str(out)]
+    assert main([*argv, "--void-busy", "b"]) == 0
+    evidence = json.loads(out.read_text())
+    assert evidence["void_busy"] == ["b"]
+    assert [c["busy_change"] is None for c in evidence["cases"]] == [False, True, False]
+    assert evidence["cases"][1]["speed_change"] == pytest.approx(-0.01)  # the rest of b is compared
+    assert evidence["summary"]["gpu_busy"]["largest"] == pytest.approx(0.012)
+    assert "b" not in {k for k, v in evidence["by_test"].items() if "gpu_busy" in v}
+    assert main(argv) == 0 and "void_busy" not in json.loads(out.read_text())  # none named: all compared
+    assert json.loads(out.read_text())["summary"]["gpu_busy"]["largest"] == pytest.approx(0.30)
+
+
 H200 = ROOT / "tests" / "data" / "gpu-h200"
 #: baselines/nvidia-h200.json as these runs were judged against it (commit f7ddfe5): the ladder's rungs 5-8 have
 #: been recorded again since, after their code changed (tests/data/gpu-h200-past-nanogpt)

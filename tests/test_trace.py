@@ -22,7 +22,7 @@ from torch.profiler import ProfilerActivity
 from gptcore.config import Recipe
 from gptcore.gate import baselines
 from gptcore.gate.schema import GPU_BUSY_TOLERANCE, BaselineError, Entry, Tolerances
-from gptcore.gate.session import Row
+from gptcore.gate.session import Gate, Row
 from gptcore.gate.summary import gate_table
 from gptcore.gate.verdicts import GPU_BUSY, verdict_of
 from gptcore.measure import trace
@@ -201,12 +201,12 @@ def test_a_traced_step_reaches_the_entry_and_changes_no_other_figure(recorded, m
     assert {k: getattr(plain, k) for k in same} == {k: getattr(m, k) for k in same}
 
 
-def test_a_busy_time_above_the_step_that_was_timed_is_refused(recorded):
+def test_a_busy_time_above_the_step_that_was_timed_is_refused(recorded, tmp_path: Path):
     """No step's device timeline is longer than the step. On an H200, ladder-8's traced step (run eagerly, before the
     fix below) logged 42.77 ms of kernels against a timed step of 35.1 ms (16,384 tokens at 466,290 tok/s): refused,
     with both figures. Within STEP_SLACK (the clocks the traced and timed steps ran at) it stands. End to end, a
     traced step 1,000 times the recorded one (2 s of kernels against cpu-small's step of milliseconds) fails the
-    case with that line."""
+    case with that line, and a recording run records nothing of it."""
     step = 16 * 1024 / 466_289.87
     assert trace.beyond_step(0.04277439, step) == (
         "GPU busy time 42.77 ms is 22% above the slowest timed step (35.14 ms): the traced step did other work than"
@@ -218,6 +218,12 @@ def test_a_busy_time_above_the_step_that_was_timed_is_refused(recorded):
     assert m.gpu_busy_seconds == pytest.approx(BUSY_US * 1000 / 1e6, rel=1e-12)
     assert m.error == trace.beyond_step(m.gpu_busy_seconds, max(m.round_seconds) / m.steps_per_round)
     assert m.error.startswith("GPU busy time 2,000.00 ms is ")
+    # through the gate, recording: a failed case, named for what failed, and nothing recorded
+    gate = Gate(directory=tmp_path, update=True, strict=False, overrides={}, timing_override=(None,) * 3)
+    node = SimpleNamespace(name=CASE, nodeid=f"bench/test_ladder.py::{CASE}")
+    gate.judge_entry(node, Entry.from_measurement(m, precision="fp32", cpu_model=None), "cpu", error=m.error)
+    assert gate.rows[-1].verdict == "FAIL: GPU busy above its step" and gate.rows[-1].error == m.error
+    assert gate.cases[node.nodeid]["recorded"] is False and not gate.pending
     assert measure().error is None
 
 

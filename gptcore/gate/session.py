@@ -288,6 +288,8 @@ class Gate:
                 if "out of memory" in error
                 else "not finite"
                 if error == _not_finite(measured)
+                else "GPU busy above its step"
+                if error.startswith("GPU busy time ")  # measure.trace.beyond_step: the traced step was another
                 else "cannot run here"  # e.g. no C++ compiler to count the CPU allocator with
             )
             self._row(node, Row(node.name, measured, baseline, f"FAIL: {what}", estimate, error))
@@ -296,8 +298,7 @@ class Gate:
             self.pending.setdefault(slug, {})[node.name] = measured
             what = "recorded" if self.update else f"loss reference of {self.cpu_model} recorded"
             self.cases[node.nodeid]["recorded"] = True
-            # no speed delta against a speed that is not comparable (another CPU model, a busy machine)
-            apart = baseline is not None and checks.speed_incomparable(measured.cpu_model, baseline)
+            apart = baseline is not None and checks.speed_incomparable(measured.cpu_model, baseline)  # no delta then
             status = {"tokens/s": rules.Status.NO_FIGURE} if apart else {}
             self._row(node, Row(node.name, measured, baseline, what, estimate, status=status, mfu=mfu))
             return None

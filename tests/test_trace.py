@@ -231,6 +231,20 @@ COMPILED_REGION = "Torch-Compiled Region"
 """The name of the profiler range Dynamo draws around a compiled frame's run (torch 2.11 to 2.15)."""
 
 
+def events_read(monkeypatch: pytest.MonkeyPatch) -> list[list[FunctionEvent]]:
+    """The events of every step the trace reads from here on, as the profiler handed them to ``trace.device_time``
+    (one list a traced step)."""
+    read: list[list[FunctionEvent]] = []
+    device_time = trace.device_time
+
+    def keep(events, device_trace):
+        read.append(list(events))
+        return device_time(read[-1], device_trace)
+
+    monkeypatch.setattr(trace, "device_time", keep)
+    return read
+
+
 def traced_names(monkeypatch: pytest.MonkeyPatch, recipe: Recipe) -> set[str]:
     """A case of TINY under ``recipe`` on CPU, its traced step read with the CPU's activity where a GPU has CUDA's:
     the names of the events in the step that is read."""
@@ -240,18 +254,10 @@ def traced_names(monkeypatch: pytest.MonkeyPatch, recipe: Recipe) -> set[str]:
     # may outlast an untraced one (measured: cpu-small's union of ops 0.82-1.07x its timed step), so the refusal of
     # a busy time above the timed step (tested above) is not this stand-in's to judge
     monkeypatch.setattr(trace, "STEP_SLACK", math.inf)
-    read: list[set[str]] = []
-    device_time = trace.device_time
-
-    def names(events, device_trace):
-        events = list(events)
-        read.append({e.name for e in events})
-        return device_time(events, device_trace)
-
-    monkeypatch.setattr(trace, "device_time", names)
+    read = events_read(monkeypatch)
     m = run_case(TINY, recipe, "cpu", warmup=2, rounds=1, steps_per_round=1)
     assert m.error is None and m.gpu_busy_seconds is not None and len(read) == 1
-    return read[0]
+    return {e.name for e in read[0]}
 
 
 def test_a_compiled_cases_traced_step_runs_its_compiled_graph_after_the_work_ledgers_eager_one(monkeypatch):

@@ -14,6 +14,7 @@ from gptcore.measure import trace
 from gptcore.measure.runner import run_case
 from gptcore.training.trainer import Trainer
 from tests.helpers import TINY
+from tests.test_trace import events_read
 
 pytestmark = [
     pytest.mark.gpu,
@@ -42,16 +43,10 @@ def test_a_compiled_cases_traced_step_runs_the_compiled_kernels(monkeypatch):
     """After the work ledger's eager step, the traced step of a compiled case runs inductor's Triton kernels, and its
     busy time is within its timed step's (before the fix, ladder-8's traced step was the eager one: 42.8 ms busy in
     a step of 35.1 ms on an H200). tests/test_trace.py proves the same order on CPU."""
-    read: list[set[str]] = []
-    device_time = trace.device_time
-
-    def names(events, device_trace):
-        events = list(events)
-        read.append({e.name for e in events if trace.is_work(e, device_trace)})
-        return device_time(events, device_trace)
-
-    monkeypatch.setattr(trace, "device_time", names)
-    m = run_case(TINY, Recipe(compile=True), torch.device("cuda"), warmup=2, rounds=3, steps_per_round=2)
+    device = torch.device("cuda")
+    read = events_read(monkeypatch)
+    m = run_case(TINY, Recipe(compile=True), device, warmup=2, rounds=3, steps_per_round=2)
     assert m.error is None and len(read) == 1
-    assert any(name.startswith("triton_") for name in read[0]), sorted(read[0])
+    kernels = {e.name for e in read[0] if trace.is_work(e, trace.trace_for(device))}
+    assert any(name.startswith("triton_") for name in kernels), sorted(kernels)
     assert m.gpu_busy_seconds <= min(m.round_seconds) / m.steps_per_round

@@ -89,7 +89,7 @@ def main(out: Path) -> None:
     model_module.fused_linear_cross_entropy = fused
     results["fp32-liger-compiled"] = compiled_forward(RECIPES["fp32-liger"])
     # planted: liger's loss without torch.compiler.disable, so that Dynamo traces into liger's forward (on an H200,
-    # torch 2.11 failed there: ladder-9 and 10 never ran)
+    # torch 2.11 failed there: the liger and FP8 rungs never ran)
     model_module.fused_linear_cross_entropy = fused.__wrapped__
     results["fp32-liger-compiled-traced"] = compiled_forward(RECIPES["fp32-liger"])
     torch.save(results, out / "kernels.pt")

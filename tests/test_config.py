@@ -117,10 +117,10 @@ LADDER_CHANGES = [
     {"vocab_multiple"},
     {"tie_weights"},
     {"num_workers", "pin_memory"},
+    {"fit_memory"},
     {"kernels.loss"},
     {"kernels.fp8"},
     {"compile_mode"},
-    {"fit_memory"},
 ]
 
 

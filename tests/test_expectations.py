@@ -22,7 +22,8 @@ MiB = 2**20
 CHECKPOINT = next(e for e in EXPECTATIONS if e.recipe == "checkpoint")
 IN_BWD = next(e for e in EXPECTATIONS if e.recipe == "optim-in-bwd")
 RUNG_3 = next(e for e in EXPECTATIONS if e.recipe == "ladder-3")
-LIGER = next(e for e in EXPECTATIONS if e.recipe == "ladder-9" and e.metric == "peak memory")
+LIGER = next(e for e in EXPECTATIONS if e.recipe == "ladder-10" and e.metric == "peak memory per token")
+B16 = 16 * 1024  # the tokens of a step at B=16, T=1024
 
 
 def mem(peak: float, estimate: float | None = None) -> Figures:
@@ -60,25 +61,42 @@ def test_lower_memory_where_the_estimate_predicts_no_saving_is_judged_not_higher
 
 
 def test_where_the_estimate_misses_the_references_peak_its_ratio_bounds_nothing() -> None:
-    """The H200's ladder (tests/data/gpu-h200-past-nanogpt): ladder-8's compiled loss keeps less than the estimate
-    of the eager step counts (15,507,233,792 B estimated, 12,284,743,168 B measured: 26% off), so the estimate's
-    ratio, 0.488, would ask ladder-9 for at most 5.82 GiB where it measured 7,652,680,704 B (its own estimate,
-    7,573,191,168 B, within 1.1%). It is held to its own estimate instead, plus 2% of ladder-8's peak: a liger that
-    saves nothing, or half of what it should, fails."""
-    GiB = 2**30
-    ladder_8 = Figures(12_284_743_168, None, None, 15_507_233_792)
-    fused = judge_effect(LIGER, "gpt2", Figures(7_652_680_704, None, None, 7_573_191_168), ladder_8)
+    """The H200's ladder at B=16 (tests/data/gpu-h200-past-nanogpt, where liger's rung sat on ladder-8 at the same
+    batch): ladder-8's compiled loss keeps less than the estimate of the eager step counts (15,507,233,792 B
+    estimated, 12,284,743,168 B measured: 26% off), so the estimate's ratio, 0.488, would ask liger for at most 5.82
+    GiB where it measured 7,652,680,704 B (its own estimate, 7,573,191,168 B, within 1.1%). It is held to its own
+    estimate instead, plus 2% of the reference's peak: a liger that saves nothing, or half of what it should, fails.
+    At one batch, per token is the peak over 16,384."""
+    ladder_8 = Figures(12_284_743_168, None, None, 15_507_233_792, B16)
+    fused = judge_effect(LIGER, "gpt2", Figures(7_652_680_704, None, None, 7_573_191_168, B16), ladder_8)
     assert fused.status == "ok", fused.line
     assert fused.expected == (
-        "at most 7.28 GiB: its estimate + 2% of ladder-8's peak (the estimate is 26% off ladder-8's)"
+        "at most 466.04 KiB a token: its estimate + 2% of ladder-9's peak (the estimate is 26% off ladder-9's)"
     )
-    unfused = judge_effect(LIGER, "gpt2", Figures(12_284_743_168, None, None, 7_573_191_168), ladder_8)
-    assert unfused.status == "FAIL" and "is not below ladder-8's 11.44 GiB" in unfused.line
-    half = judge_effect(LIGER, "gpt2", Figures(9 * GiB, None, None, 7_573_191_168), ladder_8)
-    assert half.status == "FAIL" and "saves less than the estimate against ladder-8's" in half.line
+    unfused = judge_effect(LIGER, "gpt2", Figures(12_284_743_168, None, None, 7_573_191_168, B16), ladder_8)
+    assert unfused.status == "FAIL" and "is not below ladder-9's 732.23 KiB a token" in unfused.line
+    half = judge_effect(LIGER, "gpt2", Figures(9 * 2**30, None, None, 7_573_191_168, B16), ladder_8)
+    assert half.status == "FAIL" and "saves less than the estimate against ladder-9's" in half.line
     # where the estimate holds for the reference (within the 2% slack), its ratio still bounds the saving
-    held = Figures(12_284_743_168, None, None, int(12_284_743_168 * 1.019))
-    assert judge_effect(LIGER, "gpt2", Figures(8 * GiB, None, None, 7_573_191_168), held).status == "FAIL"  # > 7.15
+    held = Figures(12_284_743_168, None, None, int(12_284_743_168 * 1.019), B16)
+    assert judge_effect(LIGER, "gpt2", Figures(8 * 2**30, None, None, 7_573_191_168, B16), held).status == "FAIL"
+
+
+def test_the_fused_loss_at_a_larger_fitted_batch_is_judged_per_token() -> None:
+    """ladder-9 fills 85% of an H200 at batch 146 and liger's rung at batch 356, both estimated at 127.3 GB. Say
+    ladder-9's compiled step measures 79% of its estimate, as ladder-8's did, and liger's 1% over its own: liger's
+    whole peak is above ladder-9's, and its peak per token is 0.52x. A liger that saved nothing per token fails."""
+    ladder_9 = Figures(100_900_000_000, None, None, 127_356_787_712, 146 * 1024)
+    fused = Figures(128_600_000_000, None, None, 127_317_444_608, 356 * 1024)
+    judged = judge_effect(LIGER, "gpt2", fused, ladder_9)
+    assert fused.peak > ladder_9.peak and judged.status == "ok", judged.line
+    assert judged.measured == "344.50 KiB a token vs 659.08 KiB a token (0.523x)"
+    saves_nothing = Figures(ladder_9.peak * 356 // 146, None, None, 127_317_444_608, 356 * 1024)
+    failed = judge_effect(LIGER, "gpt2", saves_nothing, ladder_9)
+    assert failed.status == "FAIL" and "a token is not below ladder-9's" in failed.line
+    logged_before = Figures(128_600_000_000, None, None, 127_317_444_608)  # a log without the step's tokens
+    unknown = judge_effect(LIGER, "gpt2", logged_before, ladder_9)
+    assert unknown.status == "not measured" and "the tokens of a step of ladder-10 not measured" in unknown.line
 
 
 def test_not_higher_allows_2_percent_and_says_when_a_peak_was_not_measured() -> None:

@@ -22,6 +22,7 @@ import torch
 from gptcore.config import Kernels, Recipe
 from gptcore.gate import plan
 from gptcore.memory.fit import fit_batch
+from gptcore.presets import RECIPES
 from gptcore.training.kernels import kernels_unsupported
 from gptcore.training.trainer import Trainer
 from tests.helpers import TINY, batches
@@ -93,17 +94,17 @@ def test_fp8_matmuls_match_float64():
     assert_near(got, _reference(), *FP8_BOUNDS)
 
 
-AUTOTUNED = dataclasses.replace(BF16, compile=True, compile_mode="max-autotune")
+AUTOTUNED = dataclasses.replace(BF16, compile=True, compile_mode=RECIPES["ladder-12"].compile_mode)
 
 
 @pytest.mark.planned(
     plan.SETUP_SECONDS["cuda"] + plan.compile_seconds(SHAPE, AUTOTUNED),
     why="one compile with autotuning, as the plan assumes a rung's",
 )
-def test_max_autotune_with_cuda_graphs_trains_like_eager():
-    """compile_mode max-autotune (autotuned kernels, CUDA graphs): three steps' losses equal the eager step's within
-    bf16's rounding (both bf16 autocast; only the kernels differ). Eager, not the default compile, is the reference:
-    the same check for one compile fewer (the compile is nearly all of this test's time)."""
+def test_the_autotuned_compile_trains_like_eager():
+    """The ladder's autotuned compile (ladder-12's mode, max-autotune-no-cudagraphs): three steps' losses equal the
+    eager step's within bf16's rounding (both bf16 autocast; only the kernels differ). Eager, not the default compile,
+    is the reference: the same check for one compile fewer (the compile is nearly all of this test's time)."""
     losses = {}
     for name, recipe in (("eager", BF16), ("autotuned", AUTOTUNED)):
         trainer = Trainer(SHAPE, recipe, "cuda")  # seeded by its recipe: the same weights and batches

@@ -52,10 +52,23 @@ def test_the_fitted_batch_respects_accumulation_and_the_cpu():
     assert fitted(cpu, dataclasses.replace(recipe, fit_memory=None), "cpu", 1) is cpu  # no fit asked: the model's
 
 
-def test_the_top_rung_fills_the_device_with_a_larger_batch_than_the_seeds():
-    assert LADDER[-1] == "ladder-12" and RECIPES["ladder-12"].fit_memory == 0.85
-    fitted_batch = fitted(GPT2, RECIPES["ladder-12"], "cuda", H200).batch_size
-    assert fitted_batch > 64  # the seed grew its batch by hand to 64
+def test_the_rungs_past_nanogpt_fill_the_device_with_a_larger_batch_than_the_seeds():
+    """ladder-9 is nanoGPT's step (ladder-8) at the batch that fills the device; every rung above keeps the fit."""
+    assert [name for name in LADDER if RECIPES[name].fit_memory == 0.85] == [
+        "ladder-9",
+        "ladder-10",
+        "ladder-11",
+        "ladder-12",
+    ]
+    assert dataclasses.replace(RECIPES["ladder-9"], fit_memory=None) == TOP
+    assert fitted(GPT2, RECIPES["ladder-9"], "cuda", H200).batch_size > 64  # the seed grew its batch by hand to 64
+
+
+def test_the_fused_loss_rung_fills_the_device_with_a_larger_batch():
+    """What liger's fused loss saves (the B x T x vocab logits) becomes batch: the rung above the fit holds more
+    sequences in the same share of the device."""
+    unfused, fused = (fitted(GPT2, RECIPES[name], "cuda", H200).batch_size for name in ("ladder-9", "ladder-10"))
+    assert fused > 2 * unfused  # the logits and their loss are about half of ladder-9's estimated peak
 
 
 def test_a_batch_that_cannot_fit_is_one_line():
@@ -135,8 +148,8 @@ def test_fp8_is_refused_below_hopper(monkeypatch):
     [
         ("ladder-5", (7, 5), None),  # sdpa's own dispatch runs on any GPU
         ("ladder-8", (8, 0), None),
-        ("ladder-10", (8, 0), "needs compute capability >= 9.0"),  # FP8 over the rung's bf16
-        ("ladder-10", (9, 0), None),
+        ("ladder-11", (8, 0), "needs compute capability >= 9.0"),  # FP8 over the rung's bf16
+        ("ladder-11", (9, 0), None),
     ],
 )
 def test_the_gpu_grid_skips_at_collection_what_the_gpu_cannot_run(monkeypatch, rung, capability, skipped):

@@ -433,7 +433,9 @@ def test_html_judges_each_expected_effect_as_the_gate_does(pages: dict[str, Path
         info = bench["extra_info"]
         m = Measurement(**{k: v for k, v in info.items() if k in names})
         measured = Entry.from_measurement(m, precision=info["precision"], cpu_model=info.get("cpu_model"))
-        gate._expect(info["model"], info["recipe"], m.device, Figures.of(measured, info["estimate_bytes"]), 1)
+        gate._expect(
+            info["model"], info["recipe"], m.device, Figures.of(measured, info["estimate_bytes"], m.tokens_per_step), 1
+        )
     judged = {f"{o.model} {o.claim}": o.status for o in gate.expected.outcomes}
     claims = (
         "checkpoint vs fp32",

@@ -19,6 +19,8 @@ Bounds:
   deep-1.6b's peak), it is judged ``not higher``, and its bound says so.
 * peak memory, ``not higher``: at most the reference's peak plus ``MEMORY_SLACK`` (for a recipe whose saving
   depends on where the peak is, or on the compiler).
+* peak memory per token: the same bounds over the peak and the estimate divided by the tokens of a step, for two
+  cases whose batches differ: a rung that fills the device turns a saving into a larger batch, not a lower peak.
 * tokens/s, ``not lower``: not below the reference by more than the noise of the two medians: the sum of their
   IQRs, at least ``SPEED_FLOOR`` of the reference (the ladder's rule).
 * tokens/s, ``higher``: the median above the reference's.
@@ -31,7 +33,7 @@ benchmarks draw each micro-batch separately, so their losses are not comparable 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from gptcore.gate.schema import Entry, kernel_free_peak
@@ -41,7 +43,7 @@ from gptcore.units import format_bytes, unit_for
 MEMORY_SLACK = 0.02
 SPEED_FLOOR = 0.02
 
-Metric = Literal["peak memory", "tokens/s"]
+Metric = Literal["peak memory", "peak memory per token", "tokens/s"]
 Direction = Literal["lower", "not higher", "higher", "not lower"]
 GPU_ONLY = ("cuda",)
 
@@ -128,11 +130,11 @@ EXPECTATIONS: tuple[Expectation, ...] = (
     _lower_memory("fsdp2-bf16", "fsdp2", "bf16 gathered parameters and activations"),
     *_ladder(),
     Expectation(
+        "ladder-10",
         "ladder-9",
-        "ladder-8",
-        "peak memory",
+        "peak memory per token",
         "lower",
-        "the fused linear cross-entropy never makes the B x T x vocab logits whole",
+        "the fused linear cross-entropy never makes the B x T x vocab logits whole: the device holds a larger batch",
         GPU_ONLY,
     ),
 )
@@ -144,19 +146,30 @@ if _UNKNOWN:  # a typo here would silently check nothing
 
 @dataclass(frozen=True)
 class Figures:
-    """What a case measured, for an expectation: its peak (None where not measured), tokens/s and its IQR, and
-    the memory estimate (an int, or None / 'err' without one)."""
+    """What a case measured, for an expectation: its peak (None where not measured), tokens/s and its IQR, the
+    memory estimate (an int, or None / 'err' without one), and the tokens of one step (None in figures logged before
+    they were kept)."""
 
     peak: int | None
     tokens_per_s: float | None
     tokens_per_s_iqr: float | None
     estimate: int | str | None
+    tokens_per_step: int | None = None
 
     @classmethod
-    def of(cls, entry: Entry, estimate: int | str | None) -> Figures:
+    def of(cls, entry: Entry, estimate: int | str | None, tokens_per_step: int | None) -> Figures:
         """A measured case's figures as the gate judges them: its peak without the matmul kernels' scratch, which
         the estimate leaves out and the CPU model moves (``Entry.kernel_free_peak``)."""
-        return cls(entry.kernel_free_peak(), entry.tokens_per_s, entry.tokens_per_s_iqr, estimate)
+        return cls(entry.kernel_free_peak(), entry.tokens_per_s, entry.tokens_per_s_iqr, estimate, tokens_per_step)
+
+    def per_token(self) -> Figures | None:
+        """The peak and the estimate per token of a step (None without the step's tokens)."""
+        if not self.tokens_per_step:
+            return None
+        scale = self.tokens_per_step
+        estimate = self.estimate // scale if isinstance(self.estimate, int) else self.estimate
+        peak = None if self.peak is None else self.peak // scale
+        return replace(self, peak=peak, estimate=estimate, tokens_per_step=1)
 
 
 @dataclass(frozen=True)
@@ -185,6 +198,13 @@ def applies(e: Expectation, device_type: str) -> bool:
 
 def judge_effect(e: Expectation, model: str, now: Figures, ref: Figures) -> EffectResult:
     """``e`` for ``model``, given the case's and the reference's figures."""
+    if e.metric == "peak memory per token":
+        per_now, per_ref = now.per_token(), ref.per_token()
+        if per_now is None or per_ref is None:
+            missing = e.recipe if per_now is None else e.reference
+            line = f"{e.recipe}: the tokens of a step of {missing} not measured on this device"
+            return EffectResult(e, model, "not measured", "—", "—", line)
+        return _judge_memory(e, model, per_now, per_ref, " a token")
     if e.metric == "peak memory":
         return _judge_memory(e, model, now, ref)
     return _judge_speed(e, model, now, ref)
@@ -194,28 +214,32 @@ def _ratio(a: float, b: float) -> str:
     return f"{a / b:.3f}x" if b else "—"
 
 
-def _judge_memory(e: Expectation, model: str, now: Figures, ref: Figures) -> EffectResult:
+def _judge_memory(e: Expectation, model: str, now: Figures, ref: Figures, per: str = "") -> EffectResult:
     if now.peak is None or ref.peak is None:
         missing = e.recipe if now.peak is None else e.reference
         return EffectResult(
             e, model, "not measured", "—", "—", f"{e.recipe}: peak memory of {missing} not measured on this device"
         )
     unit = unit_for(now.peak, ref.peak)
+
+    def fmt(n: float) -> str:  # per: " a token" where the figures are per token
+        return format_bytes(n, unit) + per
+
     estimated = isinstance(now.estimate, int) and isinstance(ref.estimate, int) and ref.estimate
     # the estimate's ratio predicts the saving only where it holds for the reference: within the slack the bound
     # allows (a compiled loss saves what the estimate, of the eager step, counts: ladder-8's is 26% over)
     off = abs(ref.estimate / ref.peak - 1) if estimated and ref.peak else None
     predicted = now.estimate / ref.estimate if off is not None and off <= MEMORY_SLACK else None
-    now_text, ref_text = format_bytes(now.peak, unit), format_bytes(ref.peak, unit)
+    now_text, ref_text = fmt(now.peak), fmt(ref.peak)
     no_saving = predicted is not None and predicted >= 1 - MEMORY_SLACK  # the peak is where the recipe saves nothing
     if e.direction == "lower" and not no_saving:
         if predicted is not None:
             bound = ref.peak * min(predicted + MEMORY_SLACK, 1.0)
-            expected = f"at most {format_bytes(bound, unit)}: estimate {predicted:.3f}x + {MEMORY_SLACK:.0%}"
+            expected = f"at most {fmt(bound)}: estimate {predicted:.3f}x + {MEMORY_SLACK:.0%}"
         elif off is not None:  # the reference's estimate misses: the case is held to its own, with the same slack
             bound = min(now.estimate + MEMORY_SLACK * ref.peak, ref.peak)
             expected = (
-                f"at most {format_bytes(bound, unit)}: its estimate + {MEMORY_SLACK:.0%} of {e.reference}'s peak"
+                f"at most {fmt(bound)}: its estimate + {MEMORY_SLACK:.0%} of {e.reference}'s peak"
                 f" (the estimate is {off:.0%} off {e.reference}'s)"
             )
         else:
@@ -224,7 +248,7 @@ def _judge_memory(e: Expectation, model: str, now: Figures, ref: Figures) -> Eff
         verb = "is not below" if now.peak >= ref.peak else "saves less than the estimate against"
     else:  # not higher; or lower where the estimate puts the peak where the recipe saves nothing
         bound = ref.peak * (1 + MEMORY_SLACK)
-        expected = f"at most {format_bytes(bound, unit)}: +{MEMORY_SLACK:.0%}" + (
+        expected = f"at most {fmt(bound)}: +{MEMORY_SLACK:.0%}" + (
             f", estimate {predicted:.3f}x" if predicted is not None else ""
         )
         if e.direction == "lower":
@@ -285,8 +309,8 @@ class Session:
 
     def record_info(self, info: dict) -> list[EffectResult]:
         """``record`` from a benchmark's extra_info (model, recipe, device, world_size, peak_allocated_bytes,
-        tokens_per_s, tokens_per_s_iqr, estimate_bytes), as the report reads a saved run; the peak without the matmul
-        kernels' scratch, as the gate judges it (gptcore.gate.schema.kernel_free_peak)."""
+        tokens_per_s, tokens_per_s_iqr, estimate_bytes, tokens_per_step), as the report reads a saved run; the peak
+        without the matmul kernels' scratch, as the gate judges it (gptcore.gate.schema.kernel_free_peak)."""
         figures = Figures(
             kernel_free_peak(
                 info.get("peak_allocated_bytes"),
@@ -298,6 +322,7 @@ class Session:
             info.get("tokens_per_s"),
             info.get("tokens_per_s_iqr"),
             info.get("estimate_bytes"),
+            info.get("tokens_per_step"),
         )
         return self.record(
             info["model"],

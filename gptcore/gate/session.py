@@ -218,7 +218,7 @@ class Gate:
                 f"{node.name}: {left:,} B were still allocated when it began, left by a case before it: its peak "
                 "includes them"
             )
-        figures = Figures.of(measured, estimate)
+        figures = Figures.of(measured, estimate, m.tokens_per_step)
         unmet = [] if error else self._expect(model, recipe, m.device, figures, world)
         if not error:  # what the expected effects judged, kept for a merge of shards to judge them again
             self.cases[node.nodeid]["effect"] = {

@@ -14,7 +14,8 @@ from gptcore import memory
 from gptcore.config import GPTConfig, Recipe, Schedule, Study, Timing
 from gptcore.gate.session import Outcome
 from gptcore.measure.convergence import Convergence, converge
-from gptcore.measure.runner import Measurement, cannot_fit, out_of_memory_in, run_case
+from gptcore.measure.measurement import Measurement
+from gptcore.measure.runner import cannot_fit, out_of_memory_in, run_case
 from gptcore.memory.fit import fitted
 from gptcore.presets import MODELS, RECIPES
 from gptcore.training.kernels import FP8_CAPABILITY

@@ -155,7 +155,7 @@ def test_benchmark_compare_without_history_says_so_and_still_gates(run, recorded
 
 
 TRIVIAL_BENCH = """
-from gptcore.measure.runner import Measurement
+from gptcore.measure.measurement import Measurement
 
 
 def test_trivial(benchmark, gate, request):
@@ -530,7 +530,7 @@ def test_what_an_earlier_case_left_allocated_is_named_under_the_end_table(tmp_pa
     from types import SimpleNamespace
 
     from gptcore.gate.session import Gate
-    from gptcore.measure.runner import Measurement
+    from gptcore.measure.measurement import Measurement
 
     gate = Gate(directory=tmp_path, update=True, strict=False, overrides={}, timing_override=(None,) * 3)
     for name, before in (("a", 20_585_324_544), ("b", 33_554_432)):
@@ -711,7 +711,7 @@ def test_a_nan_loss_is_never_recorded_and_fails_the_case_naming_itself(tmp_path:
     from types import SimpleNamespace
 
     from gptcore.gate.session import Gate
-    from gptcore.measure.runner import Measurement
+    from gptcore.measure.measurement import Measurement
 
     gate = Gate(directory=tmp_path, update=True, strict=False, overrides={}, timing_override=(None,) * 3)
     node = SimpleNamespace(name="test_x[tiny-fp32]", nodeid="bench/x.py::test_x[tiny-fp32]")

@@ -423,7 +423,7 @@ def test_html_judges_each_expected_effect_as_the_gate_does(pages: dict[str, Path
     from gptcore.gate.expectations import Figures
     from gptcore.gate.schema import Entry
     from gptcore.gate.session import Gate
-    from gptcore.measure.runner import Measurement
+    from gptcore.measure.measurement import Measurement
 
     text = pages["cpu"].read_text()
     shown = dict(re.findall(r'<tr data-expectation="([^"]+)">.*?<td class="[^"]*">([^<]+)</td></tr>', text))
@@ -457,7 +457,7 @@ def test_html_status_of_each_case_is_the_gates(tmp_path: Path) -> None:
 
     from gptcore.gate import baselines, schema, verdicts
     from gptcore.gate.summary import _pct
-    from gptcore.measure.runner import Measurement
+    from gptcore.measure.measurement import Measurement
     from gptcore.report.html import build_html
 
     base = baselines.load(BASELINES / "cpu.json")

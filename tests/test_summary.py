@@ -39,7 +39,7 @@ def render_recorded_run() -> tuple[str, str]:
     from gptcore.gate.session import Gate
     from gptcore.gate.summary import convergence_table, expectations_table, gate_markdown, gate_table
     from gptcore.measure.convergence import Convergence
-    from gptcore.measure.runner import Measurement
+    from gptcore.measure.measurement import Measurement
 
     run = json.loads((DATA / "cpu-run.json").read_text())
     gate = Gate(

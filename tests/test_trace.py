@@ -26,7 +26,8 @@ from gptcore.gate.session import Gate, Row
 from gptcore.gate.summary import gate_table
 from gptcore.gate.verdicts import GPU_BUSY, verdict_of
 from gptcore.measure import trace
-from gptcore.measure.runner import Measurement, run_case
+from gptcore.measure.measurement import Measurement
+from gptcore.measure.runner import run_case
 from gptcore.presets import RECIPES, get_model
 from tests.helpers import TINY
 from tests.test_noise import H200_BASELINES

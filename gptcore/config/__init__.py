@@ -1,8 +1,10 @@
 """The configuration's types: GPTConfig (model shape), Recipe (every training switch, grouped by what it switches:
-Recipe.parallel's data parallelism, Recipe.kernels' kernels past nanoGPT's), Study with its Schedule and Timing; the
-named values are in gptcore.presets. Frozen dataclasses checked on creation (and by ``dataclasses.replace``):
-ValueError names the field, a nested one dotted. No torch, for a fast CLI."""
+Recipe.parallel's data parallelism, Recipe.kernels' kernels past nanoGPT's), Study with its Schedule and Timing; a
+case's setup as flat fields (gptcore.config.fields). The named values are in gptcore.presets. Frozen dataclasses
+checked on creation (and by ``dataclasses.replace``): ValueError names the field, a nested one dotted. No torch, for
+a fast CLI."""
 
+from gptcore.config.fields import Setup, setup_differences, setup_of
 from gptcore.config.model import CHAR_VOCAB, DATASETS, Dataset, GPTConfig
 from gptcore.config.parallel import PARALLELS, DDPOptions, FSDP2Options, FSDPParamDtype, Parallel, ParallelMode
 from gptcore.config.recipe import (
@@ -47,4 +49,7 @@ __all__ = [
     "Schedule",
     "Study",
     "Timing",
+    "Setup",
+    "setup_differences",
+    "setup_of",
 ]

@@ -244,14 +244,20 @@ def recorded_form(entry: Entry) -> Entry:
 def add_loss_references(path: str | Path, slug: str, entries: dict[str, Entry]) -> tuple[int, list[str]]:
     """Add each measured entry's loss as its CPU model's reference to the recorded entry of the same name, and
     rewrite the file atomically; nothing else changes. Returns the number added and the names skipped (no
-    recorded entry, no CPU model, or a loss read at another step)."""
+    recorded entry, no CPU model, a loss read at another step, or an entry of another setup)."""
     current = load(path, expect_slug=slug)
     if current is None:
         return 0, list(entries)
     added, skipped = 0, []
     for name, entry in entries.items():
         old = current.entries.get(name)
-        if old is None or entry.cpu_model is None or entry.loss is None or old.loss_step != entry.loss_step:
+        if (
+            old is None
+            or entry.cpu_model is None
+            or entry.loss is None
+            or old.loss_step != entry.loss_step
+            or entry.setup_changes(old)
+        ):
             skipped.append(name)
             continue
         if entry.cpu_model != old.cpu_model:

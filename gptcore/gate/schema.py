@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gptcore.config import HALF_PRECISIONS
+from gptcore.config import HALF_PRECISIONS, setup_differences
 from gptcore.measure.convergence import Convergence
 from gptcore.memory.categories import COMPILED_STEP, UNTRACKED
 
@@ -150,6 +150,9 @@ class Entry:
     from a code change."""
     gpu_busy_seconds: float | None = None
     """GPU only: the device's busy time over one step (gptcore.measure.trace); absent from older baseline files."""
+    setup: dict[str, Any] | None = None
+    """The case's model and recipe as flat fields (gptcore.config.fields): an entry of another setup is no baseline
+    for the case; absent from entries recorded before it was kept."""
 
     @classmethod
     def from_measurement(
@@ -179,6 +182,7 @@ class Entry:
             seconds=getattr(m, "case_seconds", None) or None,
             clocks=getattr(m, "clocks", None),
             gpu_busy_seconds=getattr(m, "gpu_busy_seconds", None),
+            setup=getattr(m, "setup", None),
             speed_note=busy or (f"speed not recorded: {unfit}" if unfit else None),
         )
 
@@ -197,6 +201,13 @@ class Entry:
             cpu_model=cpu_model if device.startswith("cpu") else None,
             convergence=run,
         )
+
+    def setup_changes(self, recorded: Entry | None) -> list[str]:
+        """The fields in which this entry's setup differs from ``recorded``'s ('recipe.fit_memory None -> 0.85'); none
+        where either has no setup (an entry recorded before setups were kept)."""
+        if recorded is None or not self.setup or not recorded.setup:
+            return []
+        return setup_differences(recorded.setup, self.setup)
 
     @property
     def eager_breakdown(self) -> bool:
@@ -239,6 +250,7 @@ class Entry:
             "recorded_at": self.recorded_at,
             "commit": self.commit,
             **({"torch": self.torch} if self.torch else {}),
+            **({"setup": self.setup} if self.setup else {}),
         }
 
     @classmethod
@@ -296,6 +308,7 @@ class Entry:
             gpu_busy_seconds=get(data, "gpu_busy_seconds", num, "gpu_busy_seconds")
             if "gpu_busy_seconds" in data
             else None,
+            setup=_setup(data.get("setup"), where),
         )
 
 
@@ -338,6 +351,15 @@ def _categories(value: Any, where: str, path: str) -> dict[str, int] | None:
         isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in value.items()
     ):
         raise BaselineError(f"{where}: {path}: expected an object of category -> bytes, got {value!r}")
+    return dict(value)
+
+
+def _setup(value: Any, where: str) -> dict[str, Any] | None:
+    plain = (str, int, float, bool, list, type(None))
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, plain) for k, v in value.items()):
+        raise BaselineError(f"{where}: setup: expected an object of field -> value, got {value!r}")
     return dict(value)
 
 

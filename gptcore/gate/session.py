@@ -23,7 +23,7 @@ from gptcore.gate.verdicts import Verdict
 if TYPE_CHECKING:
     from gptcore.gate.results import Record, ResultsLog
     from gptcore.measure.convergence import Convergence
-    from gptcore.measure.runner import Measurement
+    from gptcore.measure.measurement import Measurement
 
 __all__ = ["Gate", "Outcome", "Row"]
 
@@ -252,7 +252,7 @@ class Gate:
         missing = None
         if not failures and verdict is not None and verdict.missing:
             missing = (
-                f"{node.name}: no baseline for {identity.device_slug(device)}; record it with: "
+                f"{node.name}: no baseline for {identity.device_slug(device)}{verdict.missing_why}; record it with: "
                 f"{self.record_command(node.nodeid)}"
             )
             if self.strict:

@@ -25,7 +25,9 @@ Gate rules (defaults per device type, stored in each file's ``tolerances`` and o
   recorded it; by more than one evaluation interval on another);
 * a step that keeps what it allocated (the second measured step leaves more allocated than the first) fails,
   baseline or not: a leak, which the peak of the first steps and the ledger of one step would miss;
-* leaner or faster than the baseline beyond tolerance passes with a "refresh the baseline" note.
+* leaner or faster than the baseline beyond tolerance passes with a "refresh the baseline" note;
+* an entry recorded from another setup (the case's model or recipe fields, gptcore.config.fields: a preset changed
+  under the same name) is no baseline for the case: nothing is compared, and the verdict names the fields.
 """
 
 from __future__ import annotations
@@ -80,12 +82,18 @@ class Verdict:
     def missing(self) -> bool:
         return any(c.status == NO_BASELINE for c in self.checks)
 
+    @property
+    def missing_why(self) -> str:
+        """' (its entry measured another setup: ...)' where the entry is no baseline for that reason; else ''."""
+        why = next((c.note for c in self.checks if c.status == NO_BASELINE and c.note), "")
+        return f" ({why})" if why else ""
+
     def summary(self) -> str:
         """'FAIL: peak memory +3.1%' / 'ok (refresh the baseline: tokens/s +12%)' / 'no baseline' / 'ok'."""
         if self.failed:
             return "FAIL: " + "; ".join(_describe(c) for c in self.failed)
         if self.missing:
-            return NO_BASELINE
+            return NO_BASELINE + self.missing_why
         said = [c.note for c in self.checks if c.status == CHANGED]  # news, never a failure: torch's instruments
         if self.refresh:
             said.insert(0, "refresh the baseline: " + "; ".join(_describe(c) for c in self.refresh))
@@ -130,11 +138,13 @@ def verdict_of(
     docs/gate.md, "Strict on every CPU")."""
     if measured.convergence is not None:
         return Verdict(case, convergence_checks(measured, baseline, tol))
-    if baseline is None:
+    changed = measured.setup_changes(baseline)
+    if baseline is None or changed:
+        why = f"its entry measured another setup: {'; '.join(changed)}" if changed else ""
         return Verdict(
             case,
-            [Check(metric, None, None, None, NO_BASELINE) for metric in ("peak memory", "tokens/s", "loss")]
-            + ([Check(GPU_BUSY, None, None, None, NO_BASELINE)] if measured.gpu_busy_seconds is not None else [])
+            [Check(metric, None, None, None, NO_BASELINE, why) for metric in ("peak memory", "tokens/s", "loss")]
+            + ([Check(GPU_BUSY, None, None, None, NO_BASELINE, why)] if measured.gpu_busy_seconds is not None else [])
             + kept_check(measured),
         )
     if other_kernels(measured, baseline):  # the kernels' scratch in the peak moves with the CPU model

@@ -18,11 +18,8 @@ import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from gptcore.measure.runner import Measurement
-
+from gptcore.measure.measurement import Measurement
 
 ROOT = Path(__file__).resolve().parents[2]
 """The checkout (or site-packages) that holds this gptcore: the ranks run with it first on PYTHONPATH."""
@@ -187,7 +184,6 @@ def combine(ranks: list[dict]) -> Measurement:
     """One Measurement for the job: rank 0's (the round times are already the slowest rank's and the loss the
     mean over ranks), with the peak memory the max over ranks (and that rank's breakdown), and the GPU busy time the
     busiest rank's."""
-    from gptcore.measure.runner import Measurement  # torch: only when a job's ranks are combined
 
     names = {f.name for f in dataclasses.fields(Measurement)}
     m = Measurement(**{k: v for k, v in ranks[0].items() if k in names})

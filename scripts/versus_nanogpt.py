@@ -8,6 +8,12 @@ betas 0.9/0.95, weight decay 0.1), clip 1.0, on the same random batches already 
 (compilation), ROUNDS rounds of STEPS steps alternate between the two (which goes first alternates too), each round
 timed by CUDA events; the median tokens/s of each and their ratio are printed, and written to --json.
 
+A rung that fills the device (``fit_memory``, ladder-9 and up) runs at its fitted batch, and nanoGPT at the batch
+that the same share gives nanoGPT's own step (ladder-8's recipe fitted): at ladder-9 the same batch, above it each
+at its largest (a fused loss fits more sequences than nanoGPT's step can hold). nanoGPT's batches are then the first
+rows of gptcore's, and the cache of freed memory is emptied before each round, so that neither step finds the
+device's memory held by the other's.
+
 With --profile FILE, 3 more steps of each run under torch.profiler after the timed rounds, and FILE gets each
 step's kernels by CUDA time, side by side: where the two steps differ, by name.
 
@@ -18,6 +24,7 @@ Usage: python scripts/versus_nanogpt.py NANOGPT_DIR [--recipe ladder-8] [--round
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import statistics
@@ -26,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from gptcore.memory.fit import fitted
 from gptcore.presets import MODELS, get_recipe
 from gptcore.training.trainer import Trainer
 
@@ -63,10 +71,21 @@ def timed(step, batches: list, steps: int) -> float:
         step(*batches[i % len(batches)])
     end.record()
     end.synchronize()
-    return steps * B * T / (start.elapsed_time(end) / 1e3)
+    return steps * batches[0][0].numel() / (start.elapsed_time(end) / 1e3)
 
 
-def profiled(steps: dict, batches: list, out: Path, n: int = 3) -> None:
+def batch_sizes(recipe_name: str) -> tuple[int, int]:
+    """gptcore's batch and nanoGPT's: B for both, or for a recipe that fills the device (``fit_memory``) its fitted
+    batch and the one the same share gives ladder-8's recipe, nanoGPT's step."""
+    recipe = get_recipe(recipe_name)
+    if recipe.fit_memory is None:
+        return B, B
+    nanogpt = dataclasses.replace(get_recipe("ladder-8"), fit_memory=recipe.fit_memory)
+    ours, theirs = (fitted(MODELS["gpt2"], r, "cuda").batch_size for r in (recipe, nanogpt))
+    return ours, theirs
+
+
+def profiled(steps: dict, batches: dict, out: Path, n: int = 3) -> None:
     """``n`` steps of each under torch.profiler, after the timed rounds; ``out`` gets each one's operators and
     kernels by self CUDA time, summed over the ``n`` steps (the top 100: a shorter table cut one step's kernel that
     the other's kept, and read as a difference)."""
@@ -75,7 +94,7 @@ def profiled(steps: dict, batches: list, out: Path, n: int = 3) -> None:
     parts = []
     for name, step in steps.items():
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            timed(step, batches, n)
+            timed(step, batches[name], n)
         table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=100, max_name_column_width=90)
         parts.append(f"== {name}: {n} steps\n{table}")
     out.write_text("\n".join(parts))
@@ -96,26 +115,40 @@ def main() -> int:
     if not torch.cuda.is_available():
         sys.exit("versus_nanogpt.py: needs a CUDA GPU")
     torch.manual_seed(0)
-    batches = [
-        (torch.randint(0, VOCAB, (B, T), device="cuda"), torch.randint(0, VOCAB, (B, T), device="cuda"))
+    ours, theirs = batch_sizes(args.recipe)
+    rows = max(ours, theirs)
+    drawn = [
+        (torch.randint(0, VOCAB, (rows, T), device="cuda"), torch.randint(0, VOCAB, (rows, T), device="cuda"))
         for _ in range(4)
     ]
-    trainer = Trainer(MODELS["gpt2"], get_recipe(args.recipe), "cuda")
-    if trainer.micro_batch * trainer.accum != B:
-        sys.exit(f"versus_nanogpt.py: {args.recipe} trains a batch of {trainer.micro_batch * trainer.accum}, not {B}")
+    batches = {
+        "gptcore": [(x[:ours], y[:ours]) for x, y in drawn],
+        "nanoGPT": [(x[:theirs], y[:theirs]) for x, y in drawn],
+    }
+    trainer = Trainer(dataclasses.replace(MODELS["gpt2"], batch_size=ours), get_recipe(args.recipe), "cuda")
+    if trainer.micro_batch * trainer.accum != ours:
+        sys.exit(
+            f"versus_nanogpt.py: {args.recipe} trains a batch of {trainer.micro_batch * trainer.accum}, not {ours}"
+        )
     steps = {"gptcore": lambda x, y: trainer.step((x, y)), "nanoGPT": nanogpt_step(args.nanogpt)}
-    for step in steps.values():  # warm-up: compilation and the optimizer's state
-        timed(step, batches, 5)
+    fills = ours != B or theirs != B  # a fitted batch: neither step may find the other's freed memory still cached
+    print(f"batches: gptcore {ours}, nanoGPT {theirs} (T={T})", flush=True)
+    for name, step in steps.items():  # warm-up: compilation and the optimizer's state
+        timed(step, batches[name], 5)
     device = f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
     rates: dict[str, list[float]] = {name: [] for name in steps}
     for r in range(args.rounds):  # each round printed and written as it ends: a job cut short keeps the rounds so far
         for name in list(steps) if r % 2 == 0 else list(steps)[::-1]:
-            rates[name].append(timed(steps[name], batches, args.steps))
+            if fills:
+                torch.cuda.empty_cache()
+            rates[name].append(timed(steps[name], batches[name], args.steps))
         median = {name: statistics.median(values) for name, values in rates.items()}
         ratio = median["gptcore"] / median["nanoGPT"]
         print(f"round {r + 1}: " + ", ".join(f"{n} {v[-1]:,.0f} tok/s" for n, v in rates.items()), flush=True)
         if args.json:
-            record = dict(device=device, recipe=args.recipe, rounds=r + 1, rates=rates, ratio=ratio)
+            record = dict(
+                device=device, recipe=args.recipe, batches=[ours, theirs], rounds=r + 1, rates=rates, ratio=ratio
+            )
             args.json.write_text(json.dumps(record, indent=1))
     print(f"{device}: gptcore {args.recipe} {median['gptcore']:,.0f} tok/s, nanoGPT {median['nanoGPT']:,.0f} tok/s")
     print(f"ratio {ratio:.3f} (median of {args.rounds} alternating rounds of {args.steps} steps)")

@@ -10,6 +10,7 @@ from these seeds' own result."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -175,6 +176,27 @@ def test_an_exact_metrics_repeated_runs_count_once_and_a_moved_environment_is_na
     assert notes == [
         "case op calls: the runs of c differ (110, 111, 110): not exact here; its most frequent value is used"
     ]
+
+
+def test_a_step_where_the_cases_setup_changed_names_the_fields():
+    """A preset changed under its own name (the planted change: recipe.lr doubled at commit c) steps the case's
+    figures there; the finding names the fields, so that it reads as the setup's change, not the code's."""
+    from gptcore.config import setup_of
+    from gptcore.presets import MODELS, RECIPES
+
+    before = setup_of(MODELS["cpu-small"], RECIPES["fp32"])
+    after = before | {"recipe.lr": 2 * before["recipe.lr"]}
+    points = [
+        Point(c, str(i), v, {"setup": s})
+        for i, (c, v, s) in enumerate([("a", 100, before), ("b", 100, before), ("c", 90, after), ("d", 90, after)])
+    ]
+    (step,) = history.exact_steps("case", "op calls", points)
+    assert (step.before, step.after) == ("b", "c")
+    assert step.note.endswith(
+        f"; the case's setup changed: recipe.lr {before['recipe.lr']!r} -> {after['recipe.lr']!r}"
+    )
+    unchanged = [dataclasses.replace(p, env={"setup": before}) for p in points]
+    assert "setup" not in history.exact_steps("case", "op calls", unchanged)[0].note
 
 
 # -- saved runs ----------------------------------------------------------------------------------------------------

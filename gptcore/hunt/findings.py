@@ -24,7 +24,8 @@ class Point:
     time: str
     value: float
     env: dict = field(default_factory=dict)
-    """What else could move a figure between runs: torch's version, the CPU model."""
+    """What else could move a figure between runs: torch's version, the CPU model, the case's setup (its model and
+    recipe as flat fields, gptcore.config.fields)."""
 
 
 @dataclass

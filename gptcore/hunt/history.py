@@ -34,6 +34,7 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
+from gptcore.config import setup_differences
 from gptcore.gate.rules import non_finite as spelled
 from gptcore.hunt import changepoints as detect
 from gptcore.hunt.changepoints import MIN_SIZE, STEP_OR_LINE
@@ -99,9 +100,10 @@ def read(
             if select and select not in case:
                 continue
             runs_of[case] = runs_of.get(case, 0) + 1
-            info = bench.get("extra_info")
-            for metric, (value, is_exact) in _metrics(info if isinstance(info, dict) else {}).items():
-                point = Point(run.commit, run.committed.isoformat(), value, run.env)
+            info = bench.get("extra_info") if isinstance(bench.get("extra_info"), dict) else {}
+            env = run.env | ({"setup": info["setup"]} if isinstance(info.get("setup"), dict) else {})
+            for metric, (value, is_exact) in _metrics(info).items():
+                point = Point(run.commit, run.committed.isoformat(), value, env)
                 series.setdefault((case, metric), []).append(point)
                 exact[(case, metric)] = is_exact
     for (case, metric), points in sorted(series.items()):  # null or absent in some runs: skipped, as asv does
@@ -126,13 +128,18 @@ def _status(metric: str, change: float, points_after: int) -> str:
 
 
 def _moved(a: Point, b: Point) -> str:
-    """'; torch 2.11.0 -> 2.13.0 between these runs' where the environment changed too (empty where not)."""
+    """'; torch 2.11.0 -> 2.13.0 between these runs' where the environment changed too, and '; the case's setup
+    changed: recipe.lr 0.001 -> 0.002' where the case's own model or recipe did (empty where neither)."""
     moved = [
         f"{k} {a.env[k]} -> {b.env[k]}"
         for k in ("torch", "cpu_model")
         if a.env.get(k) and b.env.get(k) and a.env[k] != b.env[k]
     ]
-    return f"; {', '.join(moved)} between these runs" if moved else ""
+    both = isinstance(a.env.get("setup"), dict) and isinstance(b.env.get("setup"), dict)
+    setup = setup_differences(a.env["setup"], b.env["setup"]) if both else []
+    return (f"; {', '.join(moved)} between these runs" if moved else "") + (
+        f"; the case's setup changed: {'; '.join(setup)}" if setup else ""
+    )
 
 
 def exact_steps(case: str, metric: str, points: list[Point], notes: list[str] | None = None) -> list[Finding]:

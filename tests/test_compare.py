@@ -215,6 +215,37 @@ def test_compare_names_an_operator_swapped_at_an_equal_count_and_a_rename_betwee
     assert work() == [f"operators renamed between torch 2.13.0+cpu and 2.15.0+cpu: forward: {swap}"]
 
 
+def test_compare_names_the_fields_in_which_bs_setup_differs_from_as(monkeypatch, tmp_path, capsys):
+    """B's preset changed under its own name (the planted change: recipe.lr doubled in B's setup): compare says so
+    under the case's line, so that what moved reads as the setup's change; a side that keeps no setup (a revision
+    from before setups were kept) says nothing of it."""
+    import gptcore.hunt.compare as compare
+    from gptcore.config import setup_of
+    from gptcore.presets import MODELS, RECIPES
+
+    setup_a = setup_of(MODELS["cpu-small"], RECIPES["ckpt-fp32"])
+    setups = {"a": setup_a, "b": setup_a | {"recipe.lr": 2 * setup_a["recipe.lr"]}}
+
+    def fake_worker(tree, model, recipe, options, script, memory, python):
+        return {"tokens_per_s": 1000.0, "loss": 4.0, "loss_step": 2, "peak_memory": 100, "setup": setups[tree.name]}
+
+    monkeypatch.setattr(compare, "run_driver", fake_worker)
+
+    def setup() -> list[str] | None:
+        [result] = compare.compare_trees(
+            tmp_path / "a", tmp_path / "b", [("cpu-small", "ckpt-fp32")], rounds=2, threshold=0.05,
+            options=Options(), workdir=tmp_path,
+        )  # fmt: skip
+        return result.setup
+
+    lr = setup_a["recipe.lr"]
+    assert setup() == [f"recipe.lr {lr!r} -> {2 * lr!r}"]
+    setups["b"] = setup_a
+    assert setup() == []
+    setups["a"] = None
+    assert setup() is None
+
+
 # -- throwaway repositories ----------------------------------------------------------------------------------------
 
 

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gptcore.config import setup_differences
 from gptcore.gate.checks import Check, loss_check, memory_check
 from gptcore.gate.schema import Tolerances
 from gptcore.hunt.driver import MARK
@@ -161,6 +162,10 @@ class CaseResult:
     """Each work-ledger count that moved, 'op_calls.backward 250 -> 262 (+12)', and each operator swapped
     (gptcore.hunt.ledger); [] when none did; None when a side has no ledger."""
     error: str | None = None
+    setup: list[str] | None = None
+    """Each field in which B's setup (the case's model and recipe) differs from A's, 'recipe.lr 0.001 -> 0.002': B
+    then measures another experiment, and the changes say why; None where a side keeps no setup (a revision from
+    before setups were kept)."""
 
     @property
     def failed(self) -> bool:
@@ -202,6 +207,10 @@ def decide(result: CaseResult, threshold: float, tol: Tolerances) -> CaseResult:
         step=_first(result.rounds_b, "loss_step"),
         before_step=_first(result.rounds_a, "loss_step"),
     )
+    setups = [
+        next((r["setup"] for r in rounds if r.get("setup")), None) for rounds in (result.rounds_a, result.rounds_b)
+    ]
+    result.setup = setup_differences(*setups) if all(setups) else None
     result.work = ledger_changes(
         _first(result.rounds_a, "work"),
         _first(result.rounds_b, "work"),

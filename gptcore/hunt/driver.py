@@ -41,6 +41,12 @@ def main(spec: dict) -> dict:
         from gptcore.train import Trainer
 
     cfg, recipe = presets.get_model(spec["model"]), presets.get_recipe(spec["recipe"])
+    try:  # the case's model and recipe as flat fields, where this revision keeps them
+        from gptcore.config import setup_of
+
+        setup = setup_of(cfg, recipe)
+    except ImportError:
+        setup = None
     device = torch.device(spec["device"])
     trainer = Trainer(cfg, recipe, device)
     loss = None
@@ -64,6 +70,7 @@ def main(spec: dict) -> dict:
         "torch": torch.__version__,
         "python": sys.executable,
         "work": None,
+        "setup": setup,
     }
     if device.type == "cuda":
         out["peak_memory"] = torch.cuda.max_memory_allocated(device)  # before the ledger's step allocates

@@ -48,7 +48,8 @@ def test_a_setup_is_every_field_of_the_model_and_the_recipe_by_its_dotted_name()
     assert setup_differences(setup_of(MODELS["cpu-small"], RECIPES["fp32"]), ddp)[0] == (
         "recipe.parallel.ddp None -> 'DDPOptions'"
     )
-    assert json.loads(json.dumps(LADDER_8)) == LADDER_8  # JSON's types, so that a baseline file holds it exactly
+    every = [setup_of(MODELS[m], RECIPES[r]) for m in MODELS for r in RECIPES]  # every preset a case can name
+    assert json.loads(json.dumps(every)) == every  # JSON's types, so that a baseline file holds each one exactly
 
 
 def test_the_differences_name_each_changed_field_and_a_new_field_is_held_to_its_default():

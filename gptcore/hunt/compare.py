@@ -28,6 +28,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gptcore.config import setup_differences
 from gptcore.gate.checks import Check, loss_check, memory_check
@@ -185,7 +186,8 @@ class CaseResult:
         return data
 
 
-def _first(rounds: list[dict], key: str) -> float | None:
+def _first(rounds: list[dict], key: str) -> Any:
+    """The first round's ``key`` that is not None (a figure, the torch, the work ledger, the setup); None if none."""
     return next((r[key] for r in rounds if r.get(key) is not None), None)
 
 
@@ -207,9 +209,7 @@ def decide(result: CaseResult, threshold: float, tol: Tolerances) -> CaseResult:
         step=_first(result.rounds_b, "loss_step"),
         before_step=_first(result.rounds_a, "loss_step"),
     )
-    setups = [
-        next((r["setup"] for r in rounds if r.get("setup")), None) for rounds in (result.rounds_a, result.rounds_b)
-    ]
+    setups = _first(result.rounds_a, "setup"), _first(result.rounds_b, "setup")
     result.setup = setup_differences(*setups) if all(setups) else None
     result.work = ledger_changes(
         _first(result.rounds_a, "work"),

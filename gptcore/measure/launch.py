@@ -184,7 +184,6 @@ def combine(ranks: list[dict]) -> Measurement:
     """One Measurement for the job: rank 0's (the round times are already the slowest rank's and the loss the
     mean over ranks), with the peak memory the max over ranks (and that rank's breakdown), and the GPU busy time the
     busiest rank's."""
-
     names = {f.name for f in dataclasses.fields(Measurement)}
     m = Measurement(**{k: v for k, v in ranks[0].items() if k in names})
     for key in ("peak_allocated_bytes", "peak_reserved_bytes", "gpu_busy_seconds"):

@@ -237,6 +237,18 @@ def selected(pytest_args: list[str], select: str | None) -> list[str]:
     return [*pytest_args[:i], f"({pytest_args[i]}) and ({select})", *pytest_args[i + 1 :]]
 
 
+def benchmark_json(out: Path, name: str) -> Path:
+    """Where this job's pytest-benchmark JSON goes: ``STAGE.json``, or ``STAGE-2.json``, ``-3``... when an earlier
+    job in the same folder left one. pytest-benchmark opens the path as it starts, so a second job of the stage (a
+    resumed one, or one narrowed by -k) would empty the first's, and a job killed before its end leaves it empty:
+    an empty one is taken again."""
+    path, n = out / f"{name}.json", 1
+    while path.exists() and path.stat().st_size > 0:
+        n += 1
+        path = out / f"{name}-{n}.json"
+    return path
+
+
 def run(name: str, out: Path, resume: Path | None, select: str | None = None) -> int:
     """Run a pytest stage with its deadline, results log and baselines under ``out``, on the cases ``select``
     matches (all where None); 1-line diagnoses at the end."""
@@ -269,7 +281,7 @@ def run(name: str, out: Path, resume: Path | None, select: str | None = None) ->
         "--baselines-dir",
         str(baselines),
         "--benchmark-json",
-        str(out / f"{name}.json"),
+        str(benchmark_json(out, name)),
     ] + (["--resume", str(log)] if log.exists() else [])
     print("$ " + shlex.join(args), flush=True)
     with open(out / f"{name}.log", "a", encoding="utf-8") as tee:

@@ -109,6 +109,36 @@ def test_a_stage_gets_what_is_left_of_its_job_and_none_below_a_minute(monkeypatc
         gpu_stage.time_limit("an hour")
 
 
+def test_a_second_job_of_a_stage_in_the_same_folder_keeps_the_first_jobs_benchmark_json(tmp_path, monkeypatch):
+    """GPU session 2 ran ``ladder -k 'ladder-8 or ... 11'`` then ``ladder -k ladder-12`` into one folder: the second
+    pytest opened ``ladder.json`` as it started and was killed, which left the first job's benchmarks empty. Each job
+    now writes a JSON of its own (an empty one, a killed job's, is taken again)."""
+    from scripts import gpu_stage
+
+    given = []
+
+    class Child:  # pytest as the stage starts it, without running it: the arguments are what is checked
+        def __init__(self, args, **_):
+            given.append(args[args.index("--benchmark-json") + 1])
+            self.stdout = iter(())
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(gpu_stage.subprocess, "Popen", Child)
+    monkeypatch.delenv("GPTCORE_JOB_END", raising=False)
+    out = tmp_path / "s2"
+    out.mkdir()
+    (out / "ladder.json").write_text('{"benchmarks": ["the first job\'s"]}')
+    assert gpu_stage.run("ladder", out, None, "ladder-12") == 0
+    assert given == [str(out / "ladder-2.json")] and "the first job's" in (out / "ladder.json").read_text()
+    (out / "ladder-2.json").touch()  # that job was killed before pytest-benchmark wrote anything: taken again
+    gpu_stage.run("ladder", out, None, "ladder-12")
+    (out / "ladder-2.json").write_text("{}")
+    gpu_stage.run("ladder", out, None, "ladder-12")
+    assert given[1:] == [str(out / "ladder-2.json"), str(out / "ladder-3.json")]
+
+
 def test_stages_named_together_share_the_job_and_a_failed_smoke_stops_the_rest(tmp_path):
     # ladder then budget in a job of 220 s: 160 s for the stages after the margin; ladder's pytest gets that as its
     # deadline (and refuses: no GPU); the budget stage, planned at 420 s, is not started; the run ends with

@@ -38,11 +38,12 @@ TRACKED_PASS_COST = 3.0
 """The CPU tracked pass (2 steps under the live-bytes tracker) costs about this many plain steps per step."""
 
 
-AUTOTUNE_SECONDS = 360.0
+AUTOTUNE_SECONDS = 240.0
 """What compile's autotuning modes add (max-autotune benchmarks each matmul's and pointwise kernel's candidate
-configurations, forward and backward; CUDA graphs are recorded during the warm-up). A lower bound, measured: on an
-H200 the FP8 rung under max-autotune-no-cudagraphs was still running 346 s after it started, where the same rung
-compiled without autotuning took 88 s whole (tests/data/gpu-h200-fitted): a rung is planned at 450 s, alone in a job."""
+configurations, forward and backward; CUDA graphs are recorded during the warm-up). Assumed for bf16 matmuls: on an
+H200 the FP8 rung under max-autotune-no-cudagraphs (FP8's scaled matmuls bring candidates of their own) was still
+running 346 s after it started, where the same rung without autotuning took 88 s whole (tests/data/gpu-h200-fitted).
+An autotuned rung therefore runs in a job of its own, whatever its plan says (docs/gpu.md)."""
 PLAN_MEMORY_BYTES = 150_121_545_728
 """The device memory a fitted batch (Recipe.fit_memory) is planned for: an H200's, the largest lent GPU, so that
 the plan is not short on either."""

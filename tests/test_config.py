@@ -119,7 +119,6 @@ LADDER_CHANGES = [
     {"num_workers", "pin_memory"},
     {"fit_memory"},
     {"kernels.loss"},
-    {"kernels.fp8"},
     {"compile_mode"},
 ]
 
@@ -142,6 +141,8 @@ def test_each_ladder_rung_adds_exactly_one_switch():
         a, b = _switches(RECIPES[lower]), _switches(RECIPES[upper])
         changed = {name for name in a if a[name] != b[name]}
         assert changed == expected, upper
+    a, b = _switches(RECIPES["ladder-10"]), _switches(RECIPES["ladder-10-fp8"])
+    assert {name for name in a if a[name] != b[name]} == {"kernels.fp8"}  # beside the ladder: one switch over ladder-10
     top = RECIPES["ladder-8"]  # the seed's top rung: nanoGPT's train.py step
     assert (top.precision, top.compile, top.attention, top.vocab_multiple, top.tie_weights, top.adamw_impl) == (
         "bf16",

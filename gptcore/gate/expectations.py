@@ -137,6 +137,14 @@ EXPECTATIONS: tuple[Expectation, ...] = (
         "the fused linear cross-entropy never makes the B x T x vocab logits whole: the device holds a larger batch",
         GPU_ONLY,
     ),
+    Expectation(  # no claim on tokens/s: at GPT-2's width FP8 ran 0.937x ladder-10 on an H200
+        "ladder-10-fp8",
+        "ladder-10",
+        "peak memory per token",
+        "not higher",
+        "FP8 never keeps more for backward than bf16 (eager it keeps the same; compiled it kept 0.716x on an H200)",
+        GPU_ONLY,
+    ),
 )
 
 _UNKNOWN = [e for e in EXPECTATIONS if e.recipe not in RECIPES or e.reference not in RECIPES]

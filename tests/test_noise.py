@@ -273,7 +273,7 @@ def test_the_rungs_recorded_after_the_fix_are_busy_for_less_than_their_step():
     call: smoke.log) have busy times of their compiled steps. Against the step that its tokens/s gives at its own
     batch (the setup's fitted batch), each is within the 10% that the case's own check allows (the eager-traced
     rungs were 19-82% above theirs); FP8's second run is 0.6% above (one traced step against the timed steps'
-    median). The fitted rungs' are at least 94% of it: those steps are GPU-bound; ladder-8's at B=16, 92%."""
+    median). The fitted rungs' are at least 96% of it: those steps are GPU-bound; ladder-8's at B=16, 92%."""
     file = json.loads((ROOT / "baselines" / "nvidia-h200.json").read_text())["benchmarks"]
     logged = [measured([FITTED / name]) for name in ("ladder.jsonl", "verify.jsonl")]
     shares = {}
@@ -284,7 +284,7 @@ def test_the_rungs_recorded_after_the_fix_are_busy_for_less_than_their_step():
             shares[run, name] = e["gpu_busy_seconds"] / (tokens / e["tokens_per_s"]["median"])
     assert len(shares) == 8 and all(share < 1.10 for share in shares.values()), shares
     assert max(shares.values()) == pytest.approx(1.0058, abs=5e-5)  # FP8, verify.jsonl
-    assert min(share for (_, name), share in shares.items() if name != "test_ladder[gpt2-ladder-8]") > 0.94, shares
+    assert min(share for (_, name), share in shares.items() if name != "test_ladder[gpt2-ladder-8]") > 0.96, shares
     assert {name: file[name]["setup"]["model.batch_size"] for name in FITTED_RUNGS} == {
         "test_ladder[gpt2-ladder-9]": 146,
         "test_ladder[gpt2-ladder-10]": 356,

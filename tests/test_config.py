@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 
 from gptcore.config import CHAR_VOCAB, Recipe
+from gptcore.config.fields import flat  # every field, a nested group's by its dotted name (as --set names them)
 from gptcore.presets import (
     LADDER,
     MEMORY_RECIPES,
@@ -123,25 +124,13 @@ LADDER_CHANGES = [
 ]
 
 
-def _switches(recipe: Recipe, prefix: str = "") -> dict[str, object]:
-    """Every field of ``recipe``, a nested group's by its dotted name (as --set names them)."""
-    fields = {}
-    for f in dataclasses.fields(recipe):
-        value = getattr(recipe, f.name)
-        if dataclasses.is_dataclass(value) and f.name == "kernels":
-            fields.update(_switches(value, f"{prefix}{f.name}."))
-        else:
-            fields[prefix + f.name] = value
-    return fields
-
-
 def test_each_ladder_rung_adds_exactly_one_switch():
     assert len(LADDER) == len(LADDER_CHANGES) + 1
     for lower, upper, expected in zip(LADDER[:-1], LADDER[1:], LADDER_CHANGES, strict=True):
-        a, b = _switches(RECIPES[lower]), _switches(RECIPES[upper])
+        a, b = flat(RECIPES[lower]), flat(RECIPES[upper])
         changed = {name for name in a if a[name] != b[name]}
         assert changed == expected, upper
-    a, b = _switches(RECIPES["ladder-10"]), _switches(RECIPES["ladder-10-fp8"])
+    a, b = flat(RECIPES["ladder-10"]), flat(RECIPES["ladder-10-fp8"])
     assert {name for name in a if a[name] != b[name]} == {"kernels.fp8"}  # beside the ladder: one switch over ladder-10
     top = RECIPES["ladder-8"]  # the seed's top rung: nanoGPT's train.py step
     assert (top.precision, top.compile, top.attention, top.vocab_multiple, top.tie_weights, top.adamw_impl) == (

@@ -157,9 +157,10 @@ def _ladder() -> dict[str, Preset[Recipe]]:
 
 _LADDER = _ladder()
 #: Beside the ladder, not on it: a switch measured on the ladder's model against the rung it would follow.
+_LADDER_10 = _LADDER["ladder-10"].value
 _BESIDE_LADDER = {
     "ladder-10-fp8": Preset(
-        dataclasses.replace(_LADDER["ladder-10"].value, kernels=Kernels(loss="liger", fp8=True)),
+        dataclasses.replace(_LADDER_10, kernels=dataclasses.replace(_LADDER_10.kernels, fp8=True)),
         "ladder-10 + FP8 matmuls in the blocks (torchao float8, Hopper or newer): beside the ladder, since at GPT-2's "
         "width it does not pay",
     ),

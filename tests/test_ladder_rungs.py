@@ -164,10 +164,17 @@ def test_the_gpu_grid_skips_at_collection_what_the_gpu_cannot_run(monkeypatch, r
     assert [m.kwargs["reason"] for m in needs_of(pinned, "cuda")] == ["needs compute capability >= 8.0"]
 
 
-@pytest.mark.parametrize("mode, passed", [("default", None), ("max-autotune", "max-autotune")])
+@pytest.mark.parametrize(
+    "mode, passed",
+    [
+        ("default", {"mode": None}),
+        ("max-autotune", {"mode": "max-autotune"}),
+        ("max-autotune-gemm", {"options": {"max_autotune_gemm": True}}),  # no torch mode: inductor's option
+    ],
+)
 def test_the_compile_mode_reaches_torch_compile(monkeypatch, mode, passed):
     seen = []
-    monkeypatch.setattr(torch, "compile", lambda model, mode=None: seen.append(mode) or model)
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: seen.append(kwargs) or model)
     Trainer(TINY, Recipe(compile=True, compile_mode=mode), "cpu")
     assert seen == [passed]
 

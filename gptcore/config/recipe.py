@@ -22,7 +22,7 @@ Optimizer = Literal["adamw", "sgd"]
 AdamWImpl = Literal["foreach", "fused", "for-loop"]
 LRSchedule = Literal["constant", "cosine"]
 CompileScope = Literal["model", "blocks"]
-CompileMode = Literal["default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead"]
+CompileMode = Literal["default", "max-autotune-gemm", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead"]
 LossKernel = Literal["torch", "liger"]
 
 _RANGES = {"beta1": 1, "beta2": 1, "weight_decay": math.inf, "momentum": math.inf, "seed": math.inf}  # [0, bound)
@@ -90,8 +90,10 @@ class Recipe:
     compile_scope: CompileScope = "model"
     """What compile wraps: the whole model, or each block (regional: one graph shared by the blocks)."""
     compile_mode: CompileMode = "default"
-    """torch.compile's mode: default, or autotuned kernels (max-autotune-no-cudagraphs), with CUDA graphs too
-    (max-autotune), or CUDA graphs alone (reduce-overhead)."""
+    """torch.compile's mode: default; autotuned matmuls alone (max-autotune-gemm: inductor's max_autotune_gemm
+    option, each matmul's Triton templates benchmarked against cuBLAS); every kernel autotuned
+    (max-autotune-no-cudagraphs: the matmuls, and each Triton kernel by coordinate descent), with CUDA graphs too
+    (max-autotune); or CUDA graphs alone (reduce-overhead)."""
     memory_budget: float | None = None
     """torch.compile's activation memory budget in [0, 1] (0 recomputes all it can, 1 saves all); needs compile."""
     optim_in_backward: bool = False

@@ -96,6 +96,14 @@ def compile_cache_per_isa(env: MutableMapping[str, str] = os.environ) -> str | N
     return env["TORCHINDUCTOR_CACHE_DIR"]
 
 
+def _compile_kwargs(mode: str) -> dict:
+    """torch.compile's arguments for a recipe's compile_mode: max-autotune-gemm is no torch mode but inductor's
+    max_autotune_gemm option (torch.compile takes a mode or options, not both); the others are torch's modes."""
+    if mode == "max-autotune-gemm":
+        return {"options": {"max_autotune_gemm": True}}
+    return {"mode": None if mode == "default" else mode}
+
+
 def check_runnable(recipe: Recipe, device: torch.device | str, cfg: GPTConfig | None = None) -> None:
     """Raise UnsupportedRecipe with the reason when ``recipe`` cannot run on ``device`` (for model ``cfg``)."""
     reason = unsupported_reason(recipe, device, cfg)
@@ -170,12 +178,12 @@ class Trainer:
         self.forward = self.model
         if recipe.parallel.mode != "none":  # DDP: a wrapper; FSDP2: the model sharded in place (before the optimizer)
             self.forward = distributed.wrap(self.model, recipe, self.device)
-        mode = None if recipe.compile_mode == "default" else recipe.compile_mode
+        how = _compile_kwargs(recipe.compile_mode)
         if recipe.compile and recipe.compile_scope == "blocks":
             for block in self.model.transformer.h:
-                block.compile(mode=mode)  # in place; Dynamo inlines nn.Module calls, so the blocks share one graph
+                block.compile(**how)  # in place; Dynamo inlines nn.Module calls, so the blocks share one graph
         elif recipe.compile:
-            self.forward = torch.compile(self.model, mode=mode)
+            self.forward = torch.compile(self.model, **how)
         self.autocast_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(recipe.precision)
         self.scaler = torch.amp.GradScaler(self.device.type) if recipe.precision == "fp16" else None
         groups = param_groups(self.model, recipe.weight_decay)

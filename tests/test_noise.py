@@ -233,8 +233,9 @@ def test_the_committed_h200_tolerances_are_what_the_rule_gives_on_its_recorded_r
     assert evidence["summary"] == rule and evidence["by_test"] == studies
     # the rungs past nanoGPT recorded at B=16 (tests/data/gpu-h200-past-nanogpt: liger's loss and FP8, as ladder-9
     # and 10 were then) left the file when the ladder put the fitted batch first; the rungs past nanoGPT in their
-    # new order came later, with their own evidence (tests/data/gpu-h200-fitted, the tests below)
-    assert set(committed["benchmarks"]) == {c.name for c in cases} | H200_UNVERIFIED | FITTED_RUNGS
+    # new order came later, with their own evidence (tests/data/gpu-h200-fitted, the tests below), and the top rung
+    # last (tests/data/gpu-h200-whole-ladder)
+    assert set(committed["benchmarks"]) == {c.name for c in cases} | H200_UNVERIFIED | FITTED_RUNGS | {TOP_RUNG}
     assert not H200_UNVERIFIED & {c.name for c in cases} and not FITTED_RUNGS & {c.name for c in cases}
 
 
@@ -244,6 +245,15 @@ FITTED = ROOT / "tests" / "data" / "gpu-h200-fitted"
 FITTED_RUNGS = {f"test_ladder[gpt2-ladder-{n}]" for n in ("9", "10", "10-fp8")}
 #: FP8 was ladder-11 when those runs logged it; it moved beside the ladder after them, its entry with it
 AS_LOGGED = {"test_ladder[gpt2-ladder-11]": "test_ladder[gpt2-ladder-10-fp8]"}
+WHOLE = ROOT / "tests" / "data" / "gpu-h200-whole-ladder"
+#: the autotuned top rung, recorded last (tests/data/gpu-h200-whole-ladder), ladder-10 again before it
+TOP_RUNG = "test_ladder[gpt2-ladder-11]"
+#: recorded again with their compiled (or eager) step's busy time, each run twice (tests/data/gpu-h200-whole-ladder)
+BELOW_THE_FIT = {f"test_ladder[gpt2-ladder-{n}]" for n in range(8)}
+WHOLE_RUNS = {  # each recording run, and the same cases run again against what it recorded
+    "ladder-0 to 7": ("ladder-0-7.jsonl", "verify-0-7.jsonl", "noise-0-7.json"),
+    "ladder-10 and 11": ("ladder-10-11.jsonl", "verify-10-11.jsonl", "noise-10-11.json"),
+}
 
 
 def test_the_compiled_rungs_logged_busy_times_are_not_of_their_compiled_step():
@@ -265,7 +275,11 @@ def test_the_compiled_rungs_logged_busy_times_are_not_of_their_compiled_step():
     file = json.loads((ROOT / "baselines" / "nvidia-h200.json").read_text())
     ladder = {name: e for name, e in file["benchmarks"].items() if name.startswith("test_ladder")}
     busy = {name for name, e in ladder.items() if "gpu_busy_seconds" in e}
-    assert busy == FITTED_RUNGS | {"test_ladder[gpt2-ladder-8]"}  # only the rungs recorded after the fix carry one
+    assert busy == set(ladder)  # every rung was recorded again after the fix (tests/data/gpu-h200-whole-ladder)
+    again = measured([WHOLE / "ladder-0-7.jsonl"])
+    assert {name: ladder[name]["gpu_busy_seconds"] for name in BELOW_THE_FIT} == {
+        name: again[name]["gpu_busy_seconds"] for name in BELOW_THE_FIT
+    }
 
 
 def test_the_rungs_recorded_after_the_fix_are_busy_for_less_than_their_step():
@@ -329,6 +343,79 @@ def test_the_ladders_busy_tolerance_is_what_the_rule_gives_on_two_runs_of_its_co
     assert ladder["speed"] == 0.01 and committed["test_ladder"]["speed"] == 0.034
     evidence = json.loads((FITTED / "noise.json").read_text())  # the script's own evidence agrees
     assert evidence["by_test"] == by_test(cases)
+
+
+@pytest.mark.parametrize("run", WHOLE_RUNS)
+def test_the_whole_ladders_last_runs_are_what_the_file_holds_and_pass_again(run):
+    """The runs of tests/data/gpu-h200-whole-ladder (one H200, torch 2.11.0+cu130): what each recorded is the file's
+    entry, figure for figure; the same cases run again pass against it under the ladder's committed tolerances, as
+    the gate judges them; and the noise rule over the two runs stays inside them (busy time moved at most 0.67%
+    and 0.56%, against the committed 3.3%; tokens/s 0.59% and 0.16%, against 3.4%)."""
+    from gptcore.gate import baselines
+    from gptcore.gate.schema import Entry
+    from gptcore.gate.verdicts import verdict_of
+
+    first_log, second_log, evidence = WHOLE_RUNS[run]
+    file = baselines.load(ROOT / "baselines" / "nvidia-h200.json", expect_slug="nvidia-h200")
+    raw = json.loads((ROOT / "baselines" / "nvidia-h200.json").read_text())["benchmarks"]
+    first, second = measured([WHOLE / first_log]), measured([WHOLE / second_log])
+    assert set(first) == set(second) == ({TOP_RUNG, "test_ladder[gpt2-ladder-10]"} if "11" in run else BELOW_THE_FIT)
+    for name, e in first.items():
+        figures = ("tokens_per_s", "peak_allocated_bytes", "gpu_busy_seconds", "loss", "work")
+        assert {k: e[k] for k in figures} == {k: raw[name][k] for k in figures}, name
+    for name, e in second.items():
+        verdict = verdict_of(name, Entry.from_json(e, name), file.entries[name], file.tolerances_for(name))
+        assert verdict.failed == [], (name, verdict.failed)
+    cases = compare(first, second)
+    largest = {"busy": max(abs(c.busy_change) for c in cases), "speed": max(abs(c.speed_change) for c in cases)}
+    assert largest == pytest.approx(
+        {"busy": 0.0067, "speed": 0.0059} if "11" not in run else {"busy": 0.0056, "speed": 0.0016}, abs=5e-5
+    )
+    rule = tolerances_of(by_test(cases)["test_ladder"])
+    ladder = json.loads((ROOT / "baselines" / "nvidia-h200.json").read_text())["tolerances_by_test"]["test_ladder"]
+    assert rule["gpu_busy"] <= ladder["gpu_busy"] == 0.033 and rule["speed"] <= ladder["speed"] == 0.034
+    logged = json.loads((WHOLE / evidence).read_text())["by_test"]["test_ladder"]  # the script's own evidence agrees
+    ours = by_test(cases)["test_ladder"]  # to the last bit but sigma's sums (the GPU machine's Python 3.12)
+    assert logged.keys() == ours.keys()
+    for metric, figures in ours.items():
+        assert logged[metric] == {k: v if v is None else pytest.approx(v, rel=1e-12) for k, v in figures.items()}
+
+
+def test_the_top_rung_autotunes_its_matmuls_and_is_not_slower_than_the_rung_below():
+    """ladder-11 as recorded (tests/data/gpu-h200-whole-ladder): max-autotune-gemm over ladder-10 at its fitted
+    batch of 356, 498,006 tokens/s against ladder-10's 496,612 in the same run (1.003x; its expectation passed), the
+    same peak within 0.01%; both GPU-bound, their busy times within 1% of the step their tokens/s give."""
+    raw = json.loads((ROOT / "baselines" / "nvidia-h200.json").read_text())["benchmarks"]
+    top, below = raw[TOP_RUNG], raw["test_ladder[gpt2-ladder-10]"]
+    assert (
+        top["setup"]["recipe.compile_mode"] == "max-autotune-gemm"
+        and below["setup"]["recipe.compile_mode"] == "default"
+    )
+    assert {k: v for k, v in top["setup"].items() if k != "recipe.compile_mode"} == {
+        k: v for k, v in below["setup"].items() if k != "recipe.compile_mode"
+    }
+    assert top["setup"]["model.batch_size"] == 356
+    assert round(top["tokens_per_s"]["median"]) == 498_006 and round(below["tokens_per_s"]["median"]) == 496_612
+    assert abs(top["peak_allocated_bytes"] / below["peak_allocated_bytes"] - 1) < 1e-4
+    for e in (top, below):
+        step = e["setup"]["model.batch_size"] * 1024 / e["tokens_per_s"]["median"]
+        assert abs(e["gpu_busy_seconds"] / step - 1) < 0.01
+
+
+@pytest.mark.parametrize("recipe, rounds, ratio, behind", [("ladder-8", 30, 0.9873, 29), ("ladder-9", 10, 0.9842, 10)])
+def test_nanogpts_step_side_by_side_is_what_its_rounds_give(recipe, rounds, ratio, behind):
+    """scripts/versus_nanogpt.py on one H200 (torch 2.11.0+cu130; tests/data/gpu-h200-whole-ladder): the ratio it
+    printed is the median of gptcore's rounds over the median of nanoGPT's, and gptcore trailed in nearly every
+    round: at B=16 (ladder-8) 0.987x, behind in 29 of 30 rounds; at the fitted batch of 146 (ladder-9), 0.984x, in
+    all 10. The issue's target (at or above nanoGPT's step) is not met."""
+    import statistics
+
+    got = json.loads((WHOLE / f"versus-{recipe}.json").read_text())
+    ours, theirs = got["rates"]["gptcore"], got["rates"]["nanoGPT"]
+    assert got["recipe"] == recipe and len(ours) == len(theirs) == rounds
+    assert got["ratio"] == pytest.approx(statistics.median(ours) / statistics.median(theirs), rel=1e-12)
+    assert got["ratio"] == pytest.approx(ratio, abs=5e-5)
+    assert sum(a < b for a, b in zip(ours, theirs)) == behind
 
 
 def test_the_host_bound_case_is_gated_by_its_busy_time_where_its_speed_cannot_be():

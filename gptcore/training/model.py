@@ -125,7 +125,8 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
     """nanoGPT's GPT; ``forward(idx, targets)`` returns (logits over the real vocabulary, mean loss or None); with
-    the fused linear cross-entropy (Recipe.kernels.loss) and targets, (None, mean loss)."""
+    the fused linear cross-entropy (Recipe.kernels.loss) and targets, (None, mean loss). Compiled, with targets, the
+    logits come back detached (the loss is what a step differentiates; see forward)."""
 
     def __init__(self, cfg: GPTConfig, recipe: Recipe | None = None) -> None:
         super().__init__()
@@ -180,6 +181,11 @@ class GPT(nn.Module):
         loss = None
         if targets is not None:  # over all vocab_rows columns: the padding ones add exp(-inf) = 0
             loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+        if loss is not None and torch.compiler.is_compiling():
+            # a compiled graph's every output that requires grad gets a gradient in backward, zero-filled when the
+            # caller drops it (a B x T x vocab memset, read back by the loss's backward); eager autograd passes none.
+            # With a loss, the loss is what is differentiated: the logits come back detached
+            logits = logits.detach()
         if self.vocab_rows != self.cfg.vocab_size:
             logits = logits[..., : self.cfg.vocab_size]  # a view: the caller sees the real vocabulary
         return logits, loss

@@ -134,10 +134,10 @@ _LADDER_STEPS: list[tuple[str, dict]] = [
     # past nanoGPT: what engineers reach for now. The batch that fills the device comes first: nanoGPT's step at the
     # fitted batch, the seed's own last move. The fused loss is then judged where it can pay (liger's loss runs a
     # fixed 33-64 chunks and reads its token count on the host every step; host-bound at B=16 on an H200), and its
-    # saving becomes a larger fitted batch. Autotuning comes last, of the matmuls alone (max-autotune-gemm): tuning
-    # every Triton kernel too (max-autotune-no-cudagraphs' coordinate descent, a few hundred kernels at the fitted
-    # batch's sizes, one candidate at a time) outran a 10-minute GPU job on an H200, for a step whose time is the
-    # matmuls' and attention's. Without CUDA graphs: at the fitted batch a step's
+    # saving becomes a larger fitted batch. Autotuning comes last, of the matmuls alone (max-autotune-gemm, 1.003x
+    # ladder-10 on an H200, its cold compile 195 s): tuning every Triton kernel too (max-autotune-no-cudagraphs'
+    # coordinate descent) was still compiling the FP8 rung when its 10-minute GPU call ended, 346 s after it began,
+    # for a step whose time is the matmuls' and attention's. Without CUDA graphs: at the fitted batch a step's
     # kernels outlast its launches many times over, so graphs have no host time to save, and their private pool would
     # keep the compiled step's memory from the eager work beside it. FP8 is not a rung: over ladder-10 on an H200 it
     # ran 0.937x (tests/data/gpu-h200-fitted). At GPT-2's width its casts cost about what its matmuls save, and liger's

@@ -21,8 +21,9 @@ import torch.nn as nn
 from gptcore.config import GPTConfig, Recipe
 from gptcore.training import distributed
 from gptcore.training.data import Corpus, TokenBatches, check_vocab, load_corpus, make_loader
+from gptcore.training.initial import initial_model
 from gptcore.training.kernels import convert_to_fp8, kernels_unsupported
-from gptcore.training.model import GPT, attention_unsupported
+from gptcore.training.model import attention_unsupported
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 EVAL_SEED = 20_000
@@ -161,10 +162,9 @@ class Trainer:
             self.rank, self.device = distributed.init(self.device)
         self.micro_batch = recipe.micro_batch(cfg, self.rank.world_size)  # per rank: the batch stays global
         self.accum = recipe.grad_accum_steps
-        torch.manual_seed(recipe.seed)
         if recipe.precision == "bf16-pure":
             dtype = torch.bfloat16
-        self.model = GPT(cfg, recipe).to(device=self.device, dtype=dtype)
+        self.model = initial_model(cfg, recipe, self.device, dtype)  # seeds every generator from recipe.seed
         if recipe.kernels.fp8:
             convert_to_fp8(self.model.transformer.h)
         # the loss is summed over micro-batches in the master dtype, never below float32

@@ -90,8 +90,16 @@ def torch_version() -> str:
     return torch.__version__
 
 
+COMMIT_ENV = "GPTCORE_COMMIT"
+"""Names the commit where git cannot: a tree copied without its history, or with a stale one (a container image; a
+GPU machine sent the working tree)."""
+
+
 def git_commit(cwd: str | Path | None = None) -> str | None:
-    """HEAD's sha, with '+dirty' when the working tree has changes; None outside git."""
+    """HEAD's sha, with '+dirty' when the working tree has changes; None outside git. ``$GPTCORE_COMMIT``, where set,
+    is the answer instead."""
+    if os.environ.get(COMMIT_ENV):
+        return os.environ[COMMIT_ENV]
     try:
         sha = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True, timeout=10

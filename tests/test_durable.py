@@ -46,6 +46,8 @@ def cases(expression: str) -> list[str]:
     return [FOUR[0], "-k", expression, *FOUR[3:]]
 
 
+COPIED = "98a3cbbe43e3d94c685f9ef26c01d04629be6c4d"
+"""The commit a copied tree names in $GPTCORE_COMMIT: none of this checkout's HEAD, dirty or not."""
 STAMPS = ("recorded_at", "commit", "loss")  # what recording sets beside the measured figures (loss: by_cpu kept)
 
 
@@ -83,6 +85,7 @@ def test_a_run_killed_after_its_third_case_keeps_cases_one_to_three_in_the_log_a
     (tmp_path / "kill_after_third.py").write_text(KILL_AFTER_THIRD)
     env = child_env()
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
+    env[identity.COMMIT_ENV] = COPIED  # a tree sent without its history names its commit
     command = [sys.executable, "-m", "pytest", *FOUR, "-p", "kill_after_third", "--update-baselines"]
     command += ["--baselines-dir", str(baselines), "--results-log", str(log)]
     child = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
@@ -102,6 +105,7 @@ def test_a_run_killed_after_its_third_case_keeps_cases_one_to_three_in_the_log_a
             k: v for k, v in r.entry.items() if k not in STAMPS
         }
     assert after["tolerances"] == before["tolerances"]
+    assert after["commit"] == COPIED and all(after["benchmarks"][r.name]["commit"] == COPIED for r in logged)
     # the device block keeps its slug, name and type, and counts the CPU models that recorded the entries: this
     # machine's model for the cases just recorded, whatever model recorded the file before
     models = Counter(e["cpu_model"] for e in after["benchmarks"].values() if e.get("cpu_model"))

@@ -132,3 +132,24 @@ def test_a_trainer_on_the_cpu_keeps_nothing_and_starts_from_the_seeded_draw():
     assert initial._kept is None
     torch.manual_seed(r.seed)
     assert_same_bits(trainer.model, GPT(CFG, r))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a model built for a GPU keeps its draw)")
+def test_two_trainers_on_a_gpu_start_from_the_bits_of_a_fresh_draw():
+    """The path the GPU tier takes: a Trainer on CUDA draws and keeps; a second one, of another recipe of the same
+    draw, is handed the kept weights; both equal a fresh draw on the CPU, and the generator is where it left it."""
+    from gptcore.training.trainer import Trainer
+
+    fp32, other = RECIPES["fp32"], RECIPES["checkpoint"]
+    first = Trainer(CFG, fp32, "cuda")
+    kept = initial._kept
+    assert kept is not None
+    second = Trainer(CFG, other, "cuda")
+    assert initial._kept is kept  # handed over, not drawn again
+    after = torch.get_rng_state()
+    torch.manual_seed(fp32.seed)
+    fresh = GPT(CFG, fp32)
+    assert torch.equal(torch.get_rng_state(), after)
+    for trainer in (first, second):
+        assert_same_bits(trainer.model.cpu(), fresh)

@@ -1,6 +1,7 @@
 """A model's initial weights (gptcore.training.initial): a kept draw hands the next model of the same draw the weights
 and the generator state that drawing again would give, to the bit, with nothing drawn; any other draw is drawn; the
-recipes that the key puts together draw the same weights; and the CPU never keeps one."""
+recipes that the key puts together draw the same weights; the CPU keeps none by default; and on a GPU (skipped
+elsewhere), two Trainers of one draw start from a fresh draw's bits."""
 
 from __future__ import annotations
 

@@ -58,9 +58,9 @@ def assert_same_bits(a: nn.Module, b: nn.Module) -> None:
 
 @pytest.mark.parametrize(("recipe", "dtype"), [("fp32", torch.float64), ("ladder-8", torch.bfloat16)])
 def test_a_kept_draw_gives_the_next_model_the_drawn_weights_and_generator_state_and_draws_nothing(recipe, dtype, draws):
-    """ladder-8: a padded vocabulary (a buffer) and a tied weight; fp32: neither. The model drawn afresh after a
-    seed is the reference; the kept draw's model equals it to the bit, ties and all, and the CPU generator is left
-    where the fresh draw left it (its next number is the same)."""
+    """Both tie their weights; ladder-8 also pads the vocabulary (77 -> 128 rows, a buffer). The model drawn afresh
+    after a seed is the reference; the kept draw's model equals it to the bit, ties and all, and the CPU generator is
+    left where the fresh draw left it."""
     r = RECIPES[recipe]
     first = initial_model(CFG, r, "cpu", dtype, keep=True)
     assert draws, "the first model draws its weights"

@@ -10,6 +10,7 @@ import dataclasses
 import inspect
 import json
 import math
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -56,8 +57,8 @@ NAMES_ACTIVITY = "activity_type" in inspect.signature(FunctionEvent.__init__).pa
 every event is made as that torch makes it (the busy time takes the fallback that torch's own device totals use)."""
 
 
-def events(scale: float = 1.0, activity: bool = True) -> list[FunctionEvent]:
-    """STEP's events as torch's profiler makes them, every device time x ``scale`` (a slower or faster step);
+def events(scale: float = 1.0, activity: bool = True, step: list[tuple] = STEP) -> list[FunctionEvent]:
+    """``step``'s events as torch's profiler makes them, every device time x ``scale`` (a slower or faster step);
     ``activity`` False: as a torch release whose events do not name their activity."""
     return [
         FunctionEvent(
@@ -70,7 +71,7 @@ def events(scale: float = 1.0, activity: bool = True) -> list[FunctionEvent]:
             is_user_annotation=kind == "gpu_user_annotation",
             **({"activity_type": kind if activity else None} if NAMES_ACTIVITY else {}),
         )
-        for i, (name, kind, device, start, end) in enumerate(STEP)
+        for i, (name, kind, device, start, end) in enumerate(step)
     ]
 
 
@@ -79,6 +80,7 @@ class RecordedProfile:
 
     entered: list[list[ProfilerActivity]] = []
     scale = 1.0
+    timeline = STEP
 
     def __init__(self, activities: list[ProfilerActivity], schedule: object = None) -> None:
         self.activities = activities
@@ -94,7 +96,7 @@ class RecordedProfile:
         return None
 
     def events(self) -> list[FunctionEvent]:
-        return events(self.scale)
+        return events(self.scale, step=self.timeline)
 
 
 CUDA = trace.DeviceTrace(ProfilerActivity.CUDA, DeviceType.CUDA, lambda: None)
@@ -107,6 +109,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> type[RecordedProfile]:
     monkeypatch.setattr(trace, "profile", RecordedProfile)
     monkeypatch.setattr(RecordedProfile, "entered", [])
     monkeypatch.setattr(RecordedProfile, "scale", 1.0)
+    monkeypatch.setattr(RecordedProfile, "timeline", STEP)
     return RecordedProfile
 
 
@@ -120,6 +123,78 @@ def test_busy_time_is_the_union_of_the_device_work_not_the_sum():
     assert timeline.kernel_seconds == pytest.approx(KERNEL_US / 1e6, rel=1e-12)
     # a torch whose events do not name their activity: the device's events less the user annotations, the same
     assert trace.device_time(events(activity=False), CUDA) == timeline
+
+
+def test_the_kernel_time_is_split_by_kind_and_the_split_adds_up_to_the_sum():
+    timeline = trace.device_time(events(), CUDA)
+    assert timeline.by_kind == pytest.approx(
+        {"attention": 400e-6, "matmul": 400e-6, "foreach": 950e-6, "memcpy/memset": 250e-6, "other": 100e-6},
+        rel=1e-12,
+    )
+    assert list(timeline.by_kind) == ["attention", "matmul", "foreach", "memcpy/memset", "other"]  # KINDS' order
+    assert sum(timeline.by_kind.values()) == pytest.approx(timeline.kernel_seconds, rel=1e-12)
+
+
+H200_PROFILE = Path(__file__).resolve().parent / "data" / "gpu-h200-past-nanogpt" / "profile-ladder-8.txt"
+"""torch.profiler's tables of gptcore's and nanoGPT's compiled GPT-2 steps on an H200 (torch 2.11.0+cu130): the
+kernel names CUPTI gave, cut at 90 characters."""
+
+
+def test_every_kernel_of_a_real_h200_step_has_the_kind_it_is():
+    """Each device kernel in the H200's profile tables (a row with no CPU time of its own) by name: cuBLAS's nvjet
+    matmuls, cuDNN's attention (its own helper kernels too), inductor's Triton kernels, the fused AdamW's and the
+    clipping's multi-tensor kernels; the two eager kernels left (the loss total's fill, the clipping's reduction)
+    are other. The optimizer's annotation is no kernel (never work: see the union test)."""
+    kernels = set()
+    for line in H200_PROFILE.read_text().splitlines():
+        cols = re.split(r"\s{2,}", line.strip())
+        if len(cols) >= 10 and cols[2] == "0.000us" and not cols[0].startswith("Optimizer.step#"):
+            kernels.add(cols[0])
+    kinds = {name: trace.kind_of(name) for name in kernels}
+    assert len(kinds) == 25
+    for name, kind in kinds.items():
+        expected = (
+            "matmul"
+            if name.startswith("nvjet_")
+            else "attention"
+            if "cudnn" in name
+            else "inductor"
+            if name.startswith("triton_")
+            else "foreach"
+            if "multi_tensor_apply" in name
+            else "other"
+        )
+        assert kind == expected, name
+    assert sorted(n for n, k in kinds.items() if k == "other") == [
+        "void at::native::reduce_kernel<128, 4, at::native::ReduceOp<float, at::native::func_wra...",
+        "void at::native::vectorized_elementwise_kernel<8, at::native::FillFunctor<c10::BFloat16...",
+    ]
+    # and the names of other builds and kernels: FlashAttention-2's, the memory-efficient kernel's (a cutlass one),
+    # cuBLAS's older and FP8 matmuls, inductor's autotuned templates, NCCL's collectives, the device's copies
+    assert {
+        name: trace.kind_of(name)
+        for name in (
+            "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, false>, true>",
+            "fmha_cutlassF_bf16_aligned_64x128_rf_sm80",
+            "ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_tn",
+            "sm90_xmma_gemm_e4m3bf16_bf16f32_f32_tn_n_tilesize128x128x128_cublas",
+            "void cublasLt::splitKreduce_kernel<32, 16, int, float, float>",
+            "triton_tem_fused_mm_4",
+            "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+            "Memcpy HtoD (Pinned -> Device)",
+        )
+    } == {
+        "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, false>, true>": (
+            "attention"
+        ),
+        "fmha_cutlassF_bf16_aligned_64x128_rf_sm80": "attention",
+        "ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_tn": "matmul",
+        "sm90_xmma_gemm_e4m3bf16_bf16f32_f32_tn_n_tilesize128x128x128_cublas": "matmul",
+        "void cublasLt::splitKreduce_kernel<32, 16, int, float, float>": "matmul",
+        "triton_tem_fused_mm_4": "matmul",
+        "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)": "collective",
+        "Memcpy HtoD (Pinned -> Device)": "memcpy/memset",
+    }
 
 
 def test_the_device_is_chosen_in_one_place_and_cpu_has_no_trace():
@@ -174,9 +249,9 @@ def test_no_device_work_in_the_trace_is_no_figure_not_zero(recorded, monkeypatch
         RecordedProfile, "events", lambda self: [e for e in events() if e.device_type != DeviceType.CUDA]
     )
     ran = []
-    assert trace.busy_seconds(lambda: ran.append(1), torch.device("cuda")) is None and ran == [1, 1]  # warm-up, read
+    assert trace.step_timeline(lambda: ran.append(1), torch.device("cuda")) is None and ran == [1, 1]  # warm-up, read
     monkeypatch.setattr(trace, "trace_for", lambda device: None)  # CPU: the step is not even run
-    assert trace.busy_seconds(lambda: ran.append(2), torch.device("cpu")) is None and ran == [1, 1]
+    assert trace.step_timeline(lambda: ran.append(2), torch.device("cpu")) is None and ran == [1, 1]
 
 
 def measure(scale: float = 1.0) -> Measurement:
@@ -285,14 +360,15 @@ def test_the_gate_fails_a_slower_kernel_time_and_reports_a_faster_one(recorded):
     def judged(scale: float):
         RecordedProfile.scale = scale
         busy = trace.traced_step(lambda: None, CUDA)  # the function the runner calls
-        measured = dataclasses.replace(baseline, gpu_busy_seconds=busy.busy_seconds)
+        measured = dataclasses.replace(baseline, gpu_busy_seconds=busy.busy_seconds, gpu_kernel_seconds=busy.by_kind)
         return measured, verdict_of(CASE, measured, baseline, tol)
 
     slower, verdict = judged(1.10)
     assert [c.metric for c in verdict.failed] == [GPU_BUSY]
-    assert verdict.failure_message() == (
-        f"{CASE}: GPU busy +10.0% (2.200 vs 2.000 ms of kernels per step, tolerance +3%)"
-    )
+    assert verdict.failure_message().startswith(
+        f"{CASE}: GPU busy +10.0% (2.200 vs 2.000 ms of kernels per step, tolerance +3%; by kind: foreach +0.095 ms"
+        " (+10.0%), "
+    )  # every kind 10% slower: the most time first
     _, verdict = judged(1.01)
     assert verdict.failed == [] and verdict.summary() == "ok"
     faster, verdict = judged(0.90)
@@ -318,6 +394,52 @@ def test_the_gate_fails_a_slower_kernel_time_and_reports_a_faster_one(recorded):
     cpu = [dataclasses.replace(r, baseline=dataclasses.replace(r.baseline, gpu_busy_seconds=None)) for r in cpu]
     plain = gate_table(cpu).splitlines()[0].split()
     assert "busy" not in plain and len(plain) == len(header.split()) - 6  # "GPU busy ms", "base ms", "Δ": six words
+
+
+SLOWER_ATTENTION = [
+    (name, kind, device, start + (800.0 if start >= 1000.0 else 0.0), end + (800.0 if end >= 1000.0 else 0.0))
+    for name, kind, device, start, end in STEP
+]
+"""STEP with its attention kernel 800 µs longer (3x) and everything after it 800 µs later: a slower attention."""
+
+
+def test_a_busy_time_that_fails_names_the_kind_of_kernel_that_moved_it(recorded, tmp_path: Path):
+    """Planted: the attention kernel three times as long. The busy time fails (+40%), and the line names attention
+    and nothing else; the split travels through the baseline file. Without a split in the baseline (recorded before
+    it was kept) the line is as before."""
+    baseline = Entry.from_measurement(measure(), precision="fp32", cpu_model=None)
+    assert baseline.gpu_kernel_seconds == trace.device_time(events(), CUDA).by_kind
+    recorded.timeline = SLOWER_ATTENTION
+    slower = Entry.from_measurement(measure(), precision="fp32", cpu_model=None)
+    verdict = verdict_of(CASE, slower, baseline, Tolerances.default_for("cuda"))
+    assert verdict.failure_message() == (
+        f"{CASE}: GPU busy +40.0% (2.800 vs 2.000 ms of kernels per step, tolerance +3%; by kind: attention +0.800 ms"
+        " (+200.0%))"
+    )
+    # faster: the baseline and the run swapped, the refresh note names it too
+    faster = verdict_of(CASE, baseline, slower, Tolerances.default_for("cuda"))
+    assert "by kind: attention -0.800 ms (-66.7%)" in next(c.note for c in faster.checks if c.metric == GPU_BUSY)
+    path = tmp_path / "nvidia-h200.json"
+    h200 = baselines.BaselineFile(path, "nvidia-h200", "NVIDIA H200", "cuda", Tolerances.default_for("cuda"))
+    baselines.write_atomic(path, dataclasses.replace(h200, entries={CASE: slower}).to_json())
+    again = baselines.load(tmp_path / "nvidia-h200.json", expect_slug="nvidia-h200").entries[CASE]
+    assert again.gpu_kernel_seconds == slower.gpu_kernel_seconds
+    old = dataclasses.replace(baseline, gpu_kernel_seconds=None)
+    assert verdict_of(CASE, slower, old, Tolerances.default_for("cuda")).failure_message() == (
+        f"{CASE}: GPU busy +40.0% (2.800 vs 2.000 ms of kernels per step, tolerance +3%)"
+    )
+
+
+def test_a_split_that_is_not_kinds_to_seconds_is_a_baseline_error():
+    entry = Entry.from_measurement(
+        Measurement(device="cuda:0", tokens_per_step=8, steps_per_round=1, gpu_kernel_seconds={"matmul": 0.001}),
+        precision="fp32",
+        cpu_model=None,
+    ).to_json()
+    assert Entry.from_json(entry, "here").gpu_kernel_seconds == {"matmul": 0.001}
+    for bad in ({"matmul": -1.0}, {"matmul": "1 ms"}, [0.001], {"matmul": True}, {"matmul": float("inf")}):
+        with pytest.raises(BaselineError, match=r"^here: gpu_kernel_seconds: expected an object of kind -> seconds"):
+            Entry.from_json(entry | {"gpu_kernel_seconds": bad}, "here")
 
 
 def test_the_report_shows_busy_time_beside_tokens_per_s_and_a_cpu_run_shows_none(recorded, tmp_path: Path):
@@ -364,8 +486,12 @@ def test_a_distributed_jobs_busy_time_is_its_busiest_ranks():
     from gptcore.measure.launch import combine
 
     rank = Measurement(device="cuda:0", tokens_per_step=8, steps_per_round=1).to_dict()
-    ranks = [rank | {"rank": r, "world_size": 2, "gpu_busy_seconds": busy} for r, busy in ((0, 0.010), (1, 0.012))]
+    ranks = [
+        rank | {"rank": r, "world_size": 2, "gpu_busy_seconds": busy, "gpu_kernel_seconds": {"collective": busy}}
+        for r, busy in ((0, 0.010), (1, 0.012))
+    ]
     assert combine(ranks).gpu_busy_seconds == 0.012
+    assert combine(ranks).gpu_kernel_seconds == {"collective": 0.012}  # the busiest rank's split, with its busy time
     assert combine([r | {"gpu_busy_seconds": None} for r in ranks]).gpu_busy_seconds is None  # CPU ranks
 
 

@@ -32,11 +32,14 @@ def test_a_real_step_on_the_gpu_has_a_busy_time_and_a_case_records_it():
     # the union of the intervals is at most their sum (equal where no two kernels overlapped); both sums of the same
     # microsecond figures, so 1 ns covers their floating-point rounding
     assert 0 < timeline.busy_seconds <= timeline.kernel_seconds + 1e-9
+    # the split by kind adds up to the sum, and a GPT's step is matmuls first of all (the kinds read off CUPTI's names)
+    assert sum(timeline.by_kind.values()) == pytest.approx(timeline.kernel_seconds, rel=1e-9)
+    assert timeline.by_kind.get("matmul", 0) > 0, timeline.by_kind
     # one session after another in a process (a stage traces one per case): the same step, the same records, none
     # lost or mis-stamped at a session's head (its warm-up step takes those)
     assert [trace.traced_step(trainer.step, trace.trace_for(device)).events for _ in range(3)] == [timeline.events] * 3
     m = run_case(TINY, Recipe(), device, warmup=1, rounds=1, steps_per_round=1)
-    assert m.error is None and m.gpu_busy_seconds is not None and m.gpu_busy_seconds > 0
+    assert m.error is None and m.gpu_busy_seconds is not None and m.gpu_busy_seconds > 0 and m.gpu_kernel_seconds
 
 
 def test_a_compiled_cases_traced_step_runs_the_compiled_kernels(monkeypatch):

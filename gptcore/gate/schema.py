@@ -150,6 +150,8 @@ class Entry:
     from a code change."""
     gpu_busy_seconds: float | None = None
     """GPU only: the device's busy time over one step (gptcore.measure.trace); absent from older baseline files."""
+    gpu_kernel_seconds: dict[str, float] | None = None
+    """GPU only: that step's kernel time by kind of kernel (gptcore.measure.trace.KINDS), to name what moved."""
     setup: dict[str, Any] | None = None
     """The case's model and recipe as flat fields (gptcore.config.fields): an entry of another setup is no baseline
     for the case; absent from entries recorded before it was kept."""
@@ -182,6 +184,7 @@ class Entry:
             seconds=getattr(m, "case_seconds", None) or None,
             clocks=getattr(m, "clocks", None),
             gpu_busy_seconds=getattr(m, "gpu_busy_seconds", None),
+            gpu_kernel_seconds=getattr(m, "gpu_kernel_seconds", None) or None,
             setup=getattr(m, "setup", None),
             speed_note=busy or (f"speed not recorded: {unfit}" if unfit else None),
         )
@@ -247,6 +250,7 @@ class Entry:
             **({"seconds": round(self.seconds, 2)} if self.seconds is not None else {}),
             **({"clocks": self.clocks} if self.clocks else {}),
             **({"gpu_busy_seconds": self.gpu_busy_seconds} if self.gpu_busy_seconds is not None else {}),
+            **({"gpu_kernel_seconds": self.gpu_kernel_seconds} if self.gpu_kernel_seconds else {}),
             "recorded_at": self.recorded_at,
             "commit": self.commit,
             **({"torch": self.torch} if self.torch else {}),
@@ -308,6 +312,7 @@ class Entry:
             gpu_busy_seconds=get(data, "gpu_busy_seconds", num, "gpu_busy_seconds")
             if "gpu_busy_seconds" in data
             else None,
+            gpu_kernel_seconds=_kinds(data.get("gpu_kernel_seconds"), where),
             setup=_setup(data.get("setup"), where),
         )
 
@@ -351,6 +356,17 @@ def _categories(value: Any, where: str, path: str) -> dict[str, int] | None:
         isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in value.items()
     ):
         raise BaselineError(f"{where}: {path}: expected an object of category -> bytes, got {value!r}")
+    return dict(value)
+
+
+def _kinds(value: Any, where: str) -> dict[str, float] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf")
+        for k, v in value.items()
+    ):
+        raise BaselineError(f"{where}: gpu_kernel_seconds: expected an object of kind -> seconds, got {value!r}")
     return dict(value)
 
 

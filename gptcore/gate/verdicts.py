@@ -168,6 +168,9 @@ def verdict_of(
         ),
     ]
     busy = busy_check(measured.gpu_busy_seconds, baseline.gpu_busy_seconds, tol, off)  # None on CPU
+    if busy and busy.status in (FAIL, BETTER):  # say which kinds of kernel moved it
+        where = moved_kinds(measured.gpu_kernel_seconds, baseline.gpu_kernel_seconds)
+        busy = busy_check(measured.gpu_busy_seconds, baseline.gpu_busy_seconds, tol, off, where=where)
     checks += [busy] if busy else []
     checks += work_checks(measured.work, baseline.work, tol.work, strict)
     checks += operator_checks(measured.work, baseline.work, strict=strict, torches=(baseline.torch, measured.torch))
@@ -213,10 +216,13 @@ GPU_BUSY = "GPU busy"
 """The check of a step's GPU busy time (gptcore.measure.trace)."""
 
 
-def busy_check(now: float | None, before: float | None, tol: Tolerances, off: str | None = None) -> Check | None:
+def busy_check(
+    now: float | None, before: float | None, tol: Tolerances, off: str | None = None, *, where: str | None = None
+) -> Check | None:
     """The GPU busy time of a step: FAIL above +tol.gpu_busy, better (faster kernels) below -tol.gpu_busy; not gated
     where ``off`` says why (a machine unfit to time, other clocks: the kernels ran at other clocks too); no delta
-    where one side has no figure (a baseline recorded before it was measured); None where neither has (CPU)."""
+    where one side has no figure (a baseline recorded before it was measured); None where neither has (CPU).
+    ``where``: the kinds of kernel that moved (:func:`moved_kinds`), for the note."""
     if now is None and before is None:
         return None
     if bad := non_finite(now):
@@ -228,4 +234,23 @@ def busy_check(now: float | None, before: float | None, tol: Tolerances, off: st
     if off or tol.gpu_busy is None:
         return Check(GPU_BUSY, now, before, d, NOT_GATED, off or "no tolerance for it here")
     note = f"{now * 1e3:,.3f} vs {before * 1e3:,.3f} ms of kernels per step, tolerance +{percent(tol.gpu_busy)}"
-    return Check(GPU_BUSY, now, before, d, status, note)
+    return Check(GPU_BUSY, now, before, d, status, note + (f"; {where}" if where else ""))
+
+
+def moved_kinds(now: dict[str, float] | None, before: dict[str, float] | None, most: int = 3) -> str | None:
+    """Which kinds of kernel a busy time moved by, the most first: 'attention +0.980 ms (+31.1%), matmul +0.070 ms
+    (+0.4%)', at most ``most`` of them (None without both splits: a baseline recorded before they were kept)."""
+    if not now or not before:
+        return None
+    deltas = {k: now.get(k, 0.0) - before.get(k, 0.0) for k in dict.fromkeys([*before, *now])}
+    moved = sorted(((k, d) for k, d in deltas.items() if d), key=lambda kd: -abs(kd[1]))
+    if not moved:
+        return "no kind of kernel moved"
+
+    def said(kind: str, d: float) -> str:
+        was = before.get(kind, 0.0)
+        change = f"{d / was:+.1%}" if was and kind in now else "gone" if was else "new"
+        return f"{kind} {d * 1e3:+,.3f} ms ({change})"
+
+    rest = f", {len(moved) - most} more kind(s) moved less" if len(moved) > most else ""
+    return "by kind: " + ", ".join(said(k, d) for k, d in moved[:most]) + rest

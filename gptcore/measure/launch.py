@@ -183,7 +183,7 @@ class Launches:
 def combine(ranks: list[dict]) -> Measurement:
     """One Measurement for the job: rank 0's (the round times are already the slowest rank's and the loss the
     mean over ranks), with the peak memory the max over ranks (and that rank's breakdown), and the GPU busy time the
-    busiest rank's."""
+    busiest rank's (and that rank's kernel time by kind)."""
     names = {f.name for f in dataclasses.fields(Measurement)}
     m = Measurement(**{k: v for k, v in ranks[0].items() if k in names})
     for key in ("peak_allocated_bytes", "peak_reserved_bytes", "gpu_busy_seconds"):
@@ -192,6 +192,10 @@ def combine(ranks: list[dict]) -> Measurement:
     if m.peak_allocated_bytes is not None:  # the breakdown of the rank whose peak is the job's
         m.peak_by_category = next(
             r.get("peak_by_category") for r in ranks if r["peak_allocated_bytes"] == m.peak_allocated_bytes
+        )
+    if m.gpu_busy_seconds is not None:
+        m.gpu_kernel_seconds = next(
+            r.get("gpu_kernel_seconds") for r in ranks if r.get("gpu_busy_seconds") == m.gpu_busy_seconds
         )
     errors = [f"rank {r['rank']}: {r['error']}" for r in ranks if r["error"]]
     m.error = "; ".join(errors) or None

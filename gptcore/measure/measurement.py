@@ -50,6 +50,8 @@ class Measurement:
     gpu_busy_seconds: float | None = None
     """GPU only: the device's busy time over a step traced after a warm-up one, apart from the timed rounds (the
     union of its kernels' intervals on the device timeline, gptcore.measure.trace): what a slower host cannot move."""
+    gpu_kernel_seconds: dict[str, float] | None = None
+    """GPU only: that traced step's kernel time summed by kind of kernel (gptcore.measure.trace.KINDS)."""
     error: str | None = None
     """Set when the case failed (out of memory), with what was allocated at the time."""
     case_seconds: float = 0.0

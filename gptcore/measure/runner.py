@@ -173,7 +173,9 @@ class CaseRunner:
                 m.loss = float(loss) if isinstance(loss, float) else float(loss.item())
             m.loss_step = self.loss_step if self.loss_step is not None else last
             if m.error is None:  # GPU: two steps more, traced (a warm-up, then the one read), after every other figure
-                m.gpu_busy_seconds = trace.busy_seconds(trainer.step, self.device)
+                timeline = trace.step_timeline(trainer.step, self.device)
+                if timeline is not None:
+                    m.gpu_busy_seconds, m.gpu_kernel_seconds = timeline.busy_seconds, timeline.by_kind
                 m.error = trace.beyond_step(m.gpu_busy_seconds, max(m.round_seconds, default=0) / self.steps_per_round)
         if self.steady is not None:  # a case that ran out of memory in its rounds gives Dynamo's record ring back too
             self.steady.stop()

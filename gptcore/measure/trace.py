@@ -5,7 +5,8 @@ records). Each device event carries the device's start and end; the busy time is
 not the sum of their durations: kernels on two streams that overlap (a copy under a matmul, NCCL beside compute)
 count once, so the figure is the wall time of the device timeline that had work on it, never more than the step.
 The sum is computed beside it (``DeviceTime.kernel_seconds``, not recorded); where the two differ, streams
-overlapped.
+overlapped. The sum is also split by kind of kernel, read off each kernel's name (:data:`KINDS`: matmul, attention,
+inductor's generated kernels, ...): where a step's busy time moved, the gate names the kinds that moved it.
 
 Neither figure sees the host: a kernel's device timestamps do not move when the Python that launched it ran slower
 (a shared host, a busier CPU), only the gaps between kernels do, and the union leaves gaps out. The host's share of a
@@ -21,8 +22,9 @@ profiler whose events carry device times).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,6 +35,28 @@ WORK = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 """The device activities that are work (kineto's names; the set torch.profiler's own CUPTI tools take as device
 work). A ``gpu_user_annotation`` is a range drawn over the kernels of a ``record_function``, gaps included: never
 work."""
+
+KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    # cuDNN's and FlashAttention's attention kernels name cutlass, gemm or wgmma too: attention is read first
+    ("attention", re.compile(r"sdpa|flash|fmha|attention|attn|cudnn", re.IGNORECASE)),
+    # cuBLAS(Lt) and cutlass kernels (nvjet: cuBLAS's on Hopper, FP8's scaled matmuls among them); triton_tem_:
+    # inductor's autotuned matmul templates
+    ("matmul", re.compile(r"gemm|gemv|nvjet|cutlass|cublas|xmma|triton_tem_", re.IGNORECASE)),
+    ("inductor", re.compile(r"^triton_")),  # inductor's generated kernels: fused pointwise ops, norms, the loss
+    ("foreach", re.compile(r"multi_tensor_apply")),  # foreach and fused optimizers, gradient clipping's norm
+    ("collective", re.compile(r"nccl", re.IGNORECASE)),
+    ("memcpy/memset", re.compile(r"^Mem(cpy|set)\b")),  # the device's copies and memsets (CUPTI's names)
+)
+"""The kinds of device work by name, the first that matches; a kernel matching none is ``other`` (eager elementwise
+kernels and reductions, other packages' Triton kernels). Read off CUPTI's kernel names, which a CUDA or torch release
+may change: the split says where a busy time moved; the busy time itself is what is gated."""
+OTHER = "other"
+
+
+def kind_of(name: str) -> str:
+    """The kind of a device event by its name (:data:`KINDS`), else ``other``."""
+    return next((kind for kind, pattern in KINDS if pattern.search(name)), OTHER)
+
 
 profile = torch.profiler.profile
 """The profiler a step is traced with (a test hands in one whose events carry recorded device times)."""
@@ -59,6 +83,8 @@ class DeviceTime:
     kernel_seconds: float
     """The sum of the device events' durations (above ``busy_seconds`` where streams overlapped)."""
     events: int
+    by_kind: dict[str, float] = field(default_factory=dict)
+    """``kernel_seconds`` split by kind of event (:func:`kind_of`), in :data:`KINDS`' order, ``other`` last."""
 
 
 def trace_for(device: torch.device) -> DeviceTrace | None:
@@ -96,11 +122,16 @@ def union_us(intervals: Iterable[tuple[float, float]]) -> float:
 def device_time(events: Iterable[Any], trace: DeviceTrace) -> DeviceTime:
     """The busy time and the kernels' summed time of the device's work among ``events`` (``FunctionEvent``s, their
     ``time_range`` in microseconds on the device's clock)."""
-    spans = [(e.time_range.start, e.time_range.end) for e in events if is_work(e, trace)]
+    work = [e for e in events if is_work(e, trace)]
+    spans = [(e.time_range.start, e.time_range.end) for e in work]
+    by_kind = dict.fromkeys([kind for kind, _ in KINDS] + [OTHER], 0.0)
+    for e, (start, end) in zip(work, spans):
+        by_kind[kind_of(e.name)] += (end - start) / 1e6
     return DeviceTime(
         busy_seconds=union_us(spans) / 1e6,
         kernel_seconds=sum(end - start for start, end in spans) / 1e6,
         events=len(spans),
+        by_kind={kind: seconds for kind, seconds in by_kind.items() if seconds},
     )
 
 
@@ -158,12 +189,13 @@ def beyond_step(busy: float | None, step_seconds: float | None) -> str | None:
     )
 
 
-def busy_seconds(step: Callable[[], object], device: torch.device) -> float | None:
-    """The GPU busy time of one call of ``step`` on ``device`` (after a traced warm-up call); None, and ``step`` not
-    called, on a device with no trace (CPU); None where the profiler saw no work on the device (a torch built
-    without CUPTI), never a 0 that would read as every kernel gone."""
+def step_timeline(step: Callable[[], object], device: torch.device) -> DeviceTime | None:
+    """The device timeline of one call of ``step`` on ``device`` (after a traced warm-up call): its busy time and its
+    kernel time by kind. None, and ``step`` not called, on a device with no trace (CPU); None where the profiler saw
+    no work on the device (a torch built without CUPTI), never a busy time of 0 that would read as every kernel
+    gone."""
     device_trace = trace_for(device)
     if device_trace is None:
         return None
     timeline = traced_step(step, device_trace)
-    return timeline.busy_seconds if timeline.events else None
+    return timeline if timeline.events else None

@@ -454,6 +454,11 @@ def test_the_report_shows_busy_time_beside_tokens_per_s_and_a_cpu_run_shows_none
     (tmp_path / "run.json").write_text(json.dumps(run))
     text = render(load_run(tmp_path / "run.json"))
     assert "GPU busy time per step (kernels on the device timeline), ms" in text and "2.20" in text
+    # and the step's kernel time by kind, a row a case, the kinds that take most first: STEP's x 1.10, and shares
+    kinds = text.split("GPU kernel time per step by kind of kernel", 1)[1].splitlines()
+    assert kinds[1].split() == ["case", "(ms)", "foreach", "attention", "matmul", "memcpy/memset", "other"]  # most 1st
+    shares = ["1.04", "(45%)", "0.44", "(19%)", "0.44", "(19%)", "0.28", "(12%)", "0.11", "(5%)"]
+    assert kinds[3].split() == [CASE, *shares]
     blank = {f.name: None for f in dataclasses.fields(Measurement)}
     recorded_entry = Entry.from_measurement(
         SimpleNamespace(**(blank | info | {"gpu_busy_seconds": BUSY_US / 1e6})), precision="fp32", cpu_model=None
@@ -467,9 +472,10 @@ def test_the_report_shows_busy_time_beside_tokens_per_s_and_a_cpu_run_shows_none
     page = Elements(build_html(tmp_path / "run.json", baselines_dir=tmp_path / "base"))
     assert page.rows[CASE][6:10] == ["2.20", "2.00", "+10.0%", "FAIL"]
 
-    del info["gpu_busy_seconds"]  # a CPU run: no busy table, no busy columns
+    del info["gpu_busy_seconds"], info["gpu_kernel_seconds"]  # a CPU run: no busy table, no busy columns
     (tmp_path / "run.json").write_text(json.dumps(run))
     assert "GPU busy" not in render(load_run(tmp_path / "run.json"))
+    assert "GPU kernel time" not in render(load_run(tmp_path / "run.json"))
     page = Elements(build_html(tmp_path / "run.json", baselines_dir=tmp_path / "base"))
     assert len(page.rows[CASE]) == 12
 

@@ -213,6 +213,8 @@ def render(records: Sequence[Record]) -> str:
                         f"\n{title}: deviation from additivity, % of {base}/{default}",
                         _fmt(additivity(table, base, default), shapes, recipes, "+.1f", "%"),
                     ]
+        if kinds := kernel_kinds(recs):
+            out += ["\nGPU kernel time per step by kind of kernel, ms (its share of the step's kernel time)", kinds]
         out += [f"\nnot finite: {r.name}: {'; '.join(r.not_finite)}" for r in recs if r.not_finite]
         busy = [r.name for r in recs if r.busy]
         if busy:
@@ -222,6 +224,29 @@ def render(records: Sequence[Record]) -> str:
             )
         out.append("")
     return "\n".join(out)
+
+
+def kernel_kinds(records: Sequence[Record]) -> str | None:
+    """The traced step's kernel time by kind of kernel (gptcore.measure.trace.KINDS), a row a case; None where no
+    case has it (a CPU run, a run from before it was kept)."""
+    split = {r.name: r.info.get("gpu_kernel_seconds") for r in records}
+    split = {name: kinds for name, kinds in split.items() if isinstance(kinds, dict) and kinds}
+    if not split:
+        return None
+    totals: dict[str, float] = {}
+    for kinds in split.values():
+        for kind, seconds in kinds.items():
+            totals[kind] = totals.get(kind, 0.0) + seconds
+    # the kinds that take the most time first (to the nanosecond: a tie is one, read by name)
+    columns = sorted(totals, key=lambda kind: (-round(totals[kind] * 1e9), kind))
+    rows = []
+    for name, kinds in split.items():
+        total = sum(kinds.values())
+        rows.append(
+            [name]
+            + [f"{kinds[k] * 1e3:,.2f} ({kinds[k] / total:.0%})" if k in kinds and total else "—" for k in columns]
+        )
+    return tabulate(rows, headers=["case (ms)", *columns], disable_numparse=True, stralign="right")
 
 
 def plot(records: Sequence[Record], outdir: str | Path) -> list[Path]:

@@ -15,7 +15,9 @@ rows of gptcore's, and the cache of freed memory is emptied before each round, s
 device's memory held by the other's.
 
 With --profile FILE, 3 more steps of each run under torch.profiler after the timed rounds, and FILE gets each
-step's kernels by CUDA time, side by side: where the two steps differ, by name.
+step's kernels by CUDA time, side by side: where the two steps differ, by name. Above them, and printed, each step's
+kernel time per step by kind of kernel (gptcore.measure.trace.KINDS: matmul, attention, inductor, ...), side by side
+with the difference: where the two steps differ, by kind (also in --json, as ``kinds``).
 
 Usage: python scripts/versus_nanogpt.py NANOGPT_DIR [--recipe ladder-8] [--rounds 10] [--steps 10] [--json FILE]
        [--profile FILE]
@@ -33,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from gptcore.measure import trace
 from gptcore.memory.fit import fitted
 from gptcore.presets import MODELS, get_recipe
 from gptcore.training.trainer import Trainer
@@ -85,20 +88,41 @@ def batch_sizes(recipe_name: str) -> tuple[int, int]:
     return ours, theirs
 
 
-def profiled(steps: dict, batches: dict, out: Path, n: int = 3) -> None:
-    """``n`` steps of each under torch.profiler, after the timed rounds; ``out`` gets each one's operators and
-    kernels by self CUDA time, summed over the ``n`` steps (the top 100: a shorter table cut one step's kernel that
-    the other's kept, and read as a difference)."""
+def profiled(steps: dict, batches: dict, out: Path, n: int = 3) -> dict[str, dict[str, float]]:
+    """``n`` steps of each under torch.profiler, after the timed rounds; ``out`` gets each one's kernel time per step
+    by kind, side by side, then its operators and kernels by self CUDA time, summed over the ``n`` steps (the top
+    100: a shorter table cut one step's kernel that the other's kept, and read as a difference). Returns the kinds."""
     from torch.profiler import ProfilerActivity, profile
 
-    parts = []
+    parts, kinds = [], {}
     for name, step in steps.items():
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             timed(step, batches[name], n)
+        timeline = trace.device_time(prof.events(), trace.trace_for(torch.device("cuda")))
+        kinds[name] = {kind: seconds / n for kind, seconds in timeline.by_kind.items()}
         table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=100, max_name_column_width=90)
         parts.append(f"== {name}: {n} steps\n{table}")
-    out.write_text("\n".join(parts))
+    side_by_side = kinds_side_by_side(kinds)
+    print(side_by_side)
+    out.write_text("\n".join([side_by_side, *parts]))
     print(f"profile of {n} steps of each: {out}")
+    return kinds
+
+
+def kinds_side_by_side(kinds: dict[str, dict[str, float]]) -> str:
+    """Each step's kernel time per step by kind (ms), gptcore's and nanoGPT's, and the difference, the kinds that
+    take the most first, and their totals."""
+    from tabulate import tabulate
+
+    ours, theirs = kinds["gptcore"], kinds["nanoGPT"]
+    names = sorted({*ours, *theirs}, key=lambda k: (-round((ours.get(k, 0) + theirs.get(k, 0)) * 1e9), k))
+    rows = [(k, ours.get(k, 0.0), theirs.get(k, 0.0)) for k in names]
+    rows.append(("all kernels", sum(ours.values()), sum(theirs.values())))
+    cells = [[k, f"{a * 1e3:,.3f}", f"{b * 1e3:,.3f}", f"{(a - b) * 1e3:+,.3f}"] for k, a, b in rows]
+    title = "kernel time per step by kind of kernel, ms"
+    return f"{title}\n" + tabulate(
+        cells, headers=["kind", "gptcore", "nanoGPT", "gptcore - nanoGPT"], disable_numparse=True, stralign="right"
+    )
 
 
 def main() -> int:
@@ -153,7 +177,9 @@ def main() -> int:
     print(f"{device}: gptcore {args.recipe} {median['gptcore']:,.0f} tok/s, nanoGPT {median['nanoGPT']:,.0f} tok/s")
     print(f"ratio {ratio:.3f} (median of {args.rounds} alternating rounds of {args.steps} steps)")
     if args.profile:
-        profiled(steps, batches, args.profile)
+        kinds = profiled(steps, batches, args.profile)
+        if args.json:
+            args.json.write_text(json.dumps(json.loads(args.json.read_text()) | {"kinds": kinds}, indent=1))
     return 0
 
 

@@ -419,6 +419,27 @@ def test_nanogpts_step_side_by_side_is_what_its_rounds_give(recipe, rounds, rati
     assert sum(a < b for a, b in zip(ours, theirs)) == behind
 
 
+def test_the_side_by_side_profile_splits_both_steps_kernel_time_by_kind():
+    """scripts/versus_nanogpt.py --profile: each step's kernel time per step by kind, the difference beside it, the
+    kinds that take the most first and the totals last (a tie read by name). Here gptcore's loss kernels 0.25 ms a
+    step faster than nanoGPT's, the rest alike: the table names inductor's kernels, and only them, as the
+    difference."""
+    from scripts.versus_nanogpt import kinds_side_by_side
+
+    theirs = {"matmul": 0.0170, "inductor": 0.0093, "attention": 0.0044, "foreach": 0.0011, "other": 0.0009}
+    ours = theirs | {"inductor": 0.0093 - 0.00025}
+    lines = kinds_side_by_side({"gptcore": ours, "nanoGPT": theirs}).splitlines()
+    assert lines[0] == "kernel time per step by kind of kernel, ms"
+    assert [line.split() for line in lines[3:]] == [
+        ["matmul", "17.000", "17.000", "+0.000"],
+        ["inductor", "9.050", "9.300", "-0.250"],
+        ["attention", "4.400", "4.400", "+0.000"],
+        ["foreach", "1.100", "1.100", "+0.000"],
+        ["other", "0.900", "0.900", "+0.000"],
+        ["all", "kernels", "32.450", "32.700", "-0.250"],
+    ]
+
+
 def test_the_host_bound_case_is_gated_by_its_busy_time_where_its_speed_cannot_be():
     """deep-1.6b in pure bf16, as recorded (baselines/nvidia-h200.json): its second run passes; a run whose kernels
     take 2% longer fails on busy time alone, with tokens/s 5% lower, well inside its study's 17%."""

@@ -17,7 +17,9 @@ sigma is the gate's own noise: 4 sigma leaves about 3e-5 of clean cases failing 
 normal spread, and 2 x the largest keeps the worst case seen far from failing. The floors (speed 1%, GPU busy
 time 1%, memory 0.5%, loss 1e-6 nats, fp16/bf16 loss 1e-4 nats) keep an exact gate from failing on one run's
 nondeterminism that two runs happened not to show. With ``--json`` it writes the evidence: the runs, every case's
-figures, the summary and the tolerances (keep it in tests/data, as the CPU tolerances' evidence is kept).
+figures, the summary and the tolerances (keep it in tests/data, as the CPU tolerances' evidence is kept). Where both
+runs split a case's busy time by kind of kernel (``gpu_kernel_seconds``), each kind's change is evidence too
+(``kinds``: its cases, largest change and sigma; the split is not gated).
 
 The rule runs twice: over every case (the device file's ``tolerances``, what a study without evidence of its own is
 held to) and over each study's cases alone (its ``tolerances_by_test``, keyed by the benchmark's test function).
@@ -75,6 +77,9 @@ class Case:
     """Each run's GPU busy time of a step (None where either run has none: CPU, a baseline from before it)."""
     busy_change: float | None = None
     """Second run's GPU busy time over the first's, less 1."""
+    kind_changes: dict[str, float] | None = None
+    """Per kind of kernel (the entries' gpu_kernel_seconds), the second run's time over the first's, less 1: each
+    kind's own noise, evidence for the busy time's split (which is not gated)."""
 
 
 def measured(paths: list[Path]) -> dict[str, dict | None]:
@@ -120,7 +125,8 @@ def compare(
     for name in (n for n in first if first[n] is not None and second.get(n) is not None):
         a, b = first[name], second[name]
         if voided(name, void_busy):
-            a, b = ({k: v for k, v in e.items() if k != "gpu_busy_seconds"} for e in (a, b))
+            a, b = ({k: v for k, v in e.items() if k not in ("gpu_busy_seconds", "gpu_kernel_seconds")} for e in (a, b))
+        kinds = _pair(a, b, lambda e: e.get("gpu_kernel_seconds"))
         speed = _pair(a, b, lambda e: (e.get("tokens_per_s") or {}).get("median"))
         iqr = _pair(a, b, lambda e: (e.get("tokens_per_s") or {}).get("iqr"))
         peak = _pair(a, b, lambda e: e.get("peak_allocated_bytes"))
@@ -139,6 +145,9 @@ def compare(
                 loss_change=loss[1] - loss[0] if loss else None,
                 busy_seconds=busy,
                 busy_change=busy[1] / busy[0] - 1 if busy and busy[0] else None,
+                kind_changes={k: kinds[1][k] / t - 1 for k, t in kinds[0].items() if t and k in kinds[1]}
+                if kinds
+                else None,
             )
         )
     return cases
@@ -183,6 +192,16 @@ def summary(cases: list[Case]) -> dict[str, dict]:
     iqrs = [max(c.iqr_rel) for c in cases if c.iqr_rel]
     out["speed"]["largest_iqr"] = max(iqrs) if iqrs else None
     return out
+
+
+def kinds_noise(cases: list[Case]) -> dict[str, dict]:
+    """Per kind of kernel, over the cases that split their busy time in both runs: the largest change and sigma
+    (what a tolerance of the kind would be by the rule, were it gated; it is not)."""
+    changes: dict[str, list[float]] = {}
+    for c in cases:
+        for kind, change in (c.kind_changes or {}).items():
+            changes.setdefault(kind, []).append(change)
+    return {kind: tolerance(values, FLOORS["gpu_busy"]) for kind, values in changes.items()}
 
 
 def by_test(cases: list[Case]) -> dict[str, dict[str, dict]]:
@@ -277,6 +296,12 @@ def main(argv: list[str] | None = None) -> int:
                     f" -> {unit(s['tolerance'])}"
                     + ("" if s.get("largest_iqr") is None else f" (largest IQR/median in a run {s['largest_iqr']:.2%})")
                 )
+    kinds = kinds_noise(cases)
+    if kinds:
+        print(
+            "GPU busy time by kind of kernel (evidence, not gated): "
+            + ", ".join(f"{kind} {k['cases']} case(s), largest {k['largest']:.2%}" for kind, k in kinds.items())
+        )
     if args.json:
         evidence = {
             "device": args.device,
@@ -286,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
             **({"void_busy": list(void_busy)} if void_busy else {}),
             "summary": figures,
             "by_test": studies,
+            **({"kinds": kinds} if kinds else {}),
             "tolerances": tolerances_of(figures),
             "tolerances_by_test": {test: tolerances_of(own) for test, own in studies.items()},
             "not_compared": left_out,

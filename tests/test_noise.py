@@ -182,6 +182,43 @@ def test_gpu_busy_time_gets_the_rule_where_both_runs_traced_it_and_no_figure_whe
     assert "gpu_busy" not in summary(plain) and "busy" not in table(plain)
 
 
+def test_each_kind_of_kernels_change_is_evidence_where_both_runs_split_the_busy_time(tmp_path, capsys):
+    """Two runs of cases whose entries split their busy time by kind: each kind's change per case, and over the
+    cases its largest change and sigma, in the evidence (``kinds``) and one printed line; no tolerance of a kind
+    (the split is not gated). A case voided for busy time is voided for its split too; logs without splits have none."""
+    from scripts.gpu_noise import kinds_noise, main
+
+    split = {"matmul": 0.010, "attention": 0.004}
+    moved = {"a": {"matmul": 1.002, "attention": 1.010}, "b": {"matmul": 0.998, "attention": 0.990}, "c": {}}
+    first = {name: dict(FIRST[name], gpu_busy_seconds=0.014, gpu_kernel_seconds=split) for name in moved}
+    second = {
+        name: dict(
+            SECOND[name], gpu_busy_seconds=0.014, gpu_kernel_seconds={k: t * m.get(k, 1.0) for k, t in split.items()}
+        )
+        for name, m in moved.items()
+    }
+    cases = compare(first, second)
+    assert cases[0].kind_changes == pytest.approx({"matmul": 0.002, "attention": 0.010})
+    kinds = kinds_noise(cases)
+    assert [kinds[k]["cases"] for k in kinds] == [3, 3] and kinds["attention"]["largest"] == pytest.approx(0.010)
+    # sigma over a, b, c: sqrt((1.0%^2 + 1.0%^2 + 0) / 3) = 0.816%
+    assert kinds["attention"]["sigma"] == pytest.approx(0.0081650, rel=1e-4)
+    write(tmp_path / "one.jsonl", first)
+    write(tmp_path / "two.jsonl", second)
+    out = tmp_path / "noise.json"
+    argv = [str(tmp_path / "one.jsonl"), "--against", str(tmp_path / "two.jsonl"), "--json", str(out)]
+    assert main(argv) == 0
+    evidence = json.loads(out.read_text())
+    assert evidence["kinds"]["matmul"]["largest"] == pytest.approx(0.002) and "kinds" not in evidence["tolerances"]
+    assert (
+        "GPU busy time by kind of kernel (evidence, not gated): matmul 3 case(s), largest 0.20%"
+        in capsys.readouterr().out
+    )
+    assert main([*argv, "--void-busy", "a", "--void-busy", "b", "--void-busy", "c"]) == 0
+    assert "kinds" not in json.loads(out.read_text())
+    assert kinds_noise(compare(FIRST, SECOND)) == {}
+
+
 def test_busy_times_named_void_are_left_out_and_the_evidence_says_which(tmp_path, capsys):
     """``--void-busy NAME``: a figure known to be of another step than the one gated (the H200 ladder's, traced on
     the eager step) is left out of the rule, by case or by study, and the evidence names what was left out; every

@@ -246,6 +246,45 @@ def test_compare_names_the_fields_in_which_bs_setup_differs_from_as(monkeypatch,
     assert setup() is None
 
 
+def test_compare_on_a_gpu_judges_the_busy_time_and_names_the_kind_of_kernel_that_moved(monkeypatch, tmp_path):
+    """On a GPU each side's driver traces one step after its timed steps (its busy time and kernel time by kind;
+    the first round's is read): B's attention kernels planted 0.9 ms slower fail B's busy time as the gate would
+    (+9% over 3%), naming attention alone; the same kernels pass; drivers that trace nothing (a CPU's, revisions from
+    before it) say nothing of it."""
+    import gptcore.hunt.compare as compare
+
+    kinds = {"a": {"matmul": 0.0060, "attention": 0.0030, "inductor": 0.0010}}
+    kinds["b"] = kinds["a"] | {"attention": 0.0039}
+    traced = {"on": True}
+
+    def fake_worker(tree, model, recipe, options, script, memory, python):
+        out = {"tokens_per_s": 1000.0, "loss": 4.0, "loss_step": 2, "peak_memory": 100}
+        if memory and traced["on"]:  # the driver traces where it reads the ledger: every round on a GPU
+            split = kinds[tree.name]
+            out |= {"gpu_busy_seconds": sum(split.values()), "gpu_kernel_seconds": split}
+        return out
+
+    monkeypatch.setattr(compare, "run_driver", fake_worker)
+
+    def result():
+        [r] = compare.compare_trees(
+            tmp_path / "a", tmp_path / "b", [("cpu-small", "ckpt-fp32")], rounds=2, threshold=0.05,
+            options=Options(device="cuda"), workdir=tmp_path,
+        )  # fmt: skip
+        return r
+
+    slower = result()
+    assert slower.busy.status == "FAIL" and slower.failed
+    assert slower.busy.note == (
+        "10.900 vs 10.000 ms of kernels per step, tolerance +3%; by kind: attention +0.900 ms (+30.0%)"
+    )
+    kinds["b"] = kinds["a"]
+    same = result()
+    assert same.busy.status == "ok" and not same.failed and same.busy.note.endswith("no kind of kernel moved")
+    traced["on"] = False
+    assert result().busy is None
+
+
 # -- throwaway repositories ----------------------------------------------------------------------------------------
 
 

@@ -112,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
             f"{r.case}: A {s.median_a:,.0f} tok/s, B {s.median_b:,.0f} tok/s, B/A {s.ratio:.3f} ({interval(s)}, "
             f"p {s.p:.2g}) {s.verdict}; {exact_text(r.memory)}; {exact_text(r.loss)}; {work}"
         )
+        if r.busy:
+            print(f"  GPU busy: {r.busy.status}: {r.busy.note}")
         if r.setup:
             print(f"  note: B's setup differs from A's: {'; '.join(r.setup)} (B measures another experiment)")
         shares = [[x["cpu_share"] for x in rounds if x.get("cpu_share")] for rounds in (r.rounds_a, r.rounds_b)]

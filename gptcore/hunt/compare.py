@@ -33,6 +33,7 @@ from typing import Any
 from gptcore.config import setup_differences
 from gptcore.gate.checks import Check, loss_check, memory_check
 from gptcore.gate.schema import Tolerances
+from gptcore.gate.verdicts import busy_check, moved_kinds
 from gptcore.hunt.driver import MARK
 from gptcore.hunt.ledger import ledger_changes
 from gptcore.hunt.revisions import commit_of, repo_root, snapshot, worktree
@@ -159,6 +160,9 @@ class CaseResult:
     memory: Check | None = None
     """B's peak memory against A's, as the gate judges it ('changed' where it moved within tolerance)."""
     loss: Check | None = None
+    busy: Check | None = None
+    """On a GPU, B's busy time of one traced step against A's, as the gate judges it, with the kinds of kernel that
+    moved it; None where neither side traced one (a CPU, revisions from before it)."""
     work: list[str] | None = None
     """Each work-ledger count that moved, 'op_calls.backward 250 -> 262 (+12)', and each operator swapped
     (gptcore.hunt.ledger); [] when none did; None when a side has no ledger."""
@@ -175,6 +179,7 @@ class CaseResult:
             or (self.speed and self.speed.verdict == SLOWER)
             or (self.memory and self.memory.failed)
             or (self.loss and self.loss.failed)
+            or (self.busy and self.busy.failed)
         )
 
     def tokens(self, which: str) -> list[float]:
@@ -209,6 +214,9 @@ def decide(result: CaseResult, threshold: float, tol: Tolerances) -> CaseResult:
         step=_first(result.rounds_b, "loss_step"),
         before_step=_first(result.rounds_a, "loss_step"),
     )
+    kinds = moved_kinds(_first(result.rounds_b, "gpu_kernel_seconds"), _first(result.rounds_a, "gpu_kernel_seconds"))
+    busy = _first(result.rounds_b, "gpu_busy_seconds"), _first(result.rounds_a, "gpu_busy_seconds")
+    result.busy = busy_check(*busy, tol, where=kinds)
     setups = _first(result.rounds_a, "setup"), _first(result.rounds_b, "setup")
     result.setup = setup_differences(*setups) if all(setups) else None
     result.work = ledger_changes(

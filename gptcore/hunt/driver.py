@@ -2,8 +2,8 @@
 whose PYTHONPATH starts with one revision's checkout, it measures one case with that revision's code and prints one
 line, ``GPTCORE-COMPARE {json}``. It imports only what every revision with a benchmark tier has (the named models
 and recipes, from gptcore.presets or, before they moved there, gptcore.config; Trainer, StepTimer, cpu_peak_bytes),
-and the work ledger where the revision has one; it checks that the gptcore it imported is the checkout's, never this
-one's."""
+and the work ledger and a traced step's GPU busy time where the revision has them; it checks that the gptcore it
+imported is the checkout's, never this one's."""
 
 from __future__ import annotations
 
@@ -98,6 +98,14 @@ def main(spec: dict) -> dict:
                 )
                 if k in ledger
             }
+    if spec["memory"]:  # and, on a GPU, one traced step after it: its busy time and kernel time by kind
+        try:
+            from gptcore.measure.trace import step_timeline
+        except ImportError:  # a revision from before the kernel time's split (or the busy time)
+            step_timeline = None
+        timeline = step_timeline(trainer.step, device) if step_timeline else None  # None on CPU: nothing traced
+        if timeline is not None:
+            out["gpu_busy_seconds"], out["gpu_kernel_seconds"] = timeline.busy_seconds, timeline.by_kind
     if device.type != "cuda" and spec["memory"]:
         trainer = loss = None
         gc.collect()

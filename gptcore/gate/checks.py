@@ -6,7 +6,7 @@ together."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gptcore.config import HALF_PRECISIONS
 from gptcore.gate.rules import Status, delta, judge, non_finite, percent
@@ -83,16 +83,22 @@ def moved_ops(now: dict[str, int] | None, before: dict[str, int] | None, top: in
     return text + (f", +{len(moved) - top} more" if len(moved) > top else "")
 
 
+def moved_by_key(now: dict[str, Any], before: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Each key whose value moved from ``before`` to ``now`` with its change (a key one side lacks is 0 there), the
+    largest change first."""
+    deltas = {k: now.get(k, 0) - before.get(k, 0) for k in dict.fromkeys([*before, *now])}
+    return sorted(((k, d) for k, d in deltas.items() if d), key=lambda kd: -abs(kd[1]))
+
+
 def moved_categories(now: dict[str, int] | None, before: dict[str, int] | None) -> str | None:
     """Where a peak moved, e.g. 'activations +16.00 MiB, everything else =' (None without both breakdowns)."""
     if not now or not before:
         return None
-    deltas = {c: now.get(c, 0) - before.get(c, 0) for c in dict.fromkeys([*before, *now])}
-    moved = sorted(((c, d) for c, d in deltas.items() if d), key=lambda cd: -abs(cd[1]))
+    moved = moved_by_key(now, before)
     if not moved:
         return "no category moved"
     text = ", ".join(f"{c} {'+' if d > 0 else '-'}{format_bytes(abs(d))}" for c, d in moved)
-    return text + (", everything else =" if len(moved) < len(deltas) else "")
+    return text + (", everything else =" if len(moved) < len({*before, *now}) else "")
 
 
 def memory_check(

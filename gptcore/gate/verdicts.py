@@ -57,6 +57,7 @@ from gptcore.gate.checks import (
     leaner,
     loss_check,
     memory_check,
+    moved_by_key,
     moved_categories,
     other_kernels,
     speed_check,
@@ -242,8 +243,7 @@ def moved_kinds(now: dict[str, float] | None, before: dict[str, float] | None, m
     (+0.4%)', at most ``most`` of them (None without both splits: a baseline recorded before they were kept)."""
     if not now or not before:
         return None
-    deltas = {k: now.get(k, 0.0) - before.get(k, 0.0) for k in dict.fromkeys([*before, *now])}
-    moved = sorted(((k, d) for k, d in deltas.items() if d), key=lambda kd: -abs(kd[1]))
+    moved = moved_by_key(now, before)
     if not moved:
         return "no kind of kernel moved"
 

@@ -48,6 +48,12 @@ def main(spec: dict) -> dict:
     except ImportError:
         setup = None
     device = torch.device(spec["device"])
+    try:  # a traced step's GPU busy time, where this revision has it
+        from gptcore.measure.trace import start_once, step_timeline
+    except ImportError:  # a revision from before the kernel time's split (or the busy time)
+        start_once = step_timeline = None
+    if start_once is not None:  # the profiler's first use before any CUDA graph is captured (as the runner does)
+        start_once(device)
     trainer = Trainer(cfg, recipe, device)
     loss = None
     for _ in range(spec["warmup"]):
@@ -99,10 +105,6 @@ def main(spec: dict) -> dict:
                 if k in ledger
             }
     if spec["memory"]:  # and, on a GPU, one traced step after it: its busy time and kernel time by kind
-        try:
-            from gptcore.measure.trace import step_timeline
-        except ImportError:  # a revision from before the kernel time's split (or the busy time)
-            step_timeline = None
         timeline = step_timeline(trainer.step, device) if step_timeline else None  # None on CPU: nothing traced
         if timeline is not None:
             out["gpu_busy_seconds"], out["gpu_kernel_seconds"] = timeline.busy_seconds, timeline.by_kind

@@ -125,6 +125,10 @@ def test_a_run_at_other_clocks_is_not_compared_for_speed():
     assert speed.status == checks.NOT_GATED and speed.note == "run at other clocks (SM 1,410 vs 1,980 MHz)"
     same = speed_against(700.0, 1965, 1000.0, 1980)  # within 5%: the same clocks, a real slowdown
     assert same.status == checks.FAIL
+    # the edge, CLOCK_TOL = 5% of the baseline's 1,980 MHz (1,881): 4.5% below compares, 5.6% below does not
+    assert checks.CLOCK_TOL == 0.05
+    assert speed_against(700.0, 1890, 1000.0, 1980).status == checks.FAIL
+    assert speed_against(700.0, 1870, 1000.0, 1980).status == checks.NOT_GATED
 
 
 def test_a_slower_run_at_a_higher_clock_is_compared():

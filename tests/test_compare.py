@@ -108,6 +108,23 @@ def test_the_threshold_is_respected_even_when_significant():
     s = speed_verdict(a, b, threshold=0.05)
     assert s.high < 1 and s.verdict == SAME
     assert speed_verdict(a, b, threshold=0.02).verdict == SLOWER
+    faster = speed_verdict(b, a, threshold=0.05)  # the same 3%, the other way
+    assert faster.low > 1 and faster.verdict == SAME
+    assert speed_verdict(b, a, threshold=0.02).verdict == FASTER
+
+
+def test_mann_whitney_with_ties_is_scipys_normal_approximation_with_its_continuity_correction():
+    """With ties the exact distribution does not apply: p is the normal approximation, the variance corrected for
+    ties and |U - mn/2| less 0.5, as scipy.stats.mannwhitneyu(method="asymptotic", use_continuity=True) computes it."""
+    from scipy.stats import mannwhitneyu
+
+    rng = random.Random(7)
+    for m, n in ((10, 10), (7, 12), (60, 60)):
+        a = [float(rng.randint(0, 6)) for _ in range(m)]
+        b = [float(rng.randint(1, 7)) for _ in range(n)]
+        u, p = mann_whitney(a, b)
+        reference = mannwhitneyu(b, a, use_continuity=True, alternative="two-sided", method="asymptotic")
+        assert u == reference.statistic and p == pytest.approx(reference.pvalue, rel=1e-12)
 
 
 def test_too_few_rounds_give_no_interval_and_no_verdict():

@@ -77,10 +77,11 @@ def test_re_recording_keeps_other_references_only_when_this_cpu_reads_the_same_l
     path = tmp_path / "cpu.json"
     baselines.update(path, "cpu", {"a": entry(3.0791, XEON)}, device_name=XEON, device_type="cpu")
     baselines.add_loss_references(path, "cpu", {"a": entry(3.0791007, EPYC)})
-    # re-recorded on EPYC with its own loss unchanged (memory moved): XEON's loss stays a reference
+    baselines.add_loss_references(path, "cpu", {"a": entry(3.0791011, OTHER)})
+    # re-recorded on EPYC with its own loss unchanged (memory moved): XEON's loss, and OTHER's reference, stay
     baselines.update(path, "cpu", {"a": entry(3.0791007, EPYC)}, device_name=EPYC, device_type="cpu")
     kept = baselines.load(path, "cpu").entries["a"]
-    assert (kept.cpu_model, kept.loss, kept.loss_by_cpu) == (EPYC, 3.0791007, {XEON: 3.0791})
+    assert (kept.cpu_model, kept.loss, kept.loss_by_cpu) == (EPYC, 3.0791007, {XEON: 3.0791, OTHER: 3.0791011})
     # the loss moved on EPYC: the arithmetic changed, so no other model's reference can be trusted
     baselines.update(path, "cpu", {"a": entry(3.05, EPYC)}, device_name=EPYC, device_type="cpu")
     assert baselines.load(path, "cpu").entries["a"].loss_by_cpu == {}

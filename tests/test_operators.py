@@ -64,10 +64,15 @@ def test_a_swap_is_paired_at_an_equal_count_and_the_rest_is_named_gone_new_or_tr
     # c (4) vanished, e and f appeared: no equal count, and not one for one: named apart
     assert (backward.swapped, backward.gone, backward.traded) == ([], [("c", 4)], [])
     assert backward.new == [("e", 3), ("f", 1)]
-    assert backward.text() == "backward: c (4) gone, e (3) new, f (1) new"
+    assert backward.text() == "backward: c (4) gone, e (3) new, f (1) new" and backward.worse  # ran what was not
     assert changes(before, before) == [] and changes(now, None) == []  # no per-operator counts: nothing to hold
     [alone] = changes({"optimizer": {"g": 2}}, {"optimizer": {"g": 2, "h": 5}})
     assert alone.text() == "optimizer: h (5) gone" and not alone.worse  # only gone: leaner, not worse
+    [added] = changes({"optimizer": {"g": 2, "h": 5}}, {"optimizer": {"g": 2}})
+    assert added.text() == "optimizer: h (5) new" and added.worse  # only new: worse, as a count above its baseline
+    # an operator counted 0 times did not run: a ledger that lists it is the one that does not
+    assert changes({"forward": {"a": 2, "z": 0}}, {"forward": {"a": 2}}) == []
+    assert changes({"forward": {"a": 2}}, {"forward": {"a": 2, "z": 0}}) == []
     # an operator moved between phases at the same step count: both phases name it
     moved = changes(
         {"forward": {"mm": 2, "add": 1}, "backward": {"mm": 6}}, {"forward": {"mm": 4, "add": 1}, "backward": {"mm": 4}}

@@ -46,6 +46,10 @@ def test_lower_memory_is_below_the_reference_and_within_the_estimates_ratio_plus
     assert half.status == "FAIL" and "saves less than the estimate" in half.line
     assert judge_effect(CHECKPOINT, "m", mem(20.3, 19.7), fp32).status == "ok"  # within 0.555 + 0.02
     assert judge_effect(CHECKPOINT, "m", mem(20.0), mem(35.5)).status == "ok"  # no estimate: below is enough
+    level = judge_effect(CHECKPOINT, "m", mem(35.5), mem(35.5))  # ... and needed: the same peak saves nothing
+    assert level.status == "FAIL" and level.line == (
+        "checkpoint: peak 35.50 MiB is not below fp32's 35.50 MiB (expected below 35.50 MiB)"
+    )
 
 
 def test_lower_memory_where_the_estimate_predicts_no_saving_is_judged_not_higher() -> None:
@@ -104,6 +108,17 @@ def test_not_higher_allows_2_percent_and_says_when_a_peak_was_not_measured() -> 
     assert judge_effect(IN_BWD, "m", mem(36.3), mem(35.5)).status == "FAIL"  # +2.3%
     compiled = judge_effect(IN_BWD, "m", Figures(None, 1.0, 0.0, None), mem(35.5))
     assert compiled.status == "not measured" and "optim-in-bwd not measured" in compiled.line
+
+
+def test_a_faster_recipe_must_be_above_its_reference_however_tight_the_runs() -> None:
+    """'higher' (bf16's tensor cores against fp32 on a GPU) has no noise allowance: a speed-up that did not happen is
+    the failure, and a tie is no speed-up."""
+    bf16 = next(e for e in EXPECTATIONS if e.recipe == "bf16" and e.metric == "tokens/s")
+    assert bf16.direction == "higher" and bf16.reference == "fp32"
+    assert judge_effect(bf16, "m", speed(101_000, 0), speed(100_000, 0)).status == "ok"
+    tie = judge_effect(bf16, "m", speed(100_000, 3_000), speed(100_000, 3_000))
+    assert tie.status == "FAIL" and tie.line == "bf16: 100,000 tok/s is not above fp32's 100,000"
+    assert judge_effect(bf16, "m", speed(97_000, 3_000), speed(100_000, 3_000)).status == "FAIL"
 
 
 def test_a_ladder_rung_is_slower_only_beyond_the_sum_of_iqrs() -> None:

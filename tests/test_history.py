@@ -79,6 +79,17 @@ def test_a_3pct_step_with_8_points_after_is_found_at_cv_0_6pct_in_its_commit_ran
     assert found >= 95 and steps >= 95
 
 
+def test_a_significant_step_below_min_step_is_not_a_change_point():
+    """MIN_STEP (1%) is the least step that counts, however quiet the series: at CV 0.01% a 0.5% drop is 50 noise
+    sigmas, its Welch p far below P_MAX, and it is not reported; a 1.5% drop is."""
+    assert changepoints.MIN_STEP == 0.01
+    for seed in range(10):
+        assert everything(series(24, 0.0001, step_at=12, step=-0.005, seed=seed)) == []
+        [found] = everything(series(24, 0.0001, step_at=12, step=-0.015, seed=seed))
+        # the two means' difference has a standard error of 0.01% x sqrt(2/12) = 0.004%: 0.05% is 12 of them
+        assert found.kind == "step" and holds(found, 12) and found.relative == pytest.approx(-0.015, abs=5e-4)
+
+
 @pytest.mark.parametrize("metric,tolerance", [("tokens/s", 0.05), ("peak memory", 0.02)])
 @pytest.mark.parametrize("cv", [0.006, 0.027])  # a quiet GPU runner, a hosted runner
 def test_at_most_one_false_change_point_in_100_step_free_series(cv: float, metric: str, tolerance: float):

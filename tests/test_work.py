@@ -114,6 +114,23 @@ def test_a_host_read_of_the_loss_in_the_step_fails_on_syncs(monkeypatch):
     assert now["syncs"] == 1 and failed_metrics(now, before) == {"syncs", "op calls"}  # the read is an op too
 
 
+def test_a_record_function_range_is_bookkeeping_and_no_work(monkeypatch):
+    """torch.optim wraps its step and zero_grad in record_function ranges, whose enter and exit are operators of the
+    profiler's namespace; a user's range around the step adds two more. None of them is work: planted around the
+    step, the ledger does not move, and no phase lists one."""
+    before = ledger_of(RECIPES["fp32"])
+    step = Trainer.step
+
+    def step_in_a_range(self, batch=None):
+        with torch.autograd.profiler.record_function("planted range"):
+            return step(self, batch)
+
+    monkeypatch.setattr(Trainer, "step", step_in_a_range)
+    now = ledger_of(RECIPES["fp32"])
+    assert now == before and failed_metrics(now, before) == set()
+    assert not [op for phase in now["ops"].values() for op in phase if op.startswith("profiler.")]
+
+
 def test_the_naive_ladder_rung_makes_exactly_one_sync_and_the_next_none():
     assert ledger_of(RECIPES["ladder-0"])["syncs"] == 1
     assert ledger_of(dataclasses.replace(RECIPES["ladder-0"], sync_every_step=False))["syncs"] == 0

@@ -665,6 +665,8 @@ def test_a_failed_write_leaves_the_old_file_intact(tmp_path: Path, monkeypatch: 
         (lambda d: d["tolerances"].update(speed=2), "tolerances.speed: must be in [0, 1]"),
         # NaN compares false with every bound: it would pass every figure, the gate off without a word
         (lambda d: d["tolerances"].update(memory=float("nan")), "tolerances.memory: must be a finite number >= 0"),
+        # and infinity passes every figure too (json reads "Infinity")
+        (lambda d: d["tolerances"].update(work=float("inf")), "tolerances.work: must be a finite number >= 0"),
         (lambda d: d.update(tolerances_by_test={"test_x": {"sped": 0.1}}), "tolerances_by_test.test_x.sped: unknown"),
         (lambda d: d.update(tolerances_by_test={"test_x": {"loss": -1}}), "tolerances_by_test.test_x.loss: must be"),
         (lambda d: d.update(tolerances_by_test={"test_x": 0.1}), "tolerances_by_test: must be an object of objects"),

@@ -70,6 +70,16 @@ def test_the_fused_loss_rung_fills_the_device_with_a_larger_batch():
     assert fused > 2 * unfused  # the logits and their loss are about half of ladder-9's estimated peak
 
 
+def test_a_smallest_batch_just_over_the_budget_does_not_fit():
+    """The edge of fitting: a budget one byte under the smallest batch's estimated peak refuses it, naming both; at
+    that peak, the smallest batch is the fit."""
+    cpu, recipe = MODELS["cpu-small"], Recipe(grad_accum_steps=2, fit_memory=0.5)
+    smallest = _peak(cpu, dataclasses.replace(recipe, fit_memory=None), 2, "cpu")  # one micro-batch of 1, twice
+    with pytest.raises(ValueError, match=f"a batch of 2 already needs an estimated {smallest:,} B, over 0.5 of "):
+        fit_batch(cpu, recipe, "cpu", 2 * (smallest - 1))
+    assert fit_batch(cpu, recipe, "cpu", 2 * smallest).batch == 2
+
+
 def test_a_batch_that_cannot_fit_is_one_line():
     done = run_cli(
         "estimate", "--model", "cpu-small", "--recipe", "fp32", "--device", "cpu", "--fit", "0.5", "--capacity", "9"

@@ -224,3 +224,26 @@ def test_k_narrows_a_stage_to_the_cases_it_names_and_keeps_the_stages_own_select
     assert done.returncode == 4 and "/test_memory_recipes.py -k budget --require-gpu" in done.stdout, done.stdout
     bad = gpu_session(["memory", str(tmp_path / "b"), "-k"])
     assert bad.returncode != 0 and "-k: a pytest -k expression" in bad.stderr
+
+
+def test_a_case_needing_more_gpus_than_the_machine_has_is_planned_as_skipped(monkeypatch):
+    """A 2-rank GPU case on a machine with no GPU in sight (a plan made on CPU for a lent machine of PLAN_GPUS = 1)
+    plans at 0 s, naming why: it skips itself there. The same case on 1 rank, or on CPU ranks, is planned."""
+    from types import SimpleNamespace
+
+    from gptcore.config import Timing
+
+    monkeypatch.setattr(plan, "gpus_for_plan", lambda device: 1 << 30 if device != "cuda" else plan.PLAN_GPUS)
+    assert plan.PLAN_GPUS == 1
+    timing = Timing(warmup=5, rounds=10, steps_per_round=5)
+
+    def item(device: str, world: int) -> SimpleNamespace:
+        params = {"model": "gpt2", "recipe": "ddp", "device": device, "world": world}
+        module = SimpleNamespace(STUDY=None, TIMING=timing)
+        return SimpleNamespace(nodeid=f"bench/x.py::x[{device}-{world}]", callspec=SimpleNamespace(params=params),
+                               module=module, name="x")  # fmt: skip
+
+    two = plan.estimate(item("cuda", 2), {})
+    assert (two.seconds, two.source) == (0.0, "skipped: needs 2 GPUs")
+    assert plan.estimate(item("cuda", 1), {}).seconds > 0
+    assert plan.estimate(item("cpu", 2), {}).seconds > 0

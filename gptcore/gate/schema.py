@@ -5,6 +5,7 @@ field. The files that hold them are ``gptcore.gate.baselines``."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -300,8 +301,12 @@ class Entry:
             commit=data.get("commit"),
             torch=get(data, "torch", (str,), "torch") if "torch" in data else None,
             loss_by_cpu=dict(by_cpu),
-            peak_by_category=_categories(data.get("peak_by_category"), where, "peak_by_category"),
-            estimate_by_category=_categories(data.get("estimate_by_category"), where, "estimate_by_category"),
+            peak_by_category=_named(
+                data.get("peak_by_category"), where, "peak_by_category", "category -> bytes", _bytes
+            ),
+            estimate_by_category=_named(
+                data.get("estimate_by_category"), where, "estimate_by_category", "category -> bytes", _bytes
+            ),
             kernel_scratch_bytes=get(data, "kernel_scratch_bytes", (int,), "kernel_scratch_bytes")
             if "kernel_scratch_bytes" in data
             else None,
@@ -312,7 +317,9 @@ class Entry:
             gpu_busy_seconds=get(data, "gpu_busy_seconds", num, "gpu_busy_seconds")
             if "gpu_busy_seconds" in data
             else None,
-            gpu_kernel_seconds=_kinds(data.get("gpu_kernel_seconds"), where),
+            gpu_kernel_seconds=_named(
+                data.get("gpu_kernel_seconds"), where, "gpu_kernel_seconds", "kind -> seconds", _seconds
+            ),
             setup=_setup(data.get("setup"), where),
         )
 
@@ -349,25 +356,22 @@ def _convergence(value: Any, where: str) -> Convergence | None:
         raise BaselineError(str(err)) from None
 
 
-def _categories(value: Any, where: str, path: str) -> dict[str, int] | None:
+def _named(value: Any, where: str, path: str, what: str, valid: Callable[[Any], bool]) -> dict[str, Any] | None:
+    """None, or ``value`` as an object of name -> figure with every figure ``valid``; else one BaselineError line
+    naming ``path`` and ``what`` it holds."""
     if value is None:
         return None
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in value.items()
-    ):
-        raise BaselineError(f"{where}: {path}: expected an object of category -> bytes, got {value!r}")
+    if not isinstance(value, dict) or not all(isinstance(k, str) and valid(v) for k, v in value.items()):
+        raise BaselineError(f"{where}: {path}: expected an object of {what}, got {value!r}")
     return dict(value)
 
 
-def _kinds(value: Any, where: str) -> dict[str, float] | None:
-    if value is None:
-        return None
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf")
-        for k, v in value.items()
-    ):
-        raise BaselineError(f"{where}: gpu_kernel_seconds: expected an object of kind -> seconds, got {value!r}")
-    return dict(value)
+def _bytes(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _seconds(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < math.inf
 
 
 def _setup(value: Any, where: str) -> dict[str, Any] | None:

@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import gptcore.training.kernels as kernels_module
 import gptcore.training.model as model_module
 import gptcore.training.trainer as trainer_module
 from gptcore.config import Kernels, Recipe
@@ -79,6 +80,14 @@ def compiled_forward(recipe: Recipe) -> dict:
     return {"loss": loss, "eager_loss": trainer.model(x, y)[1].item(), "graphs": len(graphs)}
 
 
+def fp8_converted() -> list[str]:
+    """The classes of four Linear layers after ``convert_to_fp8``: the first and last have both dimensions multiples
+    of 16, the two between have one that is not (24)."""
+    layers = torch.nn.Sequential(*(torch.nn.Linear(i, o) for i, o in ((32, 48), (48, 24), (24, 32), (32, 32))))
+    kernels_module.convert_to_fp8(layers)
+    return [type(layer).__name__ for layer in layers]
+
+
 def main(out: Path) -> None:
     trainer_module.kernels_unsupported = lambda kernels, device: None  # the CPU's refusal lifted (docstring)
     results = {name: step(recipe) for name, recipe in RECIPES.items()}
@@ -92,6 +101,7 @@ def main(out: Path) -> None:
     # torch 2.11 failed there: the liger and FP8 rungs never ran)
     model_module.fused_linear_cross_entropy = fused.__wrapped__
     results["fp32-liger-compiled-traced"] = compiled_forward(RECIPES["fp32-liger"])
+    results["fp8-converted"] = fp8_converted()
     torch.save(results, out / "kernels.pt")
 
 

@@ -149,3 +149,9 @@ def test_fp8_runs_every_block_matmul_in_fp8_and_the_head_in_bf16(results):
     assert results["bf16"]["scaled_mm"] == 0
     attention = {k for k in results["bf16-fp8"]["matmuls"] if "scaled_dot_product" in k}
     assert attention and all(k.endswith("torch.bfloat16") for k in attention)
+
+
+def test_fp8_converts_only_the_linear_layers_whose_dimensions_are_multiples_of_16(results):
+    """An FP8 matmul (torch._scaled_mm) needs both dimensions of its weight divisible by 16: a layer with one that is
+    not keeps the recipe's precision rather than fail the step (GPT-2's are all multiples of 16: 768, 2304, 3072)."""
+    assert results["fp8-converted"] == ["Float8Linear", "Linear", "Linear", "Float8Linear"]

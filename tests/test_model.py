@@ -131,11 +131,57 @@ def test_padding_mask_makes_no_copy_of_the_logits(monkeypatch):
     assert sliced.allocations == masked.allocations + 1
 
 
+@pytest.mark.parametrize("attention", ["manual", "sdpa"])
+def test_dropout_is_applied_where_nanogpt_applies_it(attention, monkeypatch):
+    """In training: after the embeddings, on the attention's weights (manual: a Dropout module; sdpa: its dropout_p),
+    after each residual projection (attention's, the MLP's). In evaluation: nowhere. A dropped one only trains with
+    less regularization, which no loss bound over a few steps can see."""
+    seen_p = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        F, "scaled_dot_product_attention", lambda *a, **k: seen_p.append(k["dropout_p"]) or sdpa(*a, **k)
+    )
+    m = model(Recipe(attention=attention), cfg=dataclasses.replace(TINY, dropout=0.25)).train()
+    calls = []
+    for module in m.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.register_forward_hook(lambda mod, *_: calls.append(mod.p))
+    x, y = batches(1)[0]
+    m(x, y)
+    per_block = 3 if attention == "manual" else 2
+    assert calls == [0.25] * (1 + per_block * TINY.n_layer)
+    assert seen_p == ([] if attention == "manual" else [0.25] * TINY.n_layer)
+    seen_p.clear()
+    m.eval()
+    assert torch.equal(m(x, y)[1], m(x, y)[1])  # no mask drawn: the same loss twice
+    assert seen_p == ([] if attention == "manual" else [0.0] * 2 * TINY.n_layer)
+
+
 def test_weight_tying_shares_storage_and_saves_vocab_times_width_parameters():
     tied, untied = model(Recipe(tie_weights=True)), model(Recipe(tie_weights=False))
     assert tied.lm_head.weight.data_ptr() == tied.transformer.wte.weight.data_ptr()
     assert untied.lm_head.weight.data_ptr() != untied.transformer.wte.weight.data_ptr()
     assert untied.num_params() - tied.num_params() == TINY.vocab_size * TINY.n_embd
+
+
+def test_weights_start_with_gpt2s_init_and_the_residual_projections_scaled_down():
+    """Every matmul weight and embedding is drawn from N(0, 0.02), the residual projections (attn.c_proj, mlp.c_proj)
+    from N(0, 0.02 / sqrt(2 n_layer)), so that the residual stream's variance does not grow with depth; biases start
+    at 0. A sample of n normal draws has its standard deviation within 1/sqrt(2n) relative (one sigma): 0.35% for the
+    40,960 draws of the residual projections here, 0.29% for the 60,320 others; 5% is more than 10 sigmas, and n_layer 8
+    makes the scaled ones 4x smaller."""
+    m = GPT(dataclasses.replace(TINY, n_layer=8, bias=True), Recipe())
+    residual = [p for n, p in m.named_parameters() if n.endswith("c_proj.weight")]
+    others = [p for n, p in m.named_parameters() if p.dim() == 2 and not n.endswith("c_proj.weight")]
+    assert len(residual) == 2 * 8 and others
+
+    def std(ps: list[torch.Tensor]) -> float:
+        return torch.cat([p.detach().flatten() for p in ps]).std().item()
+
+    assert std(residual) == pytest.approx(0.02 / 4, rel=0.05)
+    assert std(others) == pytest.approx(0.02, rel=0.05)
+    biases = [p for n, p in m.named_parameters() if n.endswith(".bias")]
+    assert biases and not any(p.any() for p in biases)
 
 
 def test_gpt2_has_124m_parameters():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import weakref
@@ -10,6 +11,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+import gptcore.training.trainer as trainer_module
 from gptcore.config import Recipe
 from gptcore.presets import RECIPES
 from gptcore.training.trainer import Trainer, lr_at
@@ -86,6 +88,48 @@ def test_an_optimizer_in_backward_trainer_is_freed_without_the_garbage_collector
         assert [r for r in alive if r() is not None] == []
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize(
+    "impl,kernel,per",
+    [
+        ("fused", "aten._fused_adamw_.default", "group"),
+        ("foreach", "aten._foreach_lerp_.Scalar", "group"),
+        ("for-loop", "aten.lerp_.Scalar", "parameter"),
+    ],
+)
+def test_each_adamw_implementation_runs_its_own_kernel(impl, kernel, per):
+    """The work ledger of a step names the kernel: one fused AdamW or one foreach update per parameter group, or one
+    update per parameter; and none of the other two (each updates the first moment with a lerp)."""
+    from gptcore.measure.work import count_step
+
+    t = trainer(Recipe(adamw_impl=impl))
+    t.step(batches(1)[0])  # warmed up: the optimizer's state exists
+    calls = count_step(t, batches(2)[1]).by_op("op calls")
+    groups, n_params = len(t.optimizers[0].param_groups), len(list(t.model.parameters()))
+    assert calls.get(kernel) == (groups if per == "group" else n_params) and groups < n_params
+    others = {"aten._fused_adamw_.default", "aten._foreach_lerp_.Scalar", "aten.lerp_.Scalar"} - {kernel}
+    assert not others & calls.keys()
+
+
+def test_sgd_steps_with_the_recipes_momentum_and_weight_decay():
+    """Two steps of SGD equal their closed form from the gradients the optimizer saw: torch's SGD (no dampening, no
+    Nesterov) takes d = g + wd * p, a buffer b_1 = d_1, b_2 = momentum * b_1 + d_2, and p -= lr * b; weight decay on
+    the decayed group only. A dropped momentum moves the second step by lr * momentum * d_1."""
+    lr, momentum, wd = 0.1, 0.9, 0.1
+    recipe = Recipe(optimizer="sgd", schedule="constant", lr=lr, momentum=momentum, weight_decay=wd, grad_clip=None)
+    t = trainer(recipe, dtype=torch.float64)
+    grads, decayed = capture_grads(t), {id(p) for p in t.optimizers[0].param_groups[0]["params"]}
+    snapshots = [params(t)]
+    for batch in batches(2):
+        t.step(batch)
+        snapshots.append(params(t))
+    p0, p1, p2 = snapshots
+    for i, p in enumerate(t.model.parameters()):
+        decay = wd if id(p) in decayed else 0.0
+        d1, d2 = grads[0][i] + decay * p0[i], grads[1][i] + decay * p1[i]
+        assert_close(p1[i], p0[i] - lr * d1, **F64)
+        assert_close(p2[i], p1[i] - lr * (momentum * d1 + d2), **F64)
 
 
 def test_fused_adamw_equals_foreach_within_float32_rounding():
@@ -179,10 +223,33 @@ def test_hot_loop_makes_no_host_sync_unless_asked(monkeypatch):
     assert syncs(Recipe()) == 1
 
 
-def test_dataloader_workers_change_no_training_step():
+def test_dataloader_workers_change_no_training_step(monkeypatch):
+    loaders = []
+    make = trainer_module.make_loader
+    monkeypatch.setattr(trainer_module, "make_loader", lambda *a, **k: loaders.append(make(*a, **k)) or loaders[-1])
     a, b = trainer(Recipe(grad_clip=None)), trainer(Recipe(grad_clip=None, num_workers=2))
     for _ in range(2):
         assert torch.equal(a.step(), b.step())
+    assert [loader.num_workers for loader in loaders] == [0, 2]  # b's batches really came from 2 worker processes
+
+
+@pytest.mark.parametrize("scope", ["model", "blocks"])
+def test_regional_compilation_compiles_each_block_and_not_the_model(monkeypatch, scope):
+    """compile_scope 'blocks' hands torch.compile each transformer block's call (nn.Module.compile), 'model' the whole
+    model, once. Both compute what eager does (tests/test_compile.py, slow), so only the wiring tells them apart."""
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: seen.append(fn) or fn)
+    t = trainer(Recipe(compile=True, compile_scope=scope))
+    if scope == "model":
+        assert seen == [t.model]
+    else:
+        assert [getattr(fn, "__self__", None) for fn in seen] == list(t.model.transformer.h)
+
+
+def test_evaluation_batches_are_the_same_under_every_training_seed():
+    a, b = trainer(Recipe(seed=1)), trainer(Recipe(seed=2))
+    assert torch.equal(a.eval_batches()[0][0], b.eval_batches()[0][0])  # every recipe is evaluated on the same tokens
+    assert not torch.equal(a.batches()[0][0], b.batches()[0][0])  # while the training batches follow the seed
 
 
 def test_evaluate_runs_in_eval_mode_and_returns_to_training():
@@ -198,6 +265,53 @@ def test_evaluate_runs_in_eval_mode_and_returns_to_training():
     assert t.evaluate(n_batches=1) == one  # the mean of one batch's loss is that loss, bit for bit
     with torch.no_grad():
         assert t.model(x, y)[1].item() != one  # in training mode dropout does change the loss
+
+
+def test_under_fp16_clipping_sees_the_gradients_unscaled(monkeypatch):
+    """GradScaler's loss scale (2^16) is taken off the gradients before they are clipped: the norm that clipping
+    sees is the norm of the gradients of an unscaled fp16 backward. A power of two scales every product exactly; the
+    two differ only where the unscaled backward's fp16 values fall below fp16's normal range (measured: 5.8e-6
+    relative). Clipping scaled gradients would see a norm 65,536 times too large, and clip nearly everything away."""
+    norms = []
+    clip = torch.nn.utils.clip_grad_norm_
+
+    def spy(parameters, max_norm, *args, **kwargs):
+        parameters = list(parameters)
+        norms.append(_grad_norm(parameters))
+        return clip(parameters, max_norm, *args, **kwargs)
+
+    x, y = batches(1)[0]
+    reference = trainer(Recipe(precision="fp16"))
+    with reference.autocast():
+        loss = reference.forward(x, y)[1]
+    loss.backward()
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", spy)
+    t = trainer(Recipe(precision="fp16", grad_clip=1.0))
+    t.step((x, y))
+    assert t.scaler.get_scale() == 2.0**16  # the scale was in force
+    assert norms == [pytest.approx(_grad_norm(reference.model.parameters()), rel=1e-3)]
+
+
+def _grad_norm(parameters) -> float:
+    return torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in parameters if p.grad is not None])).item()
+
+
+def test_tf32_is_the_high_matmul_precision_inside_a_step_and_fp32_the_highest():
+    """The switch reaches torch inside the step only, whatever the process had set, and is restored after it. A CPU
+    refuses to build a tf32 Trainer (it would run as fp32); the numerics of a step are the same on every device."""
+    t, previous = trainer(Recipe()), torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")
+        with t.numerics():
+            assert torch.get_float32_matmul_precision() == "highest"  # fp32 means IEEE float32 matmuls
+        assert torch.get_float32_matmul_precision() == "high"
+        t.recipe = dataclasses.replace(t.recipe, precision="tf32")
+        torch.set_float32_matmul_precision("highest")
+        with t.numerics():
+            assert torch.get_float32_matmul_precision() == "high"  # TF32 tensor cores for float32 matmuls
+        assert torch.get_float32_matmul_precision() == "highest"
+    finally:
+        torch.set_float32_matmul_precision(previous)
 
 
 def test_clipping_bounds_the_global_gradient_norm():

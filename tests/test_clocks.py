@@ -84,6 +84,14 @@ def test_a_round_below_the_clocks_or_throttled_is_flagged_and_left_out_of_the_me
     }
 
 
+def test_half_the_rounds_flagged_is_no_unfit_machine_the_other_half_give_the_speed():
+    m = run_rounds([SLOW, FAST, HOT, FAST])
+    assert m.flagged_rounds == [0, 2] and m.unfit is None
+    assert (m.tokens_per_s, m.tokens_per_s_iqr) == throughput(
+        [m.round_seconds[1], m.round_seconds[3]], m.tokens_per_step
+    )
+
+
 def test_more_than_half_flagged_is_machine_unfit_and_never_a_regression(tmp_path: Path, monkeypatch):
     fake_share(monkeypatch, 1.0)  # a quiet machine: the planted slowdown below needs a recorded speed to be judged
     m = run_rounds([SLOW, HOT, FAST, SLOW])

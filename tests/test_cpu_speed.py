@@ -45,6 +45,20 @@ def test_a_low_share_on_a_rank_of_several_names_the_waits_and_not_only_a_busy_ma
     assert m.tokens_per_s > 0
 
 
+@pytest.mark.parametrize(
+    "second, note",
+    [(1.09e-3, None), (1.12e-3, "speed not recorded: machine busy (calibration kernel 12% off its median)")],
+)
+def test_a_calibration_kernel_more_than_10_percent_off_its_median_records_no_speed(monkeypatch, second, note):
+    """The kernel timed before each round stands in for the machine's speed: one round's kernel 12% slower than their
+    median means that round ran on a slower machine, even at a full share of the CPU; 9% is within the spread."""
+    fake_share(monkeypatch, 1.0)
+    kernel_seconds = iter([1e-3, second, 1e-3])
+    monkeypatch.setattr(measure, "calibration_kernel", lambda: next(kernel_seconds))
+    m = measure.run_case(TINY, Recipe(), "cpu", warmup=1, rounds=3, steps_per_round=1)
+    assert m.calibration_seconds == [1e-3, second, 1e-3] and m.speed_note == note
+
+
 def test_a_busy_machine_records_no_speed_and_the_table_shows_no_delta(monkeypatch, tmp_path: Path):
     busy = measured_with_share(monkeypatch, 0.33)
     assert busy.speed_note == "speed not recorded: machine busy (share 0.33)"

@@ -216,6 +216,16 @@ def test_a_log_cut_off_in_its_last_line_reads_up_to_it(tmp_path):
     assert [r.name for r in results.read(log)] == NAMES[:2]
 
 
+def test_a_case_run_again_is_read_as_its_last_line(tmp_path):
+    """A stage resumed, or verify after record, writes the case again: its later line is the case's result."""
+    sink = results.ResultsLog(tmp_path / "results.jsonl")
+    for outcome in ("failed", "passed"):
+        sink.write(results.Record(nodeid="x::again", name="again", outcome=outcome, seconds=1.0))
+    sink.write(results.Record(nodeid="x::once", name="once", outcome="failed", seconds=1.0))
+    latest = results.latest(results.read(tmp_path / "results.jsonl"))
+    assert {nodeid: r.outcome for nodeid, r in latest.items()} == {"x::again": "passed", "x::once": "failed"}
+
+
 def test_recorded_only_runs_the_cases_with_a_baseline_entry_and_keeps_the_absent_devices_cases(tmp_path):
     baselines = _copy_baselines(tmp_path)
     data = json.loads((baselines / "cpu.json").read_text())

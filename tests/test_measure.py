@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import statistics
 
 import numpy as np
 import pytest
@@ -110,12 +111,23 @@ def test_run_case_times_the_rounds_apart_from_warmup_and_reads_the_last_loss() -
             between()
             round_fn()
 
-    m = run_case(CPU_SMALL, RECIPES["fp32"], "cpu", warmup=2, rounds=3, steps_per_round=2, timed_loop=timed_loop)
+    # 3 warm-up steps: the 2 whose peak is tracked, and 1 more
+    m = run_case(CPU_SMALL, RECIPES["fp32"], "cpu", warmup=3, rounds=3, steps_per_round=2, timed_loop=timed_loop)
     assert calls == [3] and len(m.round_seconds) == 3
-    assert m.loss_step == 2 + 3 * 2
+    assert m.loss_step == 3 + 3 * 2
     assert m.tokens_per_step == 12 * 64
-    expected = Trainer(CPU_SMALL, RECIPES["fp32"], "cpu").run(8)[-1]  # same seed, same batches: bit-identical
+    # a round is 2 steps' tokens: tokens/s is their median rate
+    assert m.tokens_per_s == pytest.approx(2 * 12 * 64 / statistics.median(m.round_seconds), rel=1e-12)
+    expected = Trainer(CPU_SMALL, RECIPES["fp32"], "cpu").run(9)[-1]  # same seed, same batches: bit-identical
     assert m.loss == expected
+
+
+def test_a_case_says_whether_its_flops_are_the_analytic_count_or_the_ledgers() -> None:
+    """MFU is taken over the analytic FLOPs (6 x weights + attention) where the step's ledger counted exactly those,
+    and over the ledger's count where the step did more: checkpointing recomputes each block's forward in backward."""
+    plain = run_case(TINY, RECIPES["fp32"], "cpu", warmup=2, rounds=1, steps_per_round=1)
+    recomputed = run_case(TINY, RECIPES["checkpoint"], "cpu", warmup=2, rounds=1, steps_per_round=1)
+    assert (plain.flops_source, recomputed.flops_source) == ("analytic", "counted")
 
 
 def oom_at_step(monkeypatch: pytest.MonkeyPatch, n: int) -> None:

@@ -166,6 +166,28 @@ def test_a_missing_or_cut_shard_fails_and_is_named_and_foreign_logs_are_refused(
 
 
 @pytest.mark.slow  # reads the module's shards
+def test_shards_that_recorded_nothing_record_nothing_in_the_merge(one_and_three, tmp_path):
+    """The shards of a verify run judge against the baselines and record nothing: their merge records nothing
+    either, while the same logs as recorded (--update-baselines) give their four entries."""
+    import json
+
+    from gptcore.gate.merge import merge
+
+    _, shards_ = one_and_three
+    logs = [s / "run.jsonl" for s in shards_]
+    assert sorted(merge(logs, tmp_path).recorded) == sorted(
+        json.loads(line)["name"] for log in logs for line in log.read_text().splitlines()[1:]
+    )
+    verify = []
+    for k, log in enumerate(logs, 1):
+        plan, *lines = log.read_text().splitlines()
+        verify.append(tmp_path / f"verify-{k}.jsonl")
+        verify[-1].write_text("\n".join([plan, *(json.dumps(json.loads(x) | {"recorded": False}) for x in lines)]))
+    merged = merge(verify, tmp_path)
+    assert merged.recorded == {} and not merged.problems and "merged 3 of 3 shard(s): 4 case(s)" in merged.gate.notes
+
+
+@pytest.mark.slow  # reads the module's shards
 def test_the_shards_pytest_benchmark_runs_are_saved_as_one_run_that_history_reads(one_and_three, tmp_path):
     """What gpu.yml's merge job does with the shards' --benchmark-json: one saved run of the device, per commit, so
     that history and the next --benchmark-compare see every case at every commit whichever runner ran it."""

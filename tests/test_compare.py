@@ -17,7 +17,15 @@ import torch
 from gptcore.cli import main
 from gptcore.gate.checks import loss_check, memory_check
 from gptcore.gate.schema import Tolerances
-from gptcore.hunt.compare import CompareError, Options, keyword_match, run_driver, select_cases, write_driver
+from gptcore.hunt.compare import (
+    CompareError,
+    Options,
+    compare,
+    keyword_match,
+    run_driver,
+    select_cases,
+    write_driver,
+)
 from gptcore.hunt.significance import (
     FASTER,
     SAME,
@@ -355,6 +363,8 @@ def test_bad_input_is_one_line_and_exit_code_2(repo, tmp_path, monkeypatch, caps
     assert "GOOD 'HEAD' and BAD 'HEAD' are the same commit" in one_error_line(capsys)
     assert main(["compare", "HEAD", "-k", CASE, "--threshold", "2"]) == 2
     assert "--threshold" in one_error_line(capsys)
+    with pytest.raises(CompareError, match=r"^need rounds >= 1 and 0 <= threshold < 1, got 10, 2$"):
+        compare("HEAD", None, CASE, threshold=2)  # the API refuses it too, before any checkout
     elsewhere = tmp_path / "not-a-repo"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
@@ -505,6 +515,59 @@ def test_bisect_names_the_commit_that_planted_a_regression(repo, monkeypatch, ca
     assert f"{CASE}: peak memory" in out and "FAIL" in out
     assert git(repo, "worktree", "list").count("\n") == 0
     assert git(repo, "rev-parse", "HEAD") != bad_commit  # the user's checkout was not moved
+
+
+def test_compare_judges_b_against_a_with_the_tolerances_of_the_cases_precision():
+    """B is the change, A its reference: B hungrier fails, B leaner does not; a loss 1e-4 away (relative) is within a
+    bf16 case's tolerance (5e-4) and beyond an fp32 case's (1e-6); an infinite speed is as broken as a NaN one."""
+    from gptcore.gate.schema import Tolerances
+    from gptcore.hunt.compare import CaseResult, decide
+
+    def rounds(tokens: float = 1000.0, loss: float = 4.0, peak: int = 100_000) -> list[dict]:
+        return [{"tokens_per_s": tokens, "loss": loss, "loss_step": 2, "peak_memory": peak} for _ in range(3)]
+
+    def judged(precision: str, b: list[dict]) -> CaseResult:
+        return decide(CaseResult("c", "m", "r", precision, rounds(), b), 0.05, Tolerances.default_for("cpu"))
+
+    hungrier, leaner = judged("fp32", rounds(peak=120_000)), judged("fp32", rounds(peak=80_000))
+    assert hungrier.failed and hungrier.memory.delta == pytest.approx(0.2)
+    assert not leaner.failed and leaner.memory.delta == pytest.approx(-0.2)
+    assert judged("fp32", rounds(loss=4.0004)).loss.failed and not judged("bf16", rounds(loss=4.0004)).failed
+    assert judged("fp32", rounds(tokens=float("inf"))).error == "tokens/s not finite in B's rounds (the timing broke)"
+
+
+def test_bisect_judges_a_commits_loss_against_goods_only_at_the_same_step():
+    """A loss read at another step than GOOD's (the commit changed how many steps a case takes) measures another
+    point of training: it is not judged, and the check says why, where the same step's loss is judged exactly."""
+    from gptcore.hunt.bisection import _bad_by_exact
+
+    tol, good = Tolerances.default_for("cpu"), {"loss": 4.0, "loss_step": 15}
+    elsewhere = _bad_by_exact("loss", good, {"loss": 4.5, "loss_step": 16}, "fp32", tol)
+    assert not elsewhere.failed and elsewhere.note == "read at step 16, baseline at step 15"
+    assert _bad_by_exact("loss", good, {"loss": 4.5, "loss_step": 15}, "fp32", tol).failed
+
+
+def test_a_commit_that_cannot_run_the_case_is_skipped_by_bisect_not_called_good(tmp_path, monkeypatch):
+    """git bisect run reads exit code 125 as 'cannot test this commit': it skips it, where 0 would call a broken
+    commit good and move the search past the regression."""
+    from gptcore.hunt import bisection
+
+    log = tmp_path / "steps.jsonl"
+    spec = dict(good_tree=str(tmp_path), cases=[["cpu-small", "ckpt-fp32"]], metric="loss", rounds=1, threshold=0.05)
+    (tmp_path / "spec.json").write_text(json.dumps(spec | dict(options={}, good={}, log=str(log))))
+    monkeypatch.setattr(bisection, "git", lambda tree, *args: "f" * 40)
+
+    def cannot_run(*args):
+        raise bisection.DriverError("ModuleNotFoundError: No module named 'gptcore.memory'")
+
+    monkeypatch.setattr(bisection, "judge_commit", cannot_run)
+    assert bisection.bisect_step(str(tmp_path / "spec.json")) == 125
+    step = json.loads(log.read_text())
+    assert step == {
+        "sha": "f" * 40,
+        "bad": None,
+        "figures": {"error": "ModuleNotFoundError: No module named 'gptcore.memory'"},
+    }
 
 
 def test_a_nan_loss_or_a_nan_speed_in_a_round_is_a_failed_case_that_names_itself():

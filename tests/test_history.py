@@ -168,6 +168,11 @@ def test_an_exact_metric_steps_at_its_commit_and_hud_rule_names_it():
     assert history.exact_steps("case", "flops", points)[0].command() == "python -m gptcore compare c2 c3 -k case"
     loss = history.exact_steps("case", "loss@15", points)[0]
     assert loss.status == "changed" and loss.command().endswith("--metric loss")  # the gate fails either way
+    assert steps[1].command() is None  # suspicious: not yet a regression to hunt
+    leaner = [Point(f"c{i}", str(i), v) for i, v in enumerate([120, 120, 100, 100, 100])]
+    assert [(f.status, f.command()) for f in history.exact_steps("case", "peak memory", leaner)] == [
+        ("improvement", None)  # nothing to hunt
+    ]
 
 
 def test_an_exact_metrics_repeated_runs_count_once_and_a_moved_environment_is_named():
@@ -345,6 +350,29 @@ def test_json_and_markdown_keep_each_change_and_the_command_that_hunts_it(tmp_pa
     # the gate's markdown verdict carries the section when it is given (plugin: --gate-history)
     gate = SimpleNamespace(failures=[], regressions=[], rows=[], expected=SimpleNamespace(outcomes=[]))
     assert section in gate_markdown(gate, [], section) and section not in gate_markdown(gate, [])
+
+
+def test_the_markdown_table_escapes_what_would_break_its_cells():
+    """A note or a case id holding '|' would split a cell in two, and '[...]' would read as a link: escaped."""
+    from gptcore.hunt.findings import Finding, History, markdown
+
+    found = Finding(
+        "test_x[a|b]", "peak memory", "step", "c1", "c2", 20.0, 0.2, None, 3, "regression", note="torch 2.11 | 2.13"
+    )
+    section = markdown(History(findings=[found], series=1, runs=3, commits=["c0", "c1", "c2"]))
+    row = next(line for line in section.splitlines() if line.startswith("| test_x"))
+    assert row.replace("\\|", "").count("|") == 7  # the six cells' borders
+    assert row.startswith("| test_x\\[a\\|b\\] | peak memory |") and "(torch 2.11 \\| 2.13)" in row
+
+
+def test_the_markdown_lists_one_compare_for_work_counts_that_moved_at_one_commit():
+    from gptcore.hunt.findings import Finding, History, markdown
+
+    moved = [
+        Finding("test_x[c]", m, "step", "c1", "c2", 12.0, 0.1, None, 3, "regression") for m in ("flops", "op calls")
+    ]
+    section = markdown(History(findings=moved, series=2, runs=3, commits=["c0", "c1", "c2"]))
+    assert section.count("| regression (") == 2 and section.count("python -m gptcore compare c1 c2 -k c") == 1
 
 
 def test_the_html_history_marks_each_change_point_on_its_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

@@ -517,23 +517,30 @@ def test_bisect_names_the_commit_that_planted_a_regression(repo, monkeypatch, ca
     assert git(repo, "rev-parse", "HEAD") != bad_commit  # the user's checkout was not moved
 
 
+def driver_rounds(tokens: float = 1000.0, loss: float = 4.0, peak: int = 100_000) -> list[dict]:
+    """Three driver records of one side of a compared case, as ``decide`` reads them."""
+    return [{"tokens_per_s": tokens, "loss": loss, "loss_step": 2, "peak_memory": peak} for _ in range(3)]
+
+
 def test_compare_judges_b_against_a_with_the_tolerances_of_the_cases_precision():
     """B is the change, A its reference: B hungrier fails, B leaner does not; a loss 1e-4 away (relative) is within a
     bf16 case's tolerance (5e-4) and beyond an fp32 case's (1e-6); an infinite speed is as broken as a NaN one."""
     from gptcore.gate.schema import Tolerances
     from gptcore.hunt.compare import CaseResult, decide
 
-    def rounds(tokens: float = 1000.0, loss: float = 4.0, peak: int = 100_000) -> list[dict]:
-        return [{"tokens_per_s": tokens, "loss": loss, "loss_step": 2, "peak_memory": peak} for _ in range(3)]
-
     def judged(precision: str, b: list[dict]) -> CaseResult:
-        return decide(CaseResult("c", "m", "r", precision, rounds(), b), 0.05, Tolerances.default_for("cpu"))
+        return decide(CaseResult("c", "m", "r", precision, driver_rounds(), b), 0.05, Tolerances.default_for("cpu"))
 
-    hungrier, leaner = judged("fp32", rounds(peak=120_000)), judged("fp32", rounds(peak=80_000))
+    hungrier, leaner = judged("fp32", driver_rounds(peak=120_000)), judged("fp32", driver_rounds(peak=80_000))
     assert hungrier.failed and hungrier.memory.delta == pytest.approx(0.2)
     assert not leaner.failed and leaner.memory.delta == pytest.approx(-0.2)
-    assert judged("fp32", rounds(loss=4.0004)).loss.failed and not judged("bf16", rounds(loss=4.0004)).failed
-    assert judged("fp32", rounds(tokens=float("inf"))).error == "tokens/s not finite in B's rounds (the timing broke)"
+    assert (
+        judged("fp32", driver_rounds(loss=4.0004)).loss.failed and not judged("bf16", driver_rounds(loss=4.0004)).failed
+    )
+    assert (
+        judged("fp32", driver_rounds(tokens=float("inf"))).error
+        == "tokens/s not finite in B's rounds (the timing broke)"
+    )
 
 
 def test_bisect_judges_a_commits_loss_against_goods_only_at_the_same_step():
@@ -574,12 +581,13 @@ def test_a_nan_loss_or_a_nan_speed_in_a_round_is_a_failed_case_that_names_itself
     from gptcore.gate.schema import Tolerances
     from gptcore.hunt.compare import CaseResult, decide
 
-    def rounds(tokens: float, loss: float) -> list[dict]:
-        return [{"tokens_per_s": tokens, "loss": loss, "loss_step": 2, "peak_memory": 100} for _ in range(3)]
-
     tol = Tolerances.default_for("cpu")
-    diverged = decide(CaseResult("c", "m", "r", "fp32", rounds(1000.0, 4.0), rounds(1000.0, float("nan"))), 0.05, tol)
+    diverged = decide(
+        CaseResult("c", "m", "r", "fp32", driver_rounds(1000.0, 4.0), driver_rounds(1000.0, float("nan"))), 0.05, tol
+    )
     assert diverged.failed and diverged.loss.note == "the loss is NaN (the run diverged)"
-    broken = decide(CaseResult("c", "m", "r", "fp32", rounds(1000.0, 4.0), rounds(float("nan"), 4.0)), 0.05, tol)
+    broken = decide(
+        CaseResult("c", "m", "r", "fp32", driver_rounds(1000.0, 4.0), driver_rounds(float("nan"), 4.0)), 0.05, tol
+    )
     assert broken.failed and broken.speed is None
     assert broken.error == "tokens/s not finite in B's rounds (the timing broke)"

@@ -78,7 +78,8 @@ class Recipe:
     beta2: float = 0.99
     """AdamW's beta2 (nanoGPT char: 0.99; GPT-2: 0.95)."""
     weight_decay: float = 0.1
-    """Decoupled weight decay on 2-D weights only (biases, LayerNorm and embeddings' 1-D params are exempt)."""
+    """Weight decay on 2-D weights only (matrices and embeddings; biases and LayerNorms are exempt): decoupled in
+    AdamW; in SGD, torch's coupled L2 term (``weight_decay * param`` added to the gradient, before the momentum)."""
     momentum: float = 0.9
     """SGD momentum."""
     grad_clip: float | None = 1.0

@@ -228,12 +228,13 @@ def save(
     time: str | None = None,
     dirty: bool = False,
     torch: str = "2.13.0+cpu",
+    cpu_model: str | None = None,
 ) -> None:
     """A pytest-benchmark saved run of ``cases`` (name -> extra_info) at ``commit`` (committed at ``time``)."""
     folder.mkdir(parents=True, exist_ok=True)
     when = time or f"2026-11-{number:02d}T00:00:00+00:00"
     data = {
-        "machine_info": {"device_slug": slug, "torch": torch},
+        "machine_info": {"device_slug": slug, "torch": torch} | ({"cpu_model": cpu_model} if cpu_model else {}),
         "datetime": f"2026-11-{number:02d}T12:00:00",
         "commit_info": {"id": commit, "time": when, "dirty": dirty} if commit else {},
         "benchmarks": [{"name": name, "extra_info": info} for name, info in cases.items()],

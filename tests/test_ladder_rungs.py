@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 
 import pytest
 import torch
 
 from gptcore.config import Kernels, Recipe
 from gptcore.memory import estimate, resolve
-from gptcore.memory.fit import fit_batch, fitted
+from gptcore.memory.fit import device_memory, fit_batch, fitted
 from gptcore.presets import LADDER, MODELS, RECIPES
 from gptcore.training import kernels as kernels_module
 from gptcore.training.kernels import kernels_unsupported
@@ -68,6 +69,29 @@ def test_the_fused_loss_rung_fills_the_device_with_a_larger_batch():
     sequences in the same share of the device."""
     unfused, fused = (fitted(GPT2, RECIPES[name], "cuda", H200).batch_size for name in ("ladder-9", "ladder-10"))
     assert fused > 2 * unfused  # the logits and their loss are about half of ladder-9's estimated peak
+
+
+def test_a_share_of_1_fills_the_whole_device_and_more_is_refused():
+    """fit_memory's range is (0, 1]: the whole device is a share that can be asked for, both of ``fit_batch`` and of
+    ``estimate --fit``; over 1 or at 0 is refused in one line."""
+    cpu, recipe = MODELS["cpu-small"], Recipe()
+    whole = fit_batch(cpu, recipe, "cpu", 100_000_000, share=1.0)
+    assert whole.budget_bytes == 100_000_000 and whole.batch > fit_batch(cpu, recipe, "cpu", 100_000_000, 0.5).batch
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="fit_memory: a share in"):
+            fit_batch(cpu, recipe, "cpu", 100_000_000, share=bad)
+    args = ("estimate", "--model", "cpu-small", "--recipe", "fp32", "--device", "cpu", "--capacity", "100000000")
+    assert f"fit: batch {whole.batch} is the largest" in run_cli(*args, "--fit", "1").stdout
+    [line] = run_cli(*args, "--fit", "1.5").stderr.strip().splitlines()
+    assert "must be in (0, 1], got 1.5" in line
+
+
+def test_the_cpu_fills_the_hosts_physical_memory_not_what_is_free(monkeypatch: pytest.MonkeyPatch):
+    """On the CPU the batch fills the host's physical memory (page size x physical pages), not what is free at the
+    moment: that moves with every other process, and would make the fitted batch a property of the moment."""
+    pages = {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 1_000_000, "SC_AVPHYS_PAGES": 1_000}
+    monkeypatch.setattr(os, "sysconf", pages.__getitem__)
+    assert device_memory("cpu") == 4096 * 1_000_000
 
 
 def test_a_smallest_batch_just_over_the_budget_does_not_fit():

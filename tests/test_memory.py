@@ -341,6 +341,30 @@ def test_compile_and_cuda_only_switches_are_mapped_with_a_note_or_refused():
         resolve(CPU_SMALL, get_recipe("tf32"), device="cpu")
 
 
+def test_what_the_estimate_answers_in_place_of_the_recipe_is_said_in_a_note():
+    """A fit_memory recipe is answered at the batch given (gptcore.memory.fit chooses the batch), and sdpa with dropout
+    on the CPU as the math kernel it falls back to (T x T probabilities saved): each says so, and a question that
+    needs neither has no note."""
+    fit = resolve(get_model("gpt2"), get_recipe("ladder-9"))
+    assert fit.recipe.fit_memory is None
+    assert [n for n in fit.notes if n.startswith("fit_memory")] == [
+        "fit_memory 0.85: the batch given here (gptcore.memory.fit chooses it)"
+    ]
+    dropout, sdpa = dataclasses.replace(CPU_SMALL, dropout=0.1), Recipe(attention="sdpa")
+    [note] = resolve(dropout, sdpa, device="cpu").notes
+    assert note.startswith("dropout > 0 on the CPU: sdpa falls back to its math kernel")
+    assert resolve(dropout, sdpa, device="cuda").notes == resolve(CPU_SMALL, sdpa, device="cpu").notes == ()
+
+
+@pytest.mark.parametrize("precision, copied", [("fp32", False), ("bf16-pure", False), ("fp16", True), ("bf16", True)])
+def test_only_autocast_holds_weight_copies(precision, copied):
+    """Autocast's low-precision copies of the matmul weights are a state of fp16 and bf16 autocast only: fp32 has no
+    copy, and pure bf16's weights are already bf16 (``estimate`` prints them beside the bytes per parameter)."""
+    est = analytic(get_model("gpt2"), Recipe(precision=precision, attention="sdpa"))
+    assert (est.states["weight copies"] > 0) is copied
+    assert ("weight copies" in est.at_forward_end) is copied
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [(dict(device="tpu"), "device"), (dict(batch=0), "batch"), (dict(seq=-8), "seq"), (dict(batch=10), "divide")],

@@ -76,6 +76,40 @@ def test_additivity_is_the_interaction_term_in_percent_of_the_base_default() -> 
 def test_base_shape_is_the_one_the_others_extend() -> None:
     assert report.base_shape(["char-ctx2", "char", "char-embd2"]) == "char"
     assert report.base_shape(["x", "y"]) == "x"
+    assert report.base_shape(["charx", "char"]) == "charx"  # 'charx' is not 'char' extended: no base, the first
+
+
+def test_a_gpu_run_is_read_in_the_units_of_its_titles_and_other_benchmarks_are_left_out(tmp_path: Path) -> None:
+    """Bytes are read as MiB and the GPU busy seconds as ms, as the tables' titles say; a benchmark that is not a
+    gptcore case (no recipe name) is left out, and a value that is not a number (a boolean) is none."""
+    info = {
+        "model": "gpt2",
+        "recipe": "ladder-8",
+        "device": "cuda",
+        "peak_allocated_bytes": 3 * 2**20,
+        "peak_reserved_bytes": 5 * 2**20,
+        "gpu_busy_seconds": 0.0125,
+        "tokens_per_s": 400_000.0,
+        "loss": True,
+    }
+    other = {"model": "gpt2", "tokens_per_s": 1.0}  # another plugin's benchmark beside the gptcore cases
+    run = {"benchmarks": [{"name": "a", "group": "ladder", "extra_info": info}, {"name": "b", "extra_info": other}]}
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    [record] = report.load_run(tmp_path / "run.json")
+    assert record.values == {"memory": 3.0, "reserved": 5.0, "speed": 400_000.0, "busy": 12.5, "loss": None}
+
+
+def test_the_kernel_time_by_kind_lists_the_kinds_that_take_most_first() -> None:
+    """Columns in the order of their total time over the cases (a tie read by name), each cell ms and its share."""
+    split = {"a": {"other": 0.001, "gemm": 0.006, "attention": 0.003}, "b": {"gemm": 0.002, "attention": 0.004}}
+    records = [
+        report.Record("g", name, "gpt2", name, {}, {"gpu_kernel_seconds": kinds}) for name, kinds in split.items()
+    ]
+    header, _, first, second = report.kernel_kinds(records).splitlines()
+    assert header.split() == ["case", "(ms)", "gemm", "attention", "other"]
+    assert first.split() == ["a", "6.00", "(60%)", "3.00", "(30%)", "1.00", "(10%)"]
+    assert second.split() == ["b", "2.00", "(33%)", "4.00", "(67%)", "—"]
+    assert report.kernel_kinds(records[:0]) is None
 
 
 def test_cli_report_prints_the_three_tables_per_metric(capsys: pytest.CaptureFixture) -> None:
@@ -274,6 +308,9 @@ def test_busy_flag_only_below_the_cpu_share_threshold(tmp_path: Path) -> None:
     records = report.load_run(tmp_path / "run.json")
     assert [r.busy for r in records[:2]] == [False, True]
     assert f"busy: tokens/s of {records[1].name}," in report.render(records)  # the text report flags it too
+    # the flag is for tokens/s measured on the CPU: a GPU case is not flagged by its host process.s CPU share
+    assert not report.recorded_busy({"device": "cuda", "cpu_share": 0.2})
+    assert report.recorded_busy({"device": "cpu", "cpu_share": 0.2}) and not report.recorded_busy({"device": "cpu"})
 
 
 def test_memory_breakdown_is_the_estimate_the_gate_recorded() -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,64 @@ def test_a_missing_or_empty_folder_is_one_line(tmp_path: Path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="no saved pytest-benchmark run"):
         load_history(tmp_path / "empty")
+
+
+def test_commits_with_one_commit_time_come_in_the_order_each_first_ran(tmp_path: Path):
+    """Two commits made in the same second (a rebase, a merge) are placed by the first run of each: x ran first
+    and again last, y in between, so x's two runs come first, together."""
+    machine, same = tmp_path / "cpu" / "m", "2026-11-10T00:00:00+00:00"
+    figures = {CASE: {"device": "cpu", "peak_allocated_bytes": 1000}}
+    for number, commit in ((1, "x"), (2, "y"), (3, "x")):
+        save(machine, number, commit * 40, figures, time=same)
+    runs = storage.read(tmp_path).runs
+    assert [(r.commit[0], r.number) for r in runs] == [("x", "0001"), ("x", "0003"), ("y", "0002")]
+
+
+def test_a_run_whose_commit_has_no_time_is_placed_by_when_it_ran(tmp_path: Path):
+    """A saved run whose commit_info has no time (a shallow clone's) goes where it ran, not first: b ran on the 5th,
+    between a (committed on the 1st) and c (committed on the 7th)."""
+    machine = tmp_path / "cpu" / "m"
+    figures = {CASE: {"device": "cpu", "peak_allocated_bytes": 1000}}
+    save(machine, 1, "a" * 40, figures)
+    save(machine, 5, "b" * 40, figures)
+    save(machine, 7, "c" * 40, figures)
+    [b] = machine.glob("0005_*.json")
+    data = json.loads(b.read_text())
+    del data["commit_info"]["time"]
+    b.write_text(json.dumps(data))
+    assert [r.commit[0] for r in storage.read(tmp_path).runs] == ["a", "b", "c"]
+
+
+def test_a_change_of_cpu_model_at_a_step_is_named_with_it(tmp_path: Path):
+    """What else could move a figure between two runs, as machine_info records it: torch's version and the CPU model.
+    A step where the CPU model changed (the runner moved from Zen 3 to Zen 4) says so."""
+    machine = tmp_path / "cpu" / "m"
+    zen3, zen4 = "AMD EPYC (family 25, model 1)", "AMD EPYC (family 25, model 17)"
+    for number in range(1, 7):
+        peak, cpu = (1000, zen3) if number < 4 else (1100, zen4)
+        save(machine, number, str(number) * 40, {CASE: {"device": "cpu", "peak_allocated_bytes": peak}}, cpu_model=cpu)
+    saved = storage.read(tmp_path)
+    assert saved.runs[0].env == {"torch": "2.13.0+cpu", "cpu_model": zen3}
+    [step] = history.analyse(tmp_path).findings
+    assert step.note.endswith(f"; cpu_model {zen3} -> {zen4} between these runs"), step.note
+
+
+def test_what_a_run_saves_of_its_machine_is_what_the_reader_compares(tmp_path: Path):
+    """pytest-benchmark's machine_info, as the plugin completes it, holds torch's version, the CPU model (family and
+    model numbers included) and the device: the figures a history names when they move between runs."""
+    from gptcore import identity
+    from gptcore.plugin.end import update_machine_info
+
+    info: dict = {}
+    update_machine_info(info)
+    assert (info["torch"], info["cpu_model"], info["device_slug"]) == (
+        identity.torch_version(),
+        identity.cpu_model(),
+        identity.session_slug(),
+    )
+    machine = tmp_path / "cpu" / "m"
+    save(machine, 1, "a" * 40, {CASE: {"device": "cpu", "peak_allocated_bytes": 1000}})
+    [path] = machine.glob("*.json")
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"machine_info": info}))
+    [run] = storage.read(tmp_path).runs
+    assert run.env == {"torch": info["torch"], "cpu_model": info["cpu_model"]} and run.device == info["device_slug"]

@@ -19,7 +19,15 @@ if TYPE_CHECKING:
     from gptcore.gate.expectations import EffectResult
     from gptcore.gate.session import Gate, Row
 
-__all__ = ["CONVERGENCE", "PAYS", "convergence_table", "expectations_table", "gate_markdown", "gate_table"]
+__all__ = [
+    "CONVERGENCE",
+    "PAYS",
+    "convergence_table",
+    "expectations_table",
+    "gate_markdown",
+    "gate_table",
+    "md_escape",
+]
 
 CONVERGENCE = "does it still learn (convergence runs: validation loss and time-to-loss)"
 PAYS = "does each optimization still pay (expected effects, judged within this run)"
@@ -43,9 +51,9 @@ def gate_markdown(gate: Gate, notes: Sequence[str], history: str = "") -> str:
     verdict = f"FAIL: {len(failures)} failure(s)" if failures else "ok"
     out = [f"## gptcore benchmark gate: {verdict} ({len(gate.rows)} case{'s' if len(gate.rows) != 1 else ''})", ""]
     torch = next((n for n in notes if n.startswith(TORCH_LINE)), None)  # at the top, not folded away with the notes
-    out += [_md_escape(torch), ""] if torch else []
+    out += [md_escape(torch), ""] if torch else []
     if failures:
-        out += ["### Failing", "", *(f"- {_md_escape(line)}" for line in failures), ""]
+        out += ["### Failing", "", *(f"- {md_escape(line)}" for line in failures), ""]
     out += ["### Cases", "", gate_table(gate.rows, tablefmt="github"), ""]
     if any(r.measured and r.measured.convergence for r in gate.rows):
         out += [f"### {CONVERGENCE[0].upper()}{CONVERGENCE[1:]}", "", convergence_table(gate.rows, "github"), ""]
@@ -55,12 +63,13 @@ def gate_markdown(gate: Gate, notes: Sequence[str], history: str = "") -> str:
         out.append(history)
     rest = [n for n in notes if not n.startswith("FAIL") and n != torch]
     if rest:
-        out += ["<details><summary>notes</summary>", "", *(f"- {_md_escape(n)}" for n in rest), "", "</details>", ""]
+        out += ["<details><summary>notes</summary>", "", *(f"- {md_escape(n)}" for n in rest), "", "</details>", ""]
     return "\n".join(out) + "\n"
 
 
-def _md_escape(text: str) -> str:
-    """Text safe in a markdown list item or table cell ([, ], | and * are markdown)."""
+def md_escape(text: str) -> str:
+    """Text safe in a markdown list item or table cell ([, ], | and * are markdown): the gate's verdict and
+    history's section (gptcore.hunt.findings) escape alike."""
     return text.replace("|", "\\|").replace("[", "\\[").replace("]", "\\]").replace("*", "\\*")
 
 
@@ -146,7 +155,7 @@ def gate_table(rows: Sequence[Row], tablefmt: str = "simple") -> str:
         "verdict",
     ]
     if tablefmt == "github":
-        table = [[_md_escape(cell) for cell in line] for line in table]
+        table = [[md_escape(cell) for cell in line] for line in table]
     return tabulate(table, headers=headers, disable_numparse=True, stralign="right", tablefmt=tablefmt)
 
 
@@ -189,7 +198,7 @@ def convergence_table(rows: Sequence[Row], tablefmt: str = "simple") -> str:
         "verdict",
     ]
     if tablefmt == "github":
-        table = [[_md_escape(cell) for cell in line] for line in table]
+        table = [[md_escape(cell) for cell in line] for line in table]
     return tabulate(table, headers=headers, disable_numparse=True, stralign="right", tablefmt=tablefmt)
 
 
@@ -198,7 +207,7 @@ def expectations_table(outcomes: Sequence[EffectResult], tablefmt: str = "simple
     estimate's prediction for memory) and the status."""
     rows = [[o.model, o.claim, o.measured, o.expected, o.status] for o in outcomes]
     if tablefmt == "github":
-        rows = [[_md_escape(cell) for cell in row] for row in rows]
+        rows = [[md_escape(cell) for cell in row] for row in rows]
     return tabulate(
         rows,
         headers=["model", "expected effect", "measured", "bound", "status"],

@@ -8,6 +8,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from gptcore.gate.rules import non_finite
+from gptcore.gate.summary import md_escape
 from gptcore.hunt.changepoints import MIN_STEP
 
 WORSE = {"tokens/s": "lower"}
@@ -120,10 +121,6 @@ class History:
         }
 
 
-def _md(text: str) -> str:
-    return text.replace("|", "\\|").replace("[", "\\[").replace("]", "\\]")
-
-
 def markdown(history: History) -> str:
     """The "Change points in history" section of the markdown verdict: a table of the findings, then the command
     that hunts each regression."""
@@ -140,8 +137,8 @@ def markdown(history: History) -> str:
         ]
         for f in history.findings:
             out.append(
-                f"| {_md(f.case)} | {f.metric} | {f.size()} | {f.before[:7]}..{f.after[:7]} | "
-                f"{'exact' if f.p is None else f'p {f.p:.1e}'} | {f.status} ({_md(f.note)}) |"
+                f"| {md_escape(f.case)} | {f.metric} | {f.size()} | {f.before[:7]}..{f.after[:7]} | "
+                f"{'exact' if f.p is None else f'p {f.p:.1e}'} | {f.status} ({md_escape(f.note)}) |"
             )
         hunts = list(dict.fromkeys(f.command() for f in history.findings if f.command()))
         if hunts:
@@ -151,7 +148,7 @@ def markdown(history: History) -> str:
             "",
             f"<details><summary>left out ({len(history.skipped)})</summary>",
             "",
-            *(f"- {_md(line)}" for line in history.skipped),
+            *(f"- {md_escape(line)}" for line in history.skipped),
             "",
             "</details>",
         ]

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from gptcore.cli import main
+from gptcore.config import Recipe
 from gptcore.presets import MODELS, RECIPES, RENAMED_RECIPES
 from gptcore.training.trainer import Trainer
 from tests.helpers import run_cli
@@ -223,6 +224,28 @@ def test_estimate_takes_set_like_train(capsys):
     with_set = capsys.readouterr().out.split("\n", 1)[1]
     assert main(["estimate", "--model", "cpu-small", "--device", "cpu", "--recipe", "checkpoint"]) == 0
     assert capsys.readouterr().out.split("\n", 1)[1] == with_set  # same numbers; only the title differs
+    assert main(["estimate", "--model", "cpu-small", "--device", "cpu", "--checkpoint"]) == 0
+    flag = capsys.readouterr().out.split("\n", 1)
+    assert flag[1] == with_set and flag[0].startswith("cpu-small / fp32 + checkpoint on cpu")  # --checkpoint: the same
+
+
+def test_estimate_fits_the_batch_at_the_sequence_length_asked_and_refuses_a_batch_beside_a_fit():
+    """--fit chooses the batch for the --seq given (a longer sequence fits fewer), so --batch with it is refused."""
+    from gptcore.memory.fit import fit_batch
+
+    cfg, capacity = MODELS["cpu-small"], 100_000_000
+    fits = {
+        seq: fit_batch(dataclasses.replace(cfg, block_size=seq), Recipe(), "cpu", capacity, 0.5).batch
+        for seq in (64, 256)
+    }
+    assert fits[64] > fits[256]
+    for seq, batch in fits.items():
+        args = ["--device", "cpu", "--capacity", str(capacity), "--fit", "0.5", "--seq", str(seq)]
+        out = run_cli("estimate", "--model", "cpu-small", *args).stdout
+        assert f"batch {batch}, seq {seq}" in out and f"fit: batch {batch} is the largest" in out
+    done = run_cli("estimate", "--model", "cpu-small", "--device", "cpu", "--fit", "0.5", "--batch", "8")
+    [line] = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and "--batch and --fit (or a recipe's fit_memory) both choose the batch" in line
 
 
 def test_an_interpreter_given_relative_to_the_cwd_is_made_absolute_but_not_resolved(tmp_path, monkeypatch):

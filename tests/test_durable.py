@@ -263,3 +263,27 @@ def test_recorded_only_runs_the_cases_with_a_baseline_entry_and_keeps_the_absent
         f"{len(STUDIES['ladder'].recipes)} skipped" in ladder.stdout  # the rungs and FP8 beside them
         and "deselected" not in ladder.stdout.split("gptcore benchmark gate")[0]
     )
+
+
+def test_a_commit_with_changes_to_tracked_files_is_marked_dirty_and_untracked_files_are_not_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a baseline records as its commit: HEAD's sha; '+dirty' once a tracked file differs from it, since its
+    figures are then not that commit's. A file git does not track (a results log, a build folder) changes nothing
+    that was measured, and does not mark it."""
+    monkeypatch.delenv(identity.COMMIT_ENV, raising=False)
+
+    def git(*args: str) -> str:
+        command = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", *args]
+        return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, check=True).stdout.strip()
+
+    assert identity.git_commit(tmp_path) is None  # not a git checkout
+    git("init", "-q")
+    (tmp_path / "model.py").write_text("a = 1\n")
+    git("add", "model.py")
+    git("commit", "-q", "-m", "one")
+    sha = git("rev-parse", "HEAD")
+    (tmp_path / "results.jsonl").write_text("{}\n")
+    assert identity.git_commit(tmp_path) == sha
+    (tmp_path / "model.py").write_text("a = 2\n")
+    assert identity.git_commit(tmp_path) == f"{sha}+dirty"

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -264,12 +265,37 @@ def test_a_verdict_file_that_cannot_be_written_stops_the_run_before_the_first_ca
         (("--bench-steps", "0"), "--bench-steps: 0 is out of range (at least 1)"),
         (("--bench-warmup", "-1"), "--bench-warmup: -1 is out of range (at least 0)"),
         (("--deadline", "nan"), "--deadline: nan is not a positive number of seconds"),
+        # recording the losses alone and recording whole entries are two runs: together one would undo the other
+        (("--update-baselines", "--update-loss-references"), "--update-baselines and --update-loss-references: choose"),
     ],
 )
 def test_an_option_out_of_range_stops_the_run_before_the_first_case(run, args, message) -> None:
     result = run(None, *args)
     _assert_usage_error(result, message)
     assert "passed" not in result.stdout.str()
+
+
+def test_each_tolerance_option_sets_the_tolerances_it_names(tmp_path: Path) -> None:
+    """--loss-tol is every loss tolerance: fp32 and autocast, this CPU model's and another's (a run on another CPU
+    model is held to its own bound); each option sets fields that Tolerances has, so none is dropped unread."""
+    from gptcore.gate.schema import Tolerances
+    from gptcore.plugin.start import gate_from_config
+
+    given = {"mem_tol": 0.1, "speed_tol": 0.2, "busy_tol": 0.3, "loss_tol": 0.4, "baselines_dir": str(tmp_path)}
+    config = SimpleNamespace(
+        getoption=lambda name: given.get(name), invocation_params=SimpleNamespace(args=()), rootpath=tmp_path
+    )
+    overrides = gate_from_config(config, []).overrides
+    assert overrides == {
+        "memory": 0.1,
+        "speed": 0.2,
+        "gpu_busy": 0.3,
+        "loss": 0.4,
+        "loss_amp": 0.4,
+        "loss_other_cpu": 0.4,
+        "loss_amp_other_cpu": 0.4,
+    }
+    assert set(overrides) <= {f.name for f in dataclasses.fields(Tolerances)}
 
 
 def test_a_baseline_file_that_is_not_text_is_a_clear_error(run, tmp_path: Path) -> None:
@@ -549,7 +575,9 @@ def test_what_an_earlier_case_left_allocated_is_named_under_the_end_table(tmp_pa
 
 
 def test_slug_of_a_cuda_device_name() -> None:
+    """Lowercase, each run of other characters one '-', none at either end (no 'nvidia-gh200-480gb-.json')."""
     assert identity.slugify("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    assert identity.slugify(" NVIDIA GH200 (480GB) ") == "nvidia-gh200-480gb"
     assert identity.slugify("NVIDIA A100-SXM4-40GB") == "nvidia-a100-sxm4-40gb"
     assert identity.device_slug("cpu") == "cpu"
 

@@ -739,3 +739,17 @@ def test_the_synthetic_gpu_history_of_the_doc_prints_what_the_doc_shows(tmp_path
     ids = [hashlib.sha1(f"commit {i}".encode()).hexdigest()[:12] for i in range(30)]
     assert f"between {ids[18]} and {ids[19]}" in printed  # the memory step at commit 19
     assert f"between {ids[9]} and {ids[15]}" in printed  # the creep's stretch holds commits 12-14
+
+
+def test_a_creep_alone_fails_the_history_command(tmp_path: Path, capsys):
+    """A slowdown of 1% a commit over 6 commits (6% against tokens/s' 5% tolerance), and no step: `history` exits 1
+    on the creep as it does on a regression (CI's history job fails on it). tokens/s is a GPU case's series."""
+    from gptcore.cli import main
+
+    runs = tmp_path / "runs" / "Linux-CPython-3.11-64bit"
+    for i, point in enumerate(series(50, 0.006, creep=(20, -0.01, 6), seed=3), 1):
+        figures = {"device": "cuda", "tokens_per_s": point.value}
+        save(runs, i, point.commit, {"test_x[c]": figures}, slug="nvidia-h200", time=f"2026-11-01T00:{i:02d}:00Z")
+    assert main(["history", "--storage", str(tmp_path / "runs")]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.rsplit(": ", 1)[-1] for line in lines if line.startswith("test_x[c]")] == ["creeping"], lines

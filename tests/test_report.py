@@ -440,6 +440,12 @@ def test_gate_says_where_pytest_benchmark_history_is_when_it_split_the_storage(m
         option=SimpleNamespace(benchmark_storage="file://x"),
     )
     assert plugin._split_storage_per_device(given) is None  # the user's storage: left alone, no note
+    default = SimpleNamespace(
+        invocation_params=SimpleNamespace(args=("--benchmark-storage", plugin.PLUGIN_DEFAULT_STORAGE)),
+        option=SimpleNamespace(benchmark_storage=plugin.PLUGIN_DEFAULT_STORAGE),
+    )
+    assert plugin._split_storage_per_device(default) is None  # given, even as the default's value: the user's
+    assert default.option.benchmark_storage == plugin.PLUGIN_DEFAULT_STORAGE
     g = gate.Gate(
         directory=Path("baselines"),
         update=False,

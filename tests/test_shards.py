@@ -323,6 +323,24 @@ def test_a_pytest_benchmark_json_of_the_wrong_shape_is_refused_naming_what_it_la
     assert str(refused.value) == f"{path}: not a pytest-benchmark JSON ({message})"
 
 
+def test_a_resumed_shards_log_keeps_its_first_plan_and_only_that(tmp_path):
+    """A shard's job killed at its limit and resumed appends to the same log: the plan stays the one line at its
+    start, the plan the shard began with (the merge reads that one), and the records follow it."""
+    import json
+
+    from gptcore.gate import results
+
+    log = results.ResultsLog(tmp_path / "run.jsonl")
+    first, resumed = results.Plan((1, 2), ["a", "b"], "cpu", "c0"), results.Plan((1, 2), ["b"], "cpu", "c1")
+    log.write_plan(first)
+    with open(log.path, "a") as out:  # a case's record, as the first job wrote it before it was killed
+        out.write(json.dumps({"nodeid": "a"}) + "\n")
+    log.write_plan(resumed)
+    lines = (tmp_path / "run.jsonl").read_text().splitlines()
+    assert [("plan" in json.loads(line)) for line in lines] == [True, False]
+    assert results.read_plan(tmp_path / "run.jsonl") == first
+
+
 WHOLE = ROOT / "tests" / "data" / "whole-tier-shards"
 """The CPU tier (37 cases) run once (one.jsonl) and as three shards (shard-K.jsonl), one after another on one machine
 at 2607fdd (AMD EPYC family 25 model 1, torch 2.13.0+cpu: docs/gate.md), with the baselines both were judged against

@@ -247,3 +247,61 @@ def test_a_case_needing_more_gpus_than_the_machine_has_is_planned_as_skipped(mon
     assert (two.seconds, two.source) == (0.0, "skipped: needs 2 GPUs")
     assert plan.estimate(item("cuda", 1), {}).seconds > 0
     assert plan.estimate(item("cpu", 2), {}).seconds > 0
+
+
+def test_the_planned_time_is_the_closed_form_of_its_stated_assumptions():
+    """gate/plan.py's assumptions, each as arithmetic: compile's 30 s plus 1 s a block (one block when regional, plus
+    AUTOTUNE_SECONDS when autotuned); world ranks share the global batch; the steps run are the warm-up, the timed
+    rounds' (or up to the ledger's loss step when later) and the ledger's, plus the CPU's tracked pass for an eager
+    recipe; a fitted batch's step is as much longer as the batch; a results log's time x HISTORY_MARGIN comes
+    before the baseline's and before any assumption; --bench-rounds is planned as it will run."""
+    from types import SimpleNamespace
+
+    from gptcore.config import Schedule, Timing
+    from gptcore.memory.fit import fitted
+
+    gpt2, top = MODELS["gpt2"], RECIPES["ladder-8"]
+    assert plan.compile_seconds(gpt2, top) == 30 + 12
+    assert plan.compile_seconds(gpt2, dataclasses.replace(top, compile_scope="blocks")) == 30 + 1
+    tuned = dataclasses.replace(top, compile_mode="max-autotune-no-cudagraphs")
+    assert plan.compile_seconds(gpt2, tuned) == 30 + 12 + plan.AUTOTUNE_SECONDS
+    fp32, tf32 = (plan.step_seconds(gpt2, dataclasses.replace(top, precision=p), "cuda") for p in ("fp32", "tf32"))
+    assert tf32 == pytest.approx(fp32 * 67.0 / 494.7)  # TF32 on tensor cores: the H100 SXM's 494.7 TFLOP/s, not 67
+    assert plan.step_seconds(gpt2, RECIPES["ddp"], "cuda", world=2) == pytest.approx(
+        plan.step_seconds(gpt2, RECIPES["ddp"], "cuda") / 2
+    )
+    step, setup, tracked = (
+        plan.step_seconds(MODELS["cpu-small"], RECIPES["fp32"], "cpu"),
+        1.0,
+        2 * plan.TRACKED_PASS_COST,
+    )
+    counts = dict(warmup=2, rounds=3, steps_per_round=2)
+    assert plan.case_seconds("cpu-small", "fp32", "cpu", **counts) == pytest.approx(
+        setup + (2 + 6 + 1 + tracked) * step
+    )
+    late = plan.case_seconds("cpu-small", "fp32", "cpu", **counts, loss_step=20)
+    assert late == pytest.approx(setup + (20 + 1 + tracked) * step)
+    compiled = plan.step_seconds(MODELS["cpu-small"], top, "cpu")
+    assert plan.case_seconds("cpu-small", "ladder-8", "cpu", **counts) == pytest.approx(
+        setup + plan.compile_seconds(MODELS["cpu-small"], top) + (2 + 6 + 1) * compiled  # no tracked pass
+    )
+    batch = fitted(gpt2, RECIPES["ladder-9"], "cuda", plan.PLAN_MEMORY_BYTES).batch_size
+    steps = {
+        name: plan.case_seconds("gpt2", name, "cuda", **counts) - 5.0 - (30 + 12) for name in ("ladder-8", "ladder-9")
+    }
+    assert steps["ladder-9"] == pytest.approx(steps["ladder-8"] * batch / gpt2.batch_size)
+    run = Schedule(
+        steps=100, eval_every=50, eval_batches=6
+    )  # evaluations at 0, 50 and 100: a forward a third of a step
+    assert len(run.eval_steps) == 3
+    trained = plan.case_seconds("cpu-small", "fp32", "cpu", schedule=run)
+    assert trained == pytest.approx(setup + (100 + 3 * 6 / 3) * step)
+    params = {"model": "cpu-small", "recipe": "fp32", "device": "cpu"}
+    item = SimpleNamespace(nodeid="bench/x.py::x[cpu-small-fp32]", name="x[cpu-small-fp32]",
+                           callspec=SimpleNamespace(params=params), module=SimpleNamespace(STUDY=None,
+                           TIMING=Timing(warmup=2, rounds=3, steps_per_round=2)))  # fmt: skip
+    logged = plan.estimate(item, {item.nodeid: 100.0}, baseline_seconds=50.0)
+    assert (logged.seconds, logged.source) == (pytest.approx(115.0), "results log")
+    assert plan.estimate(item, {}, baseline_seconds=50.0).seconds == pytest.approx(57.5)
+    five = plan.estimate(item, {}, (None, 5, None))
+    assert (five.seconds, five.source) == (pytest.approx(setup + (2 + 10 + 1 + tracked) * step), "assumed")

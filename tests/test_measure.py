@@ -28,25 +28,34 @@ CPU_SMALL = MODELS["cpu-small"]
 CHECKPOINTED = dataclasses.replace(RECIPES["fp32"], checkpoint=True)
 
 
-@pytest.mark.parametrize(
-    ("name", "precision", "tflops"),
-    [
-        ("NVIDIA H100 80GB HBM3", "bf16", 989.4),
-        ("NVIDIA H100 80GB HBM3", "fp32", 67.0),
-        ("NVIDIA H100 PCIe", "tf32", 378.0),
-        ("NVIDIA H100 NVL", "fp16", 835.5),
-        ("NVIDIA H200", "bf16-pure", 989.4),
-        ("NVIDIA A100-SXM4-40GB", "fp32", 19.5),
-        ("NVIDIA A100 80GB PCIe", "bf16", 312.0),
-        ("NVIDIA L4", "bf16", 121.0),
-        ("NVIDIA L40S", "tf32", 183.0),
-        ("NVIDIA GeForce RTX 4090", "fp16", 165.2),
-        ("NVIDIA A10G", "bf16", 140.0),
-        ("NVIDIA A10", "bf16", 125.0),
-    ],
-)
+KNOWN_GPUS = [
+    ("NVIDIA H100 80GB HBM3", "bf16", 989.4),
+    ("NVIDIA H100 80GB HBM3", "fp32", 67.0),
+    ("NVIDIA H100 PCIe", "tf32", 378.0),
+    ("NVIDIA H100 NVL", "fp16", 835.5),
+    ("NVIDIA H200", "bf16-pure", 989.4),
+    ("NVIDIA H200 NVL", "bf16", 835.5),
+    ("NVIDIA A100-SXM4-40GB", "fp32", 19.5),
+    ("NVIDIA A100 80GB PCIe", "bf16", 312.0),
+    ("NVIDIA L4", "bf16", 121.0),
+    ("NVIDIA L40S", "tf32", 183.0),
+    ("NVIDIA L40", "fp16", 181.0),
+    ("NVIDIA GeForce RTX 4090", "fp16", 165.2),
+    ("NVIDIA A10G", "bf16", 140.0),
+    ("NVIDIA A10", "bf16", 125.0),
+]
+"""(torch.cuda.get_device_name, a recipe precision, its dense peak TFLOP/s)."""
+
+
+@pytest.mark.parametrize(("name", "precision", "tflops"), KNOWN_GPUS)
 def test_known_gpu_gets_the_peak_of_its_precision(name: str, precision: str, tflops: float) -> None:
     assert peak_flops(name, precision) == pytest.approx(tflops * 1e12)
+
+
+def test_every_gpu_of_the_peak_table_is_reached_by_its_device_name() -> None:
+    """Each row of PEAK_TFLOPS is some device's: the names above reach every one (a pattern shadowed by an earlier
+    one, 'l4' before 'l40s', would leave its row unreachable and give that GPU another's peak)."""
+    assert {timing.gpu_key(name) for name, _, _ in KNOWN_GPUS} == set(timing.PEAK_TFLOPS)
 
 
 @pytest.mark.parametrize("name", ["Tesla T4", "NVIDIA GeForce GTX 1080", "AMD Instinct MI300X", "NVIDIA B200"])

@@ -161,6 +161,11 @@ def test_a_missing_or_cut_shard_fails_and_is_named_and_foreign_logs_are_refused(
     foreign = merge_cli(str(other), str(logs[1]), str(logs[2]))
     assert foreign.returncode == 2 and foreign.stderr.count("\n") == 1 and "Traceback" not in foreign.stderr
     assert "logs of different commits" in foreign.stderr
+    plan["plan"].update(commit=json.loads(lines[0])["plan"]["commit"], slug="nvidia-h100-80gb-hbm3")
+    other.write_text(json.dumps(plan) + "\n" + "\n".join(lines[1:]) + "\n")
+    assert "logs of different devices" in merge_cli(str(other), str(logs[1]), str(logs[2])).stderr
+    again = merge_cli(str(logs[0]), str(logs[0]), str(logs[2]))  # shard 1 given twice, shard 2 not at all
+    assert again.returncode == 2 and f"{logs[0]} and {logs[0]}: both are shard 1 of 3" in again.stderr
     alone = merge_cli(str(one / "run.jsonl"))
     assert alone.returncode == 2 and "not a shard's results log" in alone.stderr
 
@@ -204,11 +209,12 @@ def test_the_shards_pytest_benchmark_runs_are_saved_as_one_run_that_history_read
     for k, shard in enumerate(shards_, 1):  # as written in a checkout at commit aaaa... (these ran outside git)
         run = json.loads((shard / "bench.json").read_text())
         run["commit_info"].update(id="a" * 40, dirty=False)
+        run["datetime"] = f"2026-11-{24 - k}T10:00:00"  # started in parallel: shard 3 first, on the 21st
         jsons.append(tmp_path / f"shard-{k}.json")
         jsons[-1].write_text(json.dumps(run))
     where = tmp_path / "storage"
     first = save_run(jsons, where, plan)
-    assert first.parent.parent == where / "cpu" and first.name.startswith("0001_" + "a" * 40 + "_")
+    assert first.parent.parent == where / "cpu" and first.name == "0001_" + "a" * 40 + "_20261121_100000.json"
     saved = storage.read(where)
     [run] = saved.runs
     assert run.commit == "a" * 40 and saved.device == "cpu"
@@ -223,6 +229,14 @@ def test_the_shards_pytest_benchmark_runs_are_saved_as_one_run_that_history_read
     with pytest.raises(MergeError, match="not the shards' cpu at bbbb"):
         save_run(jsons, where, dataclasses.replace(plan, commit="b" * 40))
     assert len(storage.read(where).runs) == 2  # a refused run writes nothing
+    dirty = []  # the same shards run from uncommitted changes: the plan's commit has '+dirty', their JSON the flag
+    for k, path in enumerate(jsons, 1):
+        run = json.loads(path.read_text())
+        run["commit_info"]["dirty"] = True
+        dirty.append(tmp_path / f"dirty-{k}.json")
+        dirty[-1].write_text(json.dumps(run))
+    saved_dirty = save_run(dirty, where, dataclasses.replace(plan, commit="a" * 40 + "+dirty"))
+    assert saved_dirty.name.startswith("0003_" + "a" * 40 + "_") and saved_dirty.stem.endswith("_uncommitted-changes")
 
 
 def shard_log(path: Path, plan: dict | None = None, record: dict | None = None) -> Path:
@@ -259,6 +273,26 @@ def test_a_shard_log_of_the_wrong_shape_is_one_line_naming_the_file_and_the_fiel
     assert merged.returncode == 2 and "Traceback" not in merged.stderr, merged.stdout + merged.stderr
     assert merged.stderr.count("\n") == 1 and str(log) in merged.stderr and message in merged.stderr, merged.stderr
     assert list(tmp_path.iterdir()) == [log]  # nothing recorded
+
+
+def test_the_merge_fails_a_case_that_failed_without_a_line_and_judges_the_expected_effects_itself(tmp_path):
+    """A case whose test failed outside the gate (an exception, a timeout) has no failure line of its own: the merge
+    fails it by its reason. A shard's 'expected effect not met' lines are not taken: each shard saw part of the run,
+    and the merge judges the effects again over the whole of it. What it records carries shard 1's versions."""
+    from gptcore.gate.merge import NOT_MET, merge
+
+    failed = shard_log(tmp_path / "failed.jsonl", record={"outcome": "failed", "reason": "RuntimeError: planted"})
+    assert merge([failed], tmp_path).gate.failures == ["test_x[a]: RuntimeError: planted"]
+    partial = shard_log(tmp_path / "partial.jsonl", record={"failures": [f"test_x[a]{NOT_MET}a shard's own view"]})
+    merged = merge([partial], tmp_path)
+    assert merged.gate.failures == [] and not merged.failed
+    # the recorded entries carry shard 1's device and versions, in whatever order the logs are given
+    first, second = (
+        shard_log(tmp_path / f"{k}.jsonl", {"shard": [k, 2], "recording": {"torch_version": torch}}, {"nodeid": f"{k}"})
+        for k, torch in ((1, "2.13.0+cpu"), (2, "2.15.0+cpu"))
+    )
+    plan = merge([second, first], tmp_path).plan
+    assert plan.shard == (1, 2) and plan.recording == {"torch_version": "2.13.0+cpu"}
 
 
 def test_a_log_or_a_baseline_file_that_is_not_text_is_one_line(tmp_path):

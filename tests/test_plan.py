@@ -275,6 +275,7 @@ def test_the_planned_time_is_the_closed_form_of_its_stated_assumptions():
         1.0,
         2 * plan.TRACKED_PASS_COST,
     )
+    assert plan.SETUP_SECONDS == {"cpu": setup, "cuda": 5.0}
     counts = dict(warmup=2, rounds=3, steps_per_round=2)
     assert plan.case_seconds("cpu-small", "fp32", "cpu", **counts) == pytest.approx(
         setup + (2 + 6 + 1 + tracked) * step
@@ -290,9 +291,8 @@ def test_the_planned_time_is_the_closed_form_of_its_stated_assumptions():
         name: plan.case_seconds("gpt2", name, "cuda", **counts) - 5.0 - (30 + 12) for name in ("ladder-8", "ladder-9")
     }
     assert steps["ladder-9"] == pytest.approx(steps["ladder-8"] * batch / gpt2.batch_size)
-    run = Schedule(
-        steps=100, eval_every=50, eval_batches=6
-    )  # evaluations at 0, 50 and 100: a forward a third of a step
+    # evaluations at steps 0, 50 and 100, of 6 batches each: a forward is a third of a step
+    run = Schedule(steps=100, eval_every=50, eval_batches=6)
     assert len(run.eval_steps) == 3
     trained = plan.case_seconds("cpu-small", "fp32", "cpu", schedule=run)
     assert trained == pytest.approx(setup + (100 + 3 * 6 / 3) * step)

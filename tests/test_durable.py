@@ -271,18 +271,15 @@ def test_a_commit_with_changes_to_tracked_files_is_marked_dirty_and_untracked_fi
     """What a baseline records as its commit: HEAD's sha; '+dirty' once a tracked file differs from it, since its
     figures are then not that commit's. A file git does not track (a results log, a build folder) changes nothing
     that was measured, and does not mark it."""
+    from tests.test_compare import git
+
     monkeypatch.delenv(identity.COMMIT_ENV, raising=False)
-
-    def git(*args: str) -> str:
-        command = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", *args]
-        return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, check=True).stdout.strip()
-
     assert identity.git_commit(tmp_path) is None  # not a git checkout
-    git("init", "-q")
+    git(tmp_path, "init", "-q")
     (tmp_path / "model.py").write_text("a = 1\n")
-    git("add", "model.py")
-    git("commit", "-q", "-m", "one")
-    sha = git("rev-parse", "HEAD")
+    git(tmp_path, "add", "model.py")
+    git(tmp_path, "commit", "-q", "-m", "one")
+    sha = git(tmp_path, "rev-parse", "HEAD")
     (tmp_path / "results.jsonl").write_text("{}\n")
     assert identity.git_commit(tmp_path) == sha
     (tmp_path / "model.py").write_text("a = 2\n")

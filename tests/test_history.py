@@ -354,16 +354,19 @@ def test_json_and_markdown_keep_each_change_and_the_command_that_hunts_it(tmp_pa
 
 
 def test_the_markdown_table_escapes_what_would_break_its_cells():
-    """A note or a case id holding '|' would split a cell in two, and '[...]' would read as a link: escaped."""
+    """A note or a case id holding '|' would split a cell in two, '[...]' would read as a link and '*...*' as
+    emphasis: escaped, as the verdict escapes them (gptcore.gate.summary.md_escape)."""
     from gptcore.hunt.findings import Finding, History, markdown
 
     found = Finding(
         "test_x[a|b]", "peak memory", "step", "c1", "c2", 20.0, 0.2, None, 3, "regression", note="torch 2.11 | 2.13"
     )
-    section = markdown(History(findings=[found], series=1, runs=3, commits=["c0", "c1", "c2"]))
+    starred = Finding("test_z[*d*]", "peak memory", "step", "c1", "c2", 20.0, 0.2, None, 3, "regression", note="a*b")
+    section = markdown(History(findings=[found, starred], series=2, runs=3, commits=["c0", "c1", "c2"]))
     row = next(line for line in section.splitlines() if line.startswith("| test_x"))
     assert row.replace("\\|", "").count("|") == 7  # the six cells' borders
     assert row.startswith("| test_x\\[a\\|b\\] | peak memory |") and "(torch 2.11 \\| 2.13)" in row
+    assert "| test_z\\[\\*d\\*\\] | peak memory |" in section and "(a\\*b)" in section
 
 
 def test_the_markdown_lists_one_compare_for_work_counts_that_moved_at_one_commit():

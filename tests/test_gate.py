@@ -551,6 +551,20 @@ def test_a_recording_run_shows_mfu_too(tmp_path: Path) -> None:
     assert gate.rows[-1].verdict == "recorded" and gate.rows[-1].mfu == "36.9% (analytic)"
 
 
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [((None, None, None), (2, 5, 3)), ((1, None, None), (1, 5, 3)), ((None, 7, None), (2, 7, 3)),
+     ((None, None, 4), (2, 5, 4)), ((0, 1, 1), (0, 1, 1))],
+)  # fmt: skip
+def test_each_timing_option_overrides_its_own_count_and_no_other(tmp_path: Path, given, expected) -> None:
+    """--bench-warmup, --bench-rounds and --bench-steps each replace one of a case's (warm-up, rounds, steps per
+    round), 0 included; a count not given stays the case's own (2, 5, 3 here)."""
+    from gptcore.gate.session import Gate
+
+    gate = Gate(directory=tmp_path, update=False, strict=False, overrides={}, timing_override=given)
+    assert gate.timing(2, 5, 3) == expected
+
+
 def test_what_an_earlier_case_left_allocated_is_named_under_the_end_table(tmp_path: Path) -> None:
     """The H200's optim-in-bwd-checkpoint after optim-in-bwd: 43,045,451,776 B measured, 20,585,324,544 of them
     left by the case before. Named above 1% of the peak; a few MiB of the CUDA libraries' workspaces are not (the
@@ -617,6 +631,16 @@ def test_a_study_is_judged_by_its_own_tolerances_and_recording_keeps_them(tmp_pa
     assert verdicts["test_steady[a]"].failed and verdicts["test_other[a]"].failed  # its own 0.1%; the file's 2%
     assert file.tolerances_for("test_steady[a]").loss == 0.5 and file.tolerances_for("test_other[a]").loss == 1e-6
     assert file.tolerances_for("test_steady[a]").speed is None  # the fields it does not name are the file's
+    from gptcore.gate.session import Gate
+
+    gate = Gate(directory=tmp_path, update=False, strict=False, overrides={}, timing_override=(None,) * 3)
+    for name in names:  # the gate judges each case by the tolerances its file holds for it
+        node = SimpleNamespace(name=name, nodeid=f"bench/x.py::{name}")
+        assert gate.judge_entry(node, fatter, "cpu").failed == verdicts[name].failed
+    assert gate.tolerances(file, "cpu", "test_noisy[a]").memory == 0.2
+    assert gate.tolerances(None, "cpu", "test_noisy[a]") == CPU  # no file: the device type's defaults
+    gate.overrides = {"memory": 0.5}  # --memory-tol: over the study's own
+    assert gate.tolerances(file, "cpu", "test_steady[a]").memory == 0.5
     baselines.update(path, "cpu", {"test_noisy[a]": measured(loss=3.0)}, device_name="CPU A", device_type="cpu")
     assert json.loads(path.read_text())["tolerances_by_test"] == data["tolerances_by_test"]
 

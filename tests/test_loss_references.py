@@ -109,3 +109,24 @@ def test_two_cpu_generations_with_one_model_name_are_two_cpu_models():
     assert identity.cpu_model(ZEN3) == "AMD EPYC (family 25, model 1)"
     assert identity.cpu_model(ZEN4) == "AMD EPYC (family 25, model 17)"
     assert identity.cpu_model("model name\t: Some ARM core\n") == "Some ARM core"
+
+
+def test_update_loss_references_says_under_the_table_what_it_added_and_what_it_skipped(tmp_path):
+    """--update-loss-references on EPYC over a file XEON recorded: 'a' gains EPYC's reference; 'c' has no entry and
+    is skipped, and the line under the end table counts both."""
+    from types import SimpleNamespace
+
+    from gptcore.gate.session import Gate
+
+    path = tmp_path / "cpu.json"
+    baselines.update(path, "cpu", {"a": entry(3.0791, XEON)}, device_name=XEON, device_type="cpu")
+    gate = Gate(tmp_path, False, False, {}, (None,) * 3, update_loss=True, cpu_model=EPYC)
+    for name, loss in (("a", 3.0791007), ("c", 1.0)):
+        gate.judge_entry(SimpleNamespace(name=name, nodeid=f"bench/x.py::{name}"), entry(loss, EPYC), "cpu")
+    gate.write_updates()
+    assert [row.verdict for row in gate.rows] == [f"loss reference of {EPYC} recorded"] * 2
+    assert gate.summary_notes() == [
+        f"baselines: added 1 loss reference(s) of {EPYC} to {path}; skipped 1 (no entry, or a loss read at another "
+        "step)"
+    ]
+    assert baselines.load(path, "cpu").entries["a"].loss_by_cpu == {EPYC: 3.0791007}

@@ -126,6 +126,67 @@ def test_the_markdown_counts_pytest_benchmarks_regressions_and_escapes_what_woul
     assert "- note \\[see\\] \\*this\\*" in verdict
 
 
+def quiet_gate(tmp_path: Path, **fields):
+    """A gate with no baseline file, no override and no torch to compare (nothing of its own under the table)."""
+    from gptcore.gate.session import Gate
+
+    return Gate(tmp_path, False, False, {}, (None,) * 3, cpu_model=CPU_MODEL, **fields)
+
+
+def test_the_results_log_is_named_under_the_table_once_a_case_ran_or_was_not_started(tmp_path: Path) -> None:
+    from gptcore.gate.session import Row
+
+    log = tmp_path / "results.jsonl"
+    line = f"results log: {log} (--resume {log} runs what it has not finished)"
+    gate = quiet_gate(tmp_path, log=SimpleNamespace(path=log))
+    assert gate.summary_notes() == []  # nothing ran (pytest tests): no log to resume
+    gate.not_started = ["test_x[b]"]
+    assert gate.summary_notes() == ["deadline: 1 case(s) not started: test_x[b]", line]
+    gate.not_started, gate.rows = [], [Row("test_x[a]", None, None, "ok")]
+    assert gate.summary_notes() == [line]
+
+
+def test_up_to_three_cases_without_a_baseline_are_recorded_by_name_and_more_by_their_files(tmp_path: Path) -> None:
+    gate = quiet_gate(tmp_path)
+    gate.missing = ["bench/a.py::t[1]", "bench/a.py::t[2]", "bench/b.py::t[3]"]
+    assert gate.summary_notes() == [
+        '3 case(s) have no baseline; record them with: python -m pytest "bench/a.py::t[1]" "bench/a.py::t[2]" '
+        '"bench/b.py::t[3]" --update-baselines'
+    ]
+    gate.missing.append("bench/b.py::t[4]")
+    assert gate.summary_notes() == [
+        '4 case(s) have no baseline; record them with: python -m pytest "bench/a.py" "bench/b.py" --update-baselines'
+    ]
+
+
+def test_an_expected_effect_whose_reference_did_not_run_is_named_under_the_table(tmp_path: Path) -> None:
+    """checkpoint's effect is judged against fp32: run alone (-k), it is named as not checked, not passed."""
+    from gptcore.gate.expectations import Figures
+
+    gate = quiet_gate(tmp_path)
+    gate.expected.record("cpu-small", "checkpoint", "cpu", Figures(20_000_000, None, None, None))
+    assert gate.summary_notes() == [
+        "expectations not checked, their reference did not run (-k?): cpu-small checkpoint (needs fp32)"
+    ]
+
+
+def test_rounds_left_out_below_the_gpus_clocks_are_counted_under_the_table(tmp_path: Path) -> None:
+    """measure.clocks flags rounds run below the GPU's clocks and the median leaves them out: the note says how
+    many rounds tokens/s stands on ('cpu' names the device only to spare the test a GPU)."""
+    from gptcore.measure.measurement import Measurement
+
+    gate = quiet_gate(tmp_path)
+    node = SimpleNamespace(name="test_x[a]", nodeid="bench/x.py::test_x[a]")
+    m = Measurement(device="cpu", tokens_per_step=1, steps_per_round=1, tokens_per_s=1e3, loss=1.0)
+    m.round_seconds, m.flagged_rounds = [1.0, 1.0, 2.0, 2.0], [2, 3]
+    gate.judge(node, m, model="tiny", recipe="fp32", precision="fp32", estimate=None)
+    assert gate.notes == ["test_x[a]: tokens/s over 2 of 4 rounds, the rest ran below the GPU's clocks"]
+    m.flagged_rounds = []  # none left out: nothing to say
+    node = SimpleNamespace(name="test_x[b]", nodeid="bench/x.py::test_x[b]")
+    gate.judge(node, m, model="tiny", recipe="fp32", precision="fp32", estimate=None)
+    assert len(gate.notes) == 1
+
+
 if __name__ == "__main__":
     table, markdown = render_recorded_run()
     (GOLDEN / "table.txt").write_text(table)

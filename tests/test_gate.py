@@ -588,6 +588,57 @@ def test_what_an_earlier_case_left_allocated_is_named_under_the_end_table(tmp_pa
     ]
 
 
+def judge_case(gate, recipe: str, peak: int, error: str | None = None):
+    """Hand the gate a cpu-small case of ``recipe`` with ``peak`` bytes (or failed with ``error``); its Outcome."""
+    from gptcore.measure.measurement import Measurement
+
+    node = SimpleNamespace(name=f"test_x[{recipe}]", nodeid=f"bench/x.py::test_x[{recipe}]")
+    m = Measurement(device="cpu", tokens_per_step=1, steps_per_round=1, tokens_per_s=1e3, loss=1.0, error=error)
+    m.peak_allocated_bytes = peak
+    return gate.judge(node, m, model="cpu-small", recipe=recipe, precision="fp32", estimate=None)
+
+
+def test_a_case_that_failed_to_run_judges_no_expected_effect(tmp_path: Path) -> None:
+    """checkpoint out of memory after fp32 ran: its one failure is its error; no effect is judged on figures it
+    never finished measuring, and it is not counted as run."""
+    from gptcore.gate.session import Gate
+
+    gate = Gate(directory=tmp_path, update=True, strict=False, overrides={}, timing_override=(None,) * 3)
+    assert judge_case(gate, "fp32", 35_000_000).failures == []
+    outcome = judge_case(gate, "checkpoint", 36_000_000, error="out of memory after 0 steps")
+    assert outcome.failures == ["test_x[checkpoint]: out of memory after 0 steps"]
+    assert gate.expected.outcomes == [] and list(gate.expected.ran) == [("cpu-small", "fp32", 1, "cpu")]
+
+
+def test_a_baseline_file_that_cannot_be_written_fails_the_case_that_recorded_into_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--update-baselines writes each case as it ends; a write that fails (a full disk, faked) fails that case,
+    naming the error, and the run goes on."""
+    from gptcore.gate.session import Gate
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(baselines, "update", full)
+    gate = Gate(directory=tmp_path, update=True, strict=False, overrides={}, timing_override=(None,) * 3)
+    line = "test_x[fp32]: baselines: NOT written: [Errno 28] No space left on device"
+    assert judge_case(gate, "fp32", 35_000_000).failures == [line] and gate.failures == [line]
+
+
+def test_a_case_that_failed_is_not_also_told_how_to_record_its_missing_baseline(tmp_path: Path) -> None:
+    """No baseline and an unmet expected effect (checkpoint no leaner than fp32): the case fails once, for the
+    effect; 'record it with' (and, under --baseline-strict, a failure for the missing baseline) is for cases that
+    passed, so that a failing case is not recorded as the baseline."""
+    from gptcore.gate.session import Gate
+
+    gate = Gate(directory=tmp_path, update=False, strict=True, overrides={}, timing_override=(None,) * 3)
+    judge_case(gate, "fp32", 35_000_000)
+    outcome = judge_case(gate, "checkpoint", 35_000_000)
+    (line,) = outcome.failures
+    assert "expected effect not met" in line and outcome.missing is None
+
+
 def test_slug_of_a_cuda_device_name() -> None:
     """Lowercase, each run of other characters one '-', none at either end (no 'nvidia-gh200-480gb-.json')."""
     assert identity.slugify("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"

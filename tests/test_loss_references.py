@@ -130,3 +130,54 @@ def test_update_loss_references_says_under_the_table_what_it_added_and_what_it_s
         "step)"
     ]
     assert baselines.load(path, "cpu").entries["a"].loss_by_cpu == {EPYC: 3.0791007}
+
+
+def judged_notes(tmp_path, measured: dict[str, Entry], recorded: dict[str, Entry], epyc: dict[str, Entry]) -> list[str]:
+    """The lines under the end table after the gate judged ``measured`` against a file that XEON recorded and EPYC
+    added loss references to (``epyc``)."""
+    from types import SimpleNamespace
+
+    from gptcore.gate.session import Gate
+
+    baselines.update(tmp_path / "cpu.json", "cpu", recorded, device_name=XEON, device_type="cpu")
+    baselines.add_loss_references(tmp_path / "cpu.json", "cpu", epyc)
+    gate = Gate(tmp_path, False, False, {}, (None,) * 3, cpu_model=EPYC)
+    for name, e in measured.items():
+        gate.judge_entry(SimpleNamespace(name=name, nodeid=f"bench/x.py::{name}"), e, "cpu")
+    return gate.summary_notes()
+
+
+def test_the_table_says_whose_loss_reference_each_case_was_held_to(tmp_path):
+    """Two cases held to EPYC's own reference, one to XEON's (EPYC has none there): counted per reference, the
+    other CPU model's named as such (its tolerance is the wider one)."""
+    recorded = {"a": entry(3.0791, XEON), "b": entry(3.0791, XEON), "c": entry(2.5, XEON)}
+    measured = {"a": entry(3.0791007, EPYC), "b": entry(3.0791007, EPYC), "c": entry(2.5, EPYC)}
+    assert judged_notes(tmp_path, measured, recorded, {k: measured[k] for k in "ab"}) == [
+        f"loss held to the reference of {EPYC} (2 cases)",
+        f"loss held to the reference of {XEON}, another CPU model: the wider tolerance (1 case)",
+    ]
+
+
+def test_a_half_precision_case_recorded_on_another_cpu_model_says_its_peak_leaves_out_the_kernels_scratch(tmp_path):
+    from gptcore.gate import checks
+
+    recorded = {"a": entry(3.10, XEON, "bf16"), "b": entry(3.0791, XEON)}
+    measured = {"a": entry(3.1004, EPYC, "bf16"), "b": entry(3.0791, EPYC)}
+    assert checks.kernel_note(XEON, 1) in judged_notes(tmp_path, measured, recorded, measured)  # bf16's only
+    same = judged_notes(tmp_path, {"a": entry(3.10, XEON, "bf16")}, recorded, {})  # measured on the recording model
+    assert not any("kernels' scratch" in note for note in same)
+
+
+def test_update_loss_references_leaves_a_gpu_case_to_the_gate(tmp_path, monkeypatch):
+    """A GPU's loss is noisy and its file has one device: --update-loss-references records CPU references only, and
+    a GPU case that ran beside them is judged as usual (here: no baseline), nothing written for it."""
+    from types import SimpleNamespace
+
+    from gptcore.gate.session import Gate
+
+    monkeypatch.setattr(identity, "device_slug", lambda device: "cpu" if device == "cpu" else "nvidia-h200")
+    gate = Gate(tmp_path, False, False, {}, (None,) * 3, update_loss=True, cpu_model=EPYC)
+    node = SimpleNamespace(name="test_x[gpu]", nodeid="bench/x.py::test_x[gpu]")
+    assert gate.judge_entry(node, entry(3.0, "NVIDIA H200", "bf16"), "cuda:0").missing
+    assert gate.pending == {} and not gate.cases[node.nodeid]["recorded"]
+    assert gate.rows[0].verdict.startswith("no baseline")

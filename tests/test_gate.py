@@ -639,6 +639,39 @@ def test_a_case_that_failed_is_not_also_told_how_to_record_its_missing_baseline(
     assert "expected effect not met" in line and outcome.missing is None
 
 
+def test_a_figure_not_gated_is_counted_under_the_table_only_where_its_delta_is_shown(tmp_path: Path) -> None:
+    """CPU tokens/s is shown in parentheses, not gated: two cases make one line with their count. A check with no
+    figure to show (no work ledger on either side) adds no line."""
+    from gptcore.gate.session import Gate
+
+    baselines.update(tmp_path / "cpu.json", "cpu", {"t[a]": BASE, "t[b]": BASE}, device_name="CPU A", device_type="cpu")
+    gate = Gate(tmp_path, False, False, {}, (None,) * 3, cpu_model="CPU A")
+    for name, speed in (("t[a]", 1100.0), ("t[b]", 950.0)):
+        verdict = gate.judge_entry(SimpleNamespace(name=name, nodeid=f"x::{name}"), measured(tokens_per_s=speed), "cpu")
+        assert status(verdict, "work") == "not gated"  # BASE has no work ledger
+    assert gate.not_gated == {"tokens/s not gated: reported only on CPU; gate it with --speed-tol": 2}
+    assert gate.summary_notes()[0] == (
+        "tokens/s not gated: reported only on CPU; gate it with --speed-tol (2 cases; shown in parentheses)"
+    )
+
+
+def test_a_case_read_back_from_a_results_log_keeps_its_logged_cells(tmp_path: Path) -> None:
+    """--resume and a merge of shards show a logged case as it was judged: its end-table cells as logged; one that
+    failed outside the gate (no cells) by its outcome and the reason it failed."""
+    from gptcore.gate.results import Record
+    from gptcore.gate.session import Gate
+
+    gate = Gate(directory=tmp_path, update=False, strict=False, overrides={}, timing_override=(None,) * 3)
+    cells = {"verdict": "FAIL: peak memory", "estimate": 123, "error": None, "status": {"peak memory": "FAIL"}}
+    cells |= {"work": "syncs +1", "mfu": "—"}
+    logged = Record("x::t[a]", "t[a]", "failed", 1.0, slug="cpu", verdict="FAIL", row=cells, entry=BASE.to_json())
+    assert gate.take_record(logged, "log") == BASE
+    gate.take_record(Record("x::t[b]", "t[b]", "failed", 1.0, reason="RuntimeError: boom", verdict=None), "log")
+    a, b = gate.rows
+    assert a.cells() == cells and a.measured == BASE
+    assert (b.verdict, b.error, b.measured, b.status) == ("failed", "RuntimeError: boom", None, {})
+
+
 def test_slug_of_a_cuda_device_name() -> None:
     """Lowercase, each run of other characters one '-', none at either end (no 'nvidia-gh200-480gb-.json')."""
     assert identity.slugify("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
@@ -814,7 +847,18 @@ def test_a_figure_that_is_not_finite_fails_naming_itself_and_the_end_table_still
     assert not verdict_of("c", BASE, now, CPU).failed  # a baseline that is not finite compares with nothing
 
 
-def test_a_nan_loss_is_never_recorded_and_fails_the_case_naming_itself(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("loss", "speed", "said"),
+    [
+        (float("nan"), 1e3, "the loss is NaN"),
+        (2.5, float("inf"), "tokens/s is +inf"),
+        (float("-inf"), float("nan"), "the loss is -inf and tokens/s is NaN"),
+    ],
+)
+def test_a_loss_or_speed_not_finite_is_never_recorded_and_fails_the_case_naming_each(
+    tmp_path: Path, loss, speed, said
+) -> None:
+    """A loss or a tokens/s that is not finite (a diverged run, a broken timing) fails the case, naming each."""
     from types import SimpleNamespace
 
     from gptcore.gate.session import Gate
@@ -823,10 +867,10 @@ def test_a_nan_loss_is_never_recorded_and_fails_the_case_naming_itself(tmp_path:
     gate = Gate(directory=tmp_path, update=True, strict=False, overrides={}, timing_override=(None,) * 3)
     node = SimpleNamespace(name="test_x[tiny-fp32]", nodeid="bench/x.py::test_x[tiny-fp32]")
     m = Measurement(
-        device="cpu", tokens_per_step=1, steps_per_round=1, tokens_per_s=1e3, peak_allocated_bytes=3, loss=float("nan")
+        device="cpu", tokens_per_step=1, steps_per_round=1, tokens_per_s=speed, peak_allocated_bytes=3, loss=loss
     )
     outcome = gate.judge(node, m, model="tiny", recipe="fp32", precision="fp32", estimate=None)
     assert outcome.failures == [
-        "test_x[tiny-fp32]: the loss is NaN (the run diverged or its timing broke): nothing recorded or compared"
+        f"test_x[tiny-fp32]: {said} (the run diverged or its timing broke): nothing recorded or compared"
     ]
     assert gate.rows[-1].verdict == "FAIL: not finite" and not (tmp_path / "cpu.json").exists()

@@ -641,7 +641,7 @@ def test_a_case_that_failed_is_not_also_told_how_to_record_its_missing_baseline(
 
 def test_a_figure_not_gated_is_counted_under_the_table_only_where_its_delta_is_shown(tmp_path: Path) -> None:
     """CPU tokens/s is shown in parentheses, not gated: two cases make one line with their count. A check with no
-    figure to show (no work ledger on either side) adds no line."""
+    figure to show (no work ledger on either side) adds no line, and its work cell is '—', not '=' (equal)."""
     from gptcore.gate.session import Gate
 
     baselines.update(tmp_path / "cpu.json", "cpu", {"t[a]": BASE, "t[b]": BASE}, device_name="CPU A", device_type="cpu")
@@ -649,6 +649,7 @@ def test_a_figure_not_gated_is_counted_under_the_table_only_where_its_delta_is_s
     for name, speed in (("t[a]", 1100.0), ("t[b]", 950.0)):
         verdict = gate.judge_entry(SimpleNamespace(name=name, nodeid=f"x::{name}"), measured(tokens_per_s=speed), "cpu")
         assert status(verdict, "work") == "not gated"  # BASE has no work ledger
+        assert gate.rows[-1].work == "—"  # its work cell: nothing compared, so not '='
     assert gate.not_gated == {"tokens/s not gated: reported only on CPU; gate it with --speed-tol": 2}
     assert gate.summary_notes()[0] == (
         "tokens/s not gated: reported only on CPU; gate it with --speed-tol (2 cases; shown in parentheses)"

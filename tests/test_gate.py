@@ -565,6 +565,19 @@ def test_each_timing_option_overrides_its_own_count_and_no_other(tmp_path: Path,
     assert gate.timing(2, 5, 3) == expected
 
 
+def test_the_mfu_cell_says_where_its_flops_come_from_and_is_a_dash_without_an_mfu(tmp_path: Path) -> None:
+    from gptcore.gate.session import Gate
+    from gptcore.measure.measurement import Measurement
+
+    gate = Gate(directory=tmp_path, update=True, strict=False, overrides={}, timing_override=(None,) * 3)
+    for name, mfu, source in (("a", 0.4127, "counted"), ("b", None, None)):
+        node = SimpleNamespace(name=f"test_x[{name}]", nodeid=f"bench/x.py::test_x[{name}]")
+        m = Measurement(device="cpu", tokens_per_step=1, steps_per_round=1, tokens_per_s=1e3, loss=1.0, mfu=mfu)
+        m.flops_source = source
+        gate.judge(node, m, model="tiny", recipe="fp32", precision="fp32", estimate=None)
+    assert [row.mfu for row in gate.rows] == ["41.3% (counted)", "—"]
+
+
 def test_what_an_earlier_case_left_allocated_is_named_under_the_end_table(tmp_path: Path) -> None:
     """The H200's optim-in-bwd-checkpoint after optim-in-bwd: 43,045,451,776 B measured, 20,585,324,544 of them
     left by the case before. Named above 1% of the peak; a few MiB of the CUDA libraries' workspaces are not (the

@@ -86,6 +86,12 @@ def test_mann_whitney_exact_matches_a_brute_force_enumeration(m, n):
         assert mann_whitney(a, b) == (u, pytest.approx(p, rel=1e-12))
 
 
+def test_mann_whitney_refuses_an_empty_sample():
+    for a, b in (([], [1.0]), ([1.0], [])):
+        with pytest.raises(ValueError, match="both samples need at least one value"):
+            mann_whitney(a, b)
+
+
 def test_mann_whitney_exact_p_of_a_complete_separation():
     _, p = mann_whitney(list(range(10)), list(range(10, 20)))
     assert p == pytest.approx(2 / 184756)  # the two extreme orderings of C(20, 10)

@@ -623,6 +623,16 @@ def test_a_case_that_failed_to_run_judges_no_expected_effect(tmp_path: Path) -> 
     assert gate.expected.outcomes == [] and list(gate.expected.ran) == [("cpu-small", "fp32", 1, "cpu")]
 
 
+def test_a_recording_run_counts_under_the_table_the_cases_it_wrote(tmp_path: Path) -> None:
+    from gptcore.gate.session import Gate
+
+    gate = Gate(directory=tmp_path, update=True, strict=False, overrides={}, timing_override=(None,) * 3)
+    for recipe in ("x", "y"):
+        judge_case(gate, recipe, 35_000_000)
+    assert gate.summary_notes() == [f"baselines: recorded 2 case(s) into {tmp_path / 'cpu.json'}, each as it ended"]
+    assert sorted(baselines.load(tmp_path / "cpu.json").entries) == ["test_x[x]", "test_x[y]"]
+
+
 def test_a_baseline_file_that_cannot_be_written_fails_the_case_that_recorded_into_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

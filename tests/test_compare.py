@@ -115,6 +115,22 @@ def test_a_ten_percent_shift_with_low_noise_is_slower_and_the_interval_excludes_
 def test_a_ten_percent_shift_in_huge_noise_is_not_significant():
     s = speed_verdict(noisy(1000, 0.6, seed=3), noisy(900, 0.6, seed=4))
     assert s.verdict == SAME and s.low < 1 < s.high and s.p > 0.05
+    s = speed_verdict(noisy(900, 0.6, seed=4), noisy(1000, 0.6, seed=3))  # the other way: B/A 1.109, past 5%
+    assert s.ratio > 1.05 and s.low < 1 < s.high and s.verdict == SAME
+
+
+def test_the_interval_is_the_third_smallest_and_third_largest_ratio_at_5_against_5():
+    """Hodges-Lehmann's distribution-free interval at 95%: with 5 rounds a side, P(U <= 2) = 4/252 = 0.016 <= 0.025
+    and P(U <= 3) = 7/252 = 0.028 > 0.025, so it runs from the 3rd smallest of the 25 ratios B/A to the 3rd largest
+    (96.8% coverage); the estimate is the median ratio, which an outlier does not move."""
+    a, b = [10, 11, 12, 13, 14], [20, 22, 25, 27, 30]
+    ratios = sorted(y / x for x in a for y in b)
+    estimate, low, high = hodges_lehmann_ratio(a, b)
+    assert (estimate, low, high) == pytest.approx((ratios[12], ratios[2], ratios[-3]), rel=1e-12)
+    assert hodges_lehmann_ratio([1, 1, 1], [1, 1, 100])[0] == pytest.approx(1.0)  # 6 of 9 ratios are 1
+    for bad in ([0.0, 1.0], [-1.0, 1.0]):
+        with pytest.raises(ValueError, match="samples must be positive"):
+            hodges_lehmann_ratio(bad, [1.0, 2.0])
 
 
 def test_the_threshold_is_respected_even_when_significant():

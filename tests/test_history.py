@@ -61,6 +61,32 @@ def everything(points: list[Point], metric: str = "tokens/s", tolerance: float =
     return history.changes("c", metric, points, tolerance)
 
 
+# -- the detector's pieces -------------------------------------------------------------------------------------------
+
+
+def test_the_noise_leaves_out_pairs_with_a_point_at_exactly_0_and_scales_with_the_level():
+    """A level of 0 has no noise: the jumps to and from it are steps, not noise. Median |first difference| 0.1 of
+    the pairs away from 0 -> 0.1 / (0.6745 sqrt 2); second differences: 0.3 / (0.6745 sqrt 6). A constant series
+    has a floor of 1e-12 of its level, so that its steps read the same in bytes or in GB."""
+    values = [0.0, 10.0, 10.1, 9.9, 10.0, 0.0]
+    assert changepoints.noise(values) == pytest.approx(0.1 / (0.6745 * 2**0.5), rel=1e-9)
+    assert changepoints.trend_noise(values) == pytest.approx(0.3 / (0.6745 * 6**0.5), rel=1e-9)
+    assert changepoints.floor([5e10] * 3, 0.0) == pytest.approx(5e-2)
+    assert changepoints.floor([0.0] * 3, 0.0) == 1e-12 and changepoints.floor([1.0], 0.25) == 0.25
+
+
+def test_welch_has_no_p_for_a_single_point_and_0_for_two_constant_segments_that_differ():
+    assert changepoints.welch([2.0], [1.0, 1.1, 0.9]) == 1.0  # one point has no spread to test with
+    assert changepoints.welch([2.0, 2.0, 2.0], [1.0, 1.0, 1.0]) == 0.0  # scipy's NaN: no noise, and they differ
+
+
+def test_a_series_is_cut_at_0_only_between_its_groups():
+    """A commit with one run at 0 and one not is not at 0: the series is cut where a whole commit reaches or
+    leaves 0."""
+    assert changepoints.runs([0.0, 5.0, 5.0, 5.0], ["a", "a", "b", "c"]) == [(0, 4, False)]
+    assert changepoints.runs([0.0, 0.0, 5.0, 5.0], ["a", "a", "b", "c"]) == [(0, 2, True), (2, 4, False)]
+
+
 # -- synthetic series ----------------------------------------------------------------------------------------------
 
 

@@ -87,6 +87,20 @@ def test_a_series_is_cut_at_0_only_between_its_groups():
     assert changepoints.runs([0.0, 0.0, 5.0, 5.0], ["a", "a", "b", "c"]) == [(0, 2, True), (2, 4, False)]
 
 
+def test_a_point_at_the_midpoint_next_to_a_cut_widens_the_steps_range_to_either_side():
+    """Levels 0 and 10, noise 1: a point at 5 could belong to either segment, so the step may lie before or after
+    it. After the cut: at or before the next point (hi 4); before the cut: after the one before it (lo 2)."""
+    assert changepoints.ambiguous([0, 0, 0, 5, 10, 10, 10], 0, 3, 7, 5.0, 1.0) == (3, 4)
+    assert changepoints.ambiguous([0, 0, 5, 10, 10, 10], 0, 3, 6, 5.0, 1.0) == (2, 3)
+    assert changepoints.ambiguous([0, 0, 0, 10, 10, 10], 0, 3, 6, 5.0, 1.0) == (3, 3)  # none: the cut itself
+
+
+def test_a_tail_needs_three_points_before_it():
+    """1000, 1001 then 1300, 1300: two points before the last two commits are too few to judge them against, and
+    against the three before the last commit it is no step (z 1.0, under Z_TAIL)."""
+    assert changepoints.tail([1000.0, 1001.0, 1300.0, 1300.0], list("abcd"), 0, 1.0) is None
+
+
 # -- synthetic series ----------------------------------------------------------------------------------------------
 
 

@@ -101,6 +101,18 @@ def test_a_tail_needs_three_points_before_it():
     assert changepoints.tail([1000.0, 1001.0, 1300.0, 1300.0], list("abcd"), 0, 1.0) is None
 
 
+def test_a_creeps_slope_weighs_each_commit_by_its_runs():
+    """A commit run 5 times weighs 5 times one run once: the creep's slope is the weighted least-squares slope
+    (numpy's polyfit, whose weights multiply the residuals: the square roots of the counts), not the plain one."""
+    import numpy as np
+
+    means, counts = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 12.0], [5, 5, 5, 5, 5, 5, 1]
+    (creep,) = changepoints.stretches(means, counts, 0.01, 0.1, relative=False)
+    weighted, plain = np.polyfit(range(7), means, 1, w=np.sqrt(counts))[0], np.polyfit(range(7), means, 1)[0]
+    assert (creep.a, creep.b) == (0, 6) and creep.per == pytest.approx(weighted, rel=1e-9)
+    assert abs(plain - weighted) > 0.4  # 1.64 against 1.20: the weights decide it
+
+
 # -- synthetic series ----------------------------------------------------------------------------------------------
 
 

@@ -307,6 +307,22 @@ def planted_history(folder: Path, benchmarks: list[dict], case: str, *, commits:
         save(folder, i, str(i) * 40, cases)
 
 
+def test_a_saved_case_makes_a_series_of_each_figure_it_holds(tmp_path: Path):
+    """On a CPU: the peak, the loss at its step and every work-ledger count (compile counts too), exact; a
+    convergence run's last validation loss, noisy; no tokens/s (not gated on a CPU); a boolean is no figure."""
+    work = {"flops": {"forward": 2, "backward": 4}, "op_calls": {"forward": 3}, "syncs": 0, "allocations": 7}
+    work |= {"allocated_bytes": 64, "compile": {"graphs": 1, "graph_breaks": 0}}
+    step = {"device": "cpu", "tokens_per_s": 1e3, "peak_allocated_bytes": 5, "loss": 2.5, "loss_step": 10, "work": work}
+    cases = {"t[x]": step, "t[conv]": {"device": "cpu", "convergence": {"val_loss": [3.0, 2.0, 1.5]}}}
+    save(tmp_path, 1, "a" * 40, cases | {"t[bool]": {"device": "cpu", "peak_allocated_bytes": True, "loss": False}})
+    series, exact, _ = history.read(tmp_path)
+    figures = {"peak memory": 5.0, "loss@10": 2.5, "flops": 6.0, "op calls": 3.0, "syncs": 0.0, "allocations": 7.0}
+    figures |= {"allocated bytes": 64.0, "graphs": 1.0, "graph breaks": 0.0}
+    expected = {("t[x]", metric): [value] for metric, value in figures.items()} | {("t[conv]", "val loss"): [1.5]}
+    assert {key: [p.value for p in points] for key, points in series.items()} == expected
+    assert exact == {key: key[1] != "val loss" for key in expected}
+
+
 def test_commits_are_in_commit_time_order_with_each_commits_runs_together(tmp_path: Path):
     runs = tmp_path / "runs" / "Linux-CPython-3.11-64bit"
     case = "test_x[a-b]"

@@ -228,21 +228,21 @@ def test_an_exact_metric_steps_at_its_commit_and_hud_rule_names_it():
 
 
 def test_an_exact_metrics_repeated_runs_count_once_and_a_moved_environment_is_named():
-    torch11, torch13 = {"torch": "2.11.0"}, {"torch": "2.13.0"}
+    torch11, torch13 = {"torch": "2.11.0", "cpu_model": "A"}, {"torch": "2.13.0", "cpu_model": "B"}
     points = [
         Point("a", "1", 100, torch11),
         Point("a", "1", 100, torch11),
         Point("b", "2", 100, torch11),
         Point("c", "3", 110, torch13),
-        Point("c", "3", 111, torch13),
         Point("c", "3", 110, torch13),
+        Point("c", "3", 111, torch13),  # the odd one last: the most frequent value stands, not the last
     ]
     notes: list[str] = []
     (step,) = history.exact_steps("case", "op calls", points, notes)
     assert (step.before, step.after, step.change, step.points_after) == ("b", "c", 10, 1)
-    assert step.note.endswith("; torch 2.11.0 -> 2.13.0 between these runs")
+    assert step.note.endswith("; torch 2.11.0 -> 2.13.0, cpu_model A -> B between these runs")
     assert notes == [
-        "case op calls: the runs of c differ (110, 111, 110): not exact here; its most frequent value is used"
+        "case op calls: the runs of c differ (110, 110, 111): not exact here; its most frequent value is used"
     ]
 
 

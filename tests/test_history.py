@@ -749,6 +749,17 @@ def test_a_step_at_the_end_whose_commit_before_lies_between_the_levels_holds_it_
         assert (step.before, step.after, step.uncertain) == ("c002", "c004", False), step.line()
 
 
+def test_a_step_in_the_last_two_commits_whose_first_lies_at_the_midpoint_is_placed_in_either():
+    """1000 ± 2, then 988 and 970: the last commit is the step, and 988 lies within a noise sigma (2.1) of the
+    midpoint 989.5, so it could be either side's. The range holds both commits and says so; one point after the
+    place (the last commit) is suspicious by HUD's rule."""
+    values = [1000, 1001, 999, 1000, 1002, 998, 988, 970]
+    points = [Point(f"c{i:03d}", f"{i:03d}", float(v)) for i, v in enumerate(values)]
+    (step,) = everything(points)
+    assert (step.before, step.after, step.status) == ("c005", "c007", "suspicious")
+    assert step.note == "1 point(s) after, at the end of the history, in one of the last 2 commits"
+
+
 def test_pelts_prefix_sum_cost_cuts_where_ruptures_own_least_squares_cost_does():
     # changepoints._l2_cost computes CostL2's segment cost from prefix sums: the same cuts on seeded series with
     # steps, creeps and none, at CV 0.6% and 2.7% (docs/history.md: "the same cuts as ruptures' own CostL2")

@@ -608,6 +608,25 @@ def test_a_loss_that_becomes_nan_or_inf_is_a_regression_and_the_other_cases_are_
         for line in lines
     )
     assert not any(line.startswith("test_b[y] peak memory") for line in lines)  # b's flat memory: nothing
+    assert sum(line.startswith("test_b[y] loss@8") for line in lines) == 1  # the finite rest is flat: no step
+
+
+def test_a_validation_loss_that_creeps_up_is_a_creep_in_nats_past_the_gates_tolerance(tmp_path: Path):
+    """A convergence run's last validation loss, +0.01 nats a commit after the 6th of 14 commits (±0.001 of
+    alternating noise): 0.06 nats over a window of 6, past the gate's 0.025, found as one creep in nats."""
+    for i in range(1, 15):
+        loss = 2.0 + (0.01 * (i - 6) if i > 6 else 0.0) + (0.001 if i % 2 else -0.001)
+        save(tmp_path, i, f"{i:02d}" * 20, {"t[c]": {"device": "cpu", "convergence": {"val_loss": [3.0, loss]}}})
+    (creep,) = history.analyse(tmp_path).findings
+    assert (creep.kind, creep.metric, creep.before, creep.after) == ("creep", "val loss", "06" * 20, "13" * 20)
+    assert creep.note == "+0.0101 nats per commit over 7 commits" and creep.relative is None
+
+
+def test_the_gates_history_section_says_why_it_could_not_read_the_saved_runs(tmp_path: Path):
+    assert history.section(tmp_path / "missing") == (
+        f"### Change points in history\n\nNot analysed: {tmp_path / 'missing'}: no such directory (pytest-benchmark's "
+        "storage, e.g. .benchmarks/cpu)\n"
+    )
 
 
 def test_a_missing_value_is_skipped_and_counted_and_a_series_at_zero_has_a_defined_answer(tmp_path: Path, capsys):

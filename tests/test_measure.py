@@ -95,6 +95,23 @@ def test_throughput_of_one_round_has_zero_iqr_and_none_is_an_error() -> None:
         throughput([], 100)
 
 
+def test_the_calibration_kernel_is_the_faster_of_its_two_timings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fake clock: the first timing 5 s and the second 1 s, then the other way; either way 1 s (a one-off stall
+    in one timing is dropped)."""
+    from types import SimpleNamespace
+
+    for ticks in ([0.0, 5.0, 5.0, 6.0], [0.0, 1.0, 1.0, 6.0]):  # the module's clock only: pytest's stays real
+        monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=iter(ticks).__next__))
+        assert timing.calibration_kernel() == 1.0
+
+
+def test_a_cpu_processs_peak_memory_is_its_peak_resident_bytes() -> None:
+    """ru_maxrss is in KiB on Linux: the peak is read in bytes, and holds a 64 MiB tensor this process touched."""
+    touched = torch.ones(16 * 2**20)  # 64 MiB, every page written
+    peak, kind = timing.process_peak_memory(torch.device("cpu"))
+    assert kind == "process RSS" and peak >= touched.numel() * touched.element_size()
+
+
 @pytest.mark.parametrize("recipe", ["ckpt-fp32", "ckpt-grad-accum-2", "optim-in-bwd", "bf16-pure"])
 def test_run_case_cpu_peak_equals_a_tracked_pass_of_its_own_and_tracking_moves_no_loss(recipe: str) -> None:
     # the case's first two steps run under the tracker: the same peak and breakdown, byte for byte, as two tracked

@@ -95,6 +95,18 @@ def test_a_point_at_the_midpoint_next_to_a_cut_widens_the_steps_range_to_either_
     assert changepoints.ambiguous([0, 0, 0, 10, 10, 10], 0, 3, 6, 5.0, 1.0) == (3, 3)  # none: the cut itself
 
 
+def test_a_cut_inside_a_commits_runs_moves_back_to_its_first_run():
+    """Commit c's first run still reads the old level, its other two the new one: PELT cuts after that run, and
+    the step is placed at c's first run, so that its range runs from commit b to commit c (never inside one)."""
+    runs = {"a": [1000, 1001, 999], "b": [1000, 1002, 998], "c": [1001, 1100, 1101], "d": [1099, 1100, 1102]}
+    runs |= {"e": [1100, 1098, 1101]}
+    points = [Point(commit, commit, float(v)) for commit, values in runs.items() for v in values]
+    ((step,), _, _) = changepoints.steps([p.value for p in points], [p.commit for p in points])
+    assert (step.cut, step.lo, step.hi) == (6, 6, 6)
+    (finding,) = history.noisy_steps("x", "tokens/s", points)
+    assert (finding.before, finding.after) == ("b", "c")
+
+
 def test_a_tail_needs_three_points_before_it():
     """1000, 1001 then 1300, 1300: two points before the last two commits are too few to judge them against, and
     against the three before the last commit it is no step (z 1.0, under Z_TAIL)."""

@@ -725,6 +725,8 @@ def test_update_rewrites_only_the_cases_that_ran_and_keeps_tolerances(tmp_path: 
 def test_a_study_is_judged_by_its_own_tolerances_and_recording_keeps_them(tmp_path: Path) -> None:
     """tolerances_by_test: the cases of a study with its own noise evidence (by its test function) are held to its
     tolerances, every other case to the file's; --update-baselines rewrites entries and keeps both."""
+    from gptcore.gate.session import Gate
+
     path = tmp_path / "cpu.json"
     names = ("test_noisy[a]", "test_steady[a]", "test_other[a]")
     baselines.update(path, "cpu", dict.fromkeys(names, BASE), device_name="CPU A", device_type="cpu")
@@ -739,8 +741,6 @@ def test_a_study_is_judged_by_its_own_tolerances_and_recording_keeps_them(tmp_pa
     assert verdicts["test_steady[a]"].failed and verdicts["test_other[a]"].failed  # its own 0.1%; the file's 2%
     assert file.tolerances_for("test_steady[a]").loss == 0.5 and file.tolerances_for("test_other[a]").loss == 1e-6
     assert file.tolerances_for("test_steady[a]").speed is None  # the fields it does not name are the file's
-    from gptcore.gate.session import Gate
-
     gate = Gate(directory=tmp_path, update=False, strict=False, overrides={}, timing_override=(None,) * 3)
     for name in names:  # the gate judges each case by the tolerances its file holds for it
         node = SimpleNamespace(name=name, nodeid=f"bench/x.py::{name}")

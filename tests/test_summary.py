@@ -8,6 +8,9 @@ leaner, one faster with speed gated, an out-of-memory case, a case with no basel
 expected effects, and a convergence run slower to its target. After a change meant to alter the output, rewrite the
 files with ``python -m tests.test_summary`` and review the diff (as when the gate stopped showing a speed delta against
 a busy recording, and began to fail an exact figure that went down under --baseline-strict).
+
+Below it, the notes under the end table that the recorded run does not reach, one by one: the results log, the cases
+to record, an expected effect left unchecked, the rounds a GPU's clocks left out.
 """
 
 from __future__ import annotations

@@ -613,3 +613,90 @@ def test_a_nan_loss_or_a_nan_speed_in_a_round_is_a_failed_case_that_names_itself
     )
     assert broken.failed and broken.speed is None
     assert broken.error == "tokens/s not finite in B's rounds (the timing broke)"
+
+
+# -- the commands' own output (the measuring faked) -------------------------------------------------------------------
+
+
+def test_compare_prints_a_line_per_case_and_its_notes_and_exits_1_when_a_case_failed(monkeypatch, tmp_path, capsys):
+    """B 20% slower with its learning rate doubled, A's rounds on a busy machine, a GPU busy time 9% up, and a case
+    whose driver failed: a line per case, the notes under it, every figure in --json, exit 1; interrupted, 130."""
+    import gptcore.hunt.compare as hunt
+    from gptcore.gate.verdicts import busy_check
+
+    def rounds(speed: float, share: float, lr: float) -> list[dict]:
+        return [{"tokens_per_s": speed + i, "loss": 4.0, "loss_step": 2, "peak_memory": 100, "cpu_share": share,
+                 "setup": {"recipe.lr": lr}} for i in range(5)]  # fmt: skip
+
+    slow = hunt.CaseResult(
+        "cpu-small-ckpt-fp32", "cpu-small", "ckpt-fp32", "fp32", rounds(1000, 0.5, 1e-3), rounds(800, 0.95, 2e-3)
+    )
+    hunt.decide(slow, 0.05, Tolerances.default_for("cpu"))
+    slow.busy = busy_check(1.09e-3, 1e-3, Tolerances.default_for("cuda"))
+    broken = hunt.CaseResult(
+        "cpu-small-ckpt-bf16", "cpu-small", "ckpt-bf16", "bf16", error="B: the driver failed: boom"
+    )
+    a, b = hunt.Revision("main", "a" * 40, torch="2.13.0+cpu"), hunt.Revision("HEAD", None, torch="2.15.0+cpu")
+    monkeypatch.setattr(hunt, "compare", lambda *args, **kwargs: (a, b, [slow, broken]))
+    assert main(["compare", "main", "-k", "cpu-small", "--json", str(tmp_path / "ab.json")]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"A = main ({'a' * 10}), B = HEAD; 10 rounds of 10 steps after 3 warm-up, ")
+    assert lines[1].startswith("cpu-small-ckpt-fp32: A 1,002 tok/s, B 802 tok/s, B/A 0.800 (95% CI ")
+    assert lines[1].endswith(") slower; peak memory 100 B -> 100 B ok; loss 4.0000000 -> 4.0000000 ok; work n/a")
+    assert lines[2:] == [
+        f"  GPU busy: {slow.busy.status}: {slow.busy.note}",
+        "  note: B's setup differs from A's: recipe.lr 0.001 -> 0.002 (B measures another experiment)",
+        "  note: busy machine: median CPU share A 0.50, B 0.95 (below ~0.9 other processes took the cores; "
+        "tokens/s says little)",
+        "cpu-small-ckpt-bf16: error: B: the driver failed: boom",
+    ]
+    saved = json.loads((tmp_path / "ab.json").read_text())
+    assert [(c["case"], c["failed"]) for c in saved["cases"]] == [(slow.case, True), (broken.case, True)]
+    assert main(["compare", "main", "-k", "cpu-small", "--python-b", sys.executable]) == 1  # each side's torch
+    assert capsys.readouterr().out.startswith(
+        f"A = main ({'a' * 10}), torch 2.13.0+cpu ({a.python}), B = HEAD, torch 2.15.0+cpu ({b.python}); "
+    )
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(hunt, "compare", interrupted)
+    assert main(["compare", "main", "-k", "cpu-small"]) == 130
+    assert capsys.readouterr().err.strip() == "gptcore: interrupted (temporary worktrees removed)"
+
+
+def test_bisect_prints_the_first_bad_commit_and_its_figures_or_why_there_is_none(monkeypatch, capsys):
+    """The first bad commit and each case's figure against GOOD's (tokens/s, or the exact peak), exit 0; no bad
+    commit: why, exit 1; interrupted, 130."""
+    import dataclasses
+
+    from gptcore.hunt import bisection
+
+    speed = {"median_a": 1000.0, "median_b": 800.0, "ratio": 0.8, "verdict": "slower"}
+    memory = dataclasses.asdict(memory_check(120, 100, Tolerances.default_for("cpu")))
+    found = {"tokens_per_s": speed, "peak_memory": memory}
+
+    def bisect(good, bad, expr, *, metric, **kwargs):
+        return bisection.BisectResult(good, bad, "c" * 40, "planted: slower", {"cpu-small-x": found[metric]}, [])
+
+    monkeypatch.setattr(bisection, "bisect", bisect)
+    assert main(["bisect", "v1", "v2", "-k", "cpu-small"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"first bad commit: {'c' * 40} planted: slower",
+        "  cpu-small-x: 800 tok/s vs GOOD's 1,000 (B/A 0.800, slower)",
+    ]
+    assert main(["bisect", "v1", "v2", "-k", "cpu-small", "--metric", "peak_memory"]) == 0
+    assert (
+        capsys.readouterr().out.splitlines()[1]
+        == "  cpu-small-x: peak memory 100 B -> 120 B (+20.00%, +20 B) FAIL (GOOD -> first bad)"
+    )
+    none = bisection.BisectResult("v1", "v2", None, "no commit between v1 and v2 is worse than v1", {}, [])
+    monkeypatch.setattr(bisection, "bisect", lambda *args, **kwargs: none)
+    assert main(["bisect", "v1", "v2", "-k", "cpu-small"]) == 1
+    assert capsys.readouterr().out == "no commit between v1 and v2 is worse than v1\n"
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bisection, "bisect", interrupted)
+    assert main(["bisect", "v1", "v2", "-k", "cpu-small"]) == 130

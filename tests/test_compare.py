@@ -618,6 +618,11 @@ def test_a_nan_loss_or_a_nan_speed_in_a_round_is_a_failed_case_that_names_itself
 # -- the commands' own output (the measuring faked) -------------------------------------------------------------------
 
 
+def interrupted(*args, **kwargs):
+    """The measuring, stopped by Ctrl-C."""
+    raise KeyboardInterrupt
+
+
 def test_compare_prints_a_line_per_case_and_its_notes_and_exits_1_when_a_case_failed(monkeypatch, tmp_path, capsys):
     """B 20% slower with its learning rate doubled, A's rounds on a busy machine, a GPU busy time 9% up, and a case
     whose driver failed: a line per case, the notes under it, every figure in --json, exit 1; interrupted, 130."""
@@ -657,9 +662,6 @@ def test_compare_prints_a_line_per_case_and_its_notes_and_exits_1_when_a_case_fa
         f"A = main ({'a' * 10}), torch 2.13.0+cpu ({a.python}), B = HEAD, torch 2.15.0+cpu ({b.python}); "
     )
 
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
-
     monkeypatch.setattr(hunt, "compare", interrupted)
     assert main(["compare", "main", "-k", "cpu-small"]) == 130
     assert capsys.readouterr().err.strip() == "gptcore: interrupted (temporary worktrees removed)"
@@ -694,9 +696,6 @@ def test_bisect_prints_the_first_bad_commit_and_its_figures_or_why_there_is_none
     monkeypatch.setattr(bisection, "bisect", lambda *args, **kwargs: none)
     assert main(["bisect", "v1", "v2", "-k", "cpu-small"]) == 1
     assert capsys.readouterr().out == "no commit between v1 and v2 is worse than v1\n"
-
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
 
     monkeypatch.setattr(bisection, "bisect", interrupted)
     assert main(["bisect", "v1", "v2", "-k", "cpu-small"]) == 130

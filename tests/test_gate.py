@@ -538,14 +538,30 @@ def test_end_table_says_where_mfu_flops_come_from_and_what_work_moved() -> None:
     assert "41.3% (counted)" in line and "syncs +1" in line
 
 
+def new_gate(directory: Path, **fields):
+    """A Gate as a run without options makes it (nothing recorded, no override), ``fields`` over that."""
+    from gptcore.gate.session import Gate
+
+    defaults = dict(directory=directory, update=False, strict=False, overrides={}, timing_override=(None,) * 3)
+    return Gate(**(defaults | fields))
+
+
+def judge_case(gate, name: str, *, model: str = "cpu-small", recipe: str | None = None, **measured):
+    """Hand the gate the fp32 CPU case ``test_x[name]`` (its recipe ``name`` unless given), one token a step at
+    1,000 tokens/s and loss 1.0, with the Measurement's ``measured`` fields over that; its Outcome."""
+    from gptcore.measure.measurement import Measurement
+
+    node = SimpleNamespace(name=f"test_x[{name}]", nodeid=f"bench/x.py::test_x[{name}]")
+    m = Measurement(**(dict(device="cpu", tokens_per_step=1, steps_per_round=1, tokens_per_s=1e3, loss=1.0) | measured))
+    return gate.judge(node, m, model=model, recipe=recipe or name, precision="fp32", estimate=None)
+
+
 def test_a_recording_run_shows_mfu_too(tmp_path: Path) -> None:
     """The first run on a new GPU records its baselines: its end table is the first place MFU is read (on the
     H200 the recording run's column was empty, and only the second run showed 36.9%)."""
     from types import SimpleNamespace
 
-    from gptcore.gate.session import Gate
-
-    gate = Gate(directory=tmp_path, update=True, strict=False, overrides={}, timing_override=(None,) * 3)
+    gate = new_gate(tmp_path, update=True)
     node = SimpleNamespace(name="test_ladder[gpt2-ladder-8]", nodeid="bench/test_ladder.py::test_ladder[gpt2-ladder-8]")
     gate.judge_entry(node, BASE, "cpu", mfu="36.9% (analytic)")  # the device only names the file: no GPU here
     assert gate.rows[-1].verdict == "recorded" and gate.rows[-1].mfu == "36.9% (analytic)"
@@ -559,22 +575,14 @@ def test_a_recording_run_shows_mfu_too(tmp_path: Path) -> None:
 def test_each_timing_option_overrides_its_own_count_and_no_other(tmp_path: Path, given, expected) -> None:
     """--bench-warmup, --bench-rounds and --bench-steps each replace one of a case's (warm-up, rounds, steps per
     round), 0 included; a count not given stays the case's own (2, 5, 3 here)."""
-    from gptcore.gate.session import Gate
-
-    gate = Gate(directory=tmp_path, update=False, strict=False, overrides={}, timing_override=given)
+    gate = new_gate(tmp_path, timing_override=given)
     assert gate.timing(2, 5, 3) == expected
 
 
 def test_the_mfu_cell_says_where_its_flops_come_from_and_is_a_dash_without_an_mfu(tmp_path: Path) -> None:
-    from gptcore.gate.session import Gate
-    from gptcore.measure.measurement import Measurement
-
-    gate = Gate(directory=tmp_path, update=True, strict=False, overrides={}, timing_override=(None,) * 3)
-    for name, mfu, source in (("a", 0.4127, "counted"), ("b", None, None)):
-        node = SimpleNamespace(name=f"test_x[{name}]", nodeid=f"bench/x.py::test_x[{name}]")
-        m = Measurement(device="cpu", tokens_per_step=1, steps_per_round=1, tokens_per_s=1e3, loss=1.0, mfu=mfu)
-        m.flops_source = source
-        gate.judge(node, m, model="tiny", recipe="fp32", precision="fp32", estimate=None)
+    gate = new_gate(tmp_path, update=True)
+    judge_case(gate, "a", mfu=0.4127, flops_source="counted")
+    judge_case(gate, "b")
     assert [row.mfu for row in gate.rows] == ["41.3% (counted)", "—"]
 
 
@@ -582,53 +590,29 @@ def test_what_an_earlier_case_left_allocated_is_named_under_the_end_table(tmp_pa
     """The H200's optim-in-bwd-checkpoint after optim-in-bwd: 43,045,451,776 B measured, 20,585,324,544 of them
     left by the case before. Named above 1% of the peak; a few MiB of the CUDA libraries' workspaces are not (the
     gate's rule is the same on every device: "cpu" here only spares the test a GPU)."""
-    from types import SimpleNamespace
-
-    from gptcore.gate.session import Gate
-    from gptcore.measure.measurement import Measurement
-
-    gate = Gate(directory=tmp_path, update=True, strict=False, overrides={}, timing_override=(None,) * 3)
+    gate = new_gate(tmp_path, update=True)
     for name, before in (("a", 20_585_324_544), ("b", 33_554_432)):
-        node = SimpleNamespace(name=f"test_x[{name}]", nodeid=f"bench/x.py::test_x[{name}]")
-        m = Measurement(
-            device="cpu", tokens_per_step=1, steps_per_round=1, tokens_per_s=1e3, loss=1.0, allocated_before=before
-        )
-        m.peak_allocated_bytes = 43_045_451_776
-        gate.judge(node, m, model="tiny", recipe="fp32", precision="fp32", estimate=None)
+        judge_case(gate, name, allocated_before=before, peak_allocated_bytes=43_045_451_776)
     assert gate.notes == [
         "test_x[a]: 20,585,324,544 B were still allocated when it began, left by a case before it: its peak "
         "includes them"
     ]
 
 
-def judge_case(gate, recipe: str, peak: int, error: str | None = None):
-    """Hand the gate a cpu-small case of ``recipe`` with ``peak`` bytes (or failed with ``error``); its Outcome."""
-    from gptcore.measure.measurement import Measurement
-
-    node = SimpleNamespace(name=f"test_x[{recipe}]", nodeid=f"bench/x.py::test_x[{recipe}]")
-    m = Measurement(device="cpu", tokens_per_step=1, steps_per_round=1, tokens_per_s=1e3, loss=1.0, error=error)
-    m.peak_allocated_bytes = peak
-    return gate.judge(node, m, model="cpu-small", recipe=recipe, precision="fp32", estimate=None)
-
-
 def test_a_case_that_failed_to_run_judges_no_expected_effect(tmp_path: Path) -> None:
     """checkpoint out of memory after fp32 ran: its one failure is its error; no effect is judged on figures it
     never finished measuring, and it is not counted as run."""
-    from gptcore.gate.session import Gate
-
-    gate = Gate(directory=tmp_path, update=True, strict=False, overrides={}, timing_override=(None,) * 3)
-    assert judge_case(gate, "fp32", 35_000_000).failures == []
-    outcome = judge_case(gate, "checkpoint", 36_000_000, error="out of memory after 0 steps")
+    gate = new_gate(tmp_path, update=True)
+    assert judge_case(gate, "fp32", peak_allocated_bytes=35_000_000).failures == []
+    outcome = judge_case(gate, "checkpoint", peak_allocated_bytes=36_000_000, error="out of memory after 0 steps")
     assert outcome.failures == ["test_x[checkpoint]: out of memory after 0 steps"]
     assert gate.expected.outcomes == [] and list(gate.expected.ran) == [("cpu-small", "fp32", 1, "cpu")]
 
 
 def test_a_recording_run_counts_under_the_table_the_cases_it_wrote(tmp_path: Path) -> None:
-    from gptcore.gate.session import Gate
-
-    gate = Gate(directory=tmp_path, update=True, strict=False, overrides={}, timing_override=(None,) * 3)
+    gate = new_gate(tmp_path, update=True)
     for recipe in ("x", "y"):
-        judge_case(gate, recipe, 35_000_000)
+        judge_case(gate, recipe, peak_allocated_bytes=35_000_000)
     assert gate.summary_notes() == [f"baselines: recorded 2 case(s) into {tmp_path / 'cpu.json'}, each as it ended"]
     assert sorted(baselines.load(tmp_path / "cpu.json").entries) == ["test_x[x]", "test_x[y]"]
 
@@ -638,26 +622,23 @@ def test_a_baseline_file_that_cannot_be_written_fails_the_case_that_recorded_int
 ) -> None:
     """--update-baselines writes each case as it ends; a write that fails (a full disk, faked) fails that case,
     naming the error, and the run goes on."""
-    from gptcore.gate.session import Gate
 
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(baselines, "update", full)
-    gate = Gate(directory=tmp_path, update=True, strict=False, overrides={}, timing_override=(None,) * 3)
+    gate = new_gate(tmp_path, update=True)
     line = "test_x[fp32]: baselines: NOT written: [Errno 28] No space left on device"
-    assert judge_case(gate, "fp32", 35_000_000).failures == [line] and gate.failures == [line]
+    assert judge_case(gate, "fp32", peak_allocated_bytes=35_000_000).failures == [line] and gate.failures == [line]
 
 
 def test_a_case_that_failed_is_not_also_told_how_to_record_its_missing_baseline(tmp_path: Path) -> None:
     """No baseline and an unmet expected effect (checkpoint no leaner than fp32): the case fails once, for the
     effect; 'record it with' (and, under --baseline-strict, a failure for the missing baseline) is for cases that
     passed, so that a failing case is not recorded as the baseline."""
-    from gptcore.gate.session import Gate
-
-    gate = Gate(directory=tmp_path, update=False, strict=True, overrides={}, timing_override=(None,) * 3)
-    judge_case(gate, "fp32", 35_000_000)
-    outcome = judge_case(gate, "checkpoint", 35_000_000)
+    gate = new_gate(tmp_path, strict=True)
+    judge_case(gate, "fp32", peak_allocated_bytes=35_000_000)
+    outcome = judge_case(gate, "checkpoint", peak_allocated_bytes=35_000_000)
     (line,) = outcome.failures
     assert "expected effect not met" in line and outcome.missing is None
 
@@ -665,10 +646,8 @@ def test_a_case_that_failed_is_not_also_told_how_to_record_its_missing_baseline(
 def test_a_figure_not_gated_is_counted_under_the_table_only_where_its_delta_is_shown(tmp_path: Path) -> None:
     """CPU tokens/s is shown in parentheses, not gated: two cases make one line with their count. A check with no
     figure to show (no work ledger on either side) adds no line, and its work cell is '—', not '=' (equal)."""
-    from gptcore.gate.session import Gate
-
     baselines.update(tmp_path / "cpu.json", "cpu", {"t[a]": BASE, "t[b]": BASE}, device_name="CPU A", device_type="cpu")
-    gate = Gate(tmp_path, False, False, {}, (None,) * 3, cpu_model="CPU A")
+    gate = new_gate(tmp_path, cpu_model="CPU A")
     for name, speed in (("t[a]", 1100.0), ("t[b]", 950.0)):
         verdict = gate.judge_entry(SimpleNamespace(name=name, nodeid=f"x::{name}"), measured(tokens_per_s=speed), "cpu")
         assert status(verdict, "work") == "not gated"  # BASE has no work ledger
@@ -683,9 +662,8 @@ def test_a_case_read_back_from_a_results_log_keeps_its_logged_cells(tmp_path: Pa
     """--resume and a merge of shards show a logged case as it was judged: its end-table cells as logged; one that
     failed outside the gate (no cells) by its outcome and the reason it failed."""
     from gptcore.gate.results import Record
-    from gptcore.gate.session import Gate
 
-    gate = Gate(directory=tmp_path, update=False, strict=False, overrides={}, timing_override=(None,) * 3)
+    gate = new_gate(tmp_path)
     cells = {"verdict": "FAIL: peak memory", "estimate": 123, "error": None, "status": {"peak memory": "FAIL"}}
     cells |= {"work": "syncs +1", "mfu": "—"}
     logged = Record("x::t[a]", "t[a]", "failed", 1.0, slug="cpu", verdict="FAIL", row=cells, entry=BASE.to_json())
@@ -725,8 +703,6 @@ def test_update_rewrites_only_the_cases_that_ran_and_keeps_tolerances(tmp_path: 
 def test_a_study_is_judged_by_its_own_tolerances_and_recording_keeps_them(tmp_path: Path) -> None:
     """tolerances_by_test: the cases of a study with its own noise evidence (by its test function) are held to its
     tolerances, every other case to the file's; --update-baselines rewrites entries and keeps both."""
-    from gptcore.gate.session import Gate
-
     path = tmp_path / "cpu.json"
     names = ("test_noisy[a]", "test_steady[a]", "test_other[a]")
     baselines.update(path, "cpu", dict.fromkeys(names, BASE), device_name="CPU A", device_type="cpu")
@@ -741,7 +717,7 @@ def test_a_study_is_judged_by_its_own_tolerances_and_recording_keeps_them(tmp_pa
     assert verdicts["test_steady[a]"].failed and verdicts["test_other[a]"].failed  # its own 0.1%; the file's 2%
     assert file.tolerances_for("test_steady[a]").loss == 0.5 and file.tolerances_for("test_other[a]").loss == 1e-6
     assert file.tolerances_for("test_steady[a]").speed is None  # the fields it does not name are the file's
-    gate = Gate(directory=tmp_path, update=False, strict=False, overrides={}, timing_override=(None,) * 3)
+    gate = new_gate(tmp_path)
     for name in names:  # the gate judges each case by the tolerances its file holds for it
         node = SimpleNamespace(name=name, nodeid=f"bench/x.py::{name}")
         assert gate.judge_entry(node, fatter, "cpu").failed == verdicts[name].failed
@@ -883,17 +859,9 @@ def test_a_loss_or_speed_not_finite_is_never_recorded_and_fails_the_case_naming_
     tmp_path: Path, loss, speed, said
 ) -> None:
     """A loss or a tokens/s that is not finite (a diverged run, a broken timing) fails the case, naming each."""
-    from types import SimpleNamespace
-
-    from gptcore.gate.session import Gate
-    from gptcore.measure.measurement import Measurement
-
-    gate = Gate(directory=tmp_path, update=True, strict=False, overrides={}, timing_override=(None,) * 3)
-    node = SimpleNamespace(name="test_x[tiny-fp32]", nodeid="bench/x.py::test_x[tiny-fp32]")
-    m = Measurement(
-        device="cpu", tokens_per_step=1, steps_per_round=1, tokens_per_s=speed, peak_allocated_bytes=3, loss=loss
-    )
-    outcome = gate.judge(node, m, model="tiny", recipe="fp32", precision="fp32", estimate=None)
+    gate = new_gate(tmp_path, update=True)
+    case = dict(model="tiny", recipe="fp32", tokens_per_s=speed, peak_allocated_bytes=3, loss=loss)
+    outcome = judge_case(gate, "tiny-fp32", **case)
     assert outcome.failures == [
         f"test_x[tiny-fp32]: {said} (the run diverged or its timing broke): nothing recorded or compared"
     ]

@@ -11,6 +11,7 @@ from gptcore import identity
 from gptcore.gate import baselines, schema, verdicts
 from gptcore.gate.checks import FAIL, OK
 from gptcore.gate.schema import Entry, Tolerances
+from tests.test_gate import new_gate
 
 pytestmark = pytest.mark.cpu
 XEON, EPYC, OTHER = "Intel(R) Xeon(R) Processor", "AMD EPYC", "Some ARM core"
@@ -116,11 +117,9 @@ def test_update_loss_references_says_under_the_table_what_it_added_and_what_it_s
     is skipped, and the line under the end table counts both."""
     from types import SimpleNamespace
 
-    from gptcore.gate.session import Gate
-
     path = tmp_path / "cpu.json"
     baselines.update(path, "cpu", {"a": entry(3.0791, XEON)}, device_name=XEON, device_type="cpu")
-    gate = Gate(tmp_path, False, False, {}, (None,) * 3, update_loss=True, cpu_model=EPYC)
+    gate = new_gate(tmp_path, update_loss=True, cpu_model=EPYC)
     for name, loss in (("a", 3.0791007), ("c", 1.0)):
         gate.judge_entry(SimpleNamespace(name=name, nodeid=f"bench/x.py::{name}"), entry(loss, EPYC), "cpu")
     gate.write_updates()
@@ -137,11 +136,9 @@ def judged_notes(tmp_path, measured: dict[str, Entry], recorded: dict[str, Entry
     added loss references to (``epyc``)."""
     from types import SimpleNamespace
 
-    from gptcore.gate.session import Gate
-
     baselines.update(tmp_path / "cpu.json", "cpu", recorded, device_name=XEON, device_type="cpu")
     baselines.add_loss_references(tmp_path / "cpu.json", "cpu", epyc)
-    gate = Gate(tmp_path, False, False, {}, (None,) * 3, cpu_model=EPYC)
+    gate = new_gate(tmp_path, cpu_model=EPYC)
     for name, e in measured.items():
         gate.judge_entry(SimpleNamespace(name=name, nodeid=f"bench/x.py::{name}"), e, "cpu")
     return gate.summary_notes()
@@ -173,10 +170,8 @@ def test_update_loss_references_leaves_a_gpu_case_to_the_gate(tmp_path, monkeypa
     a GPU case that ran beside them is judged as usual (here: no baseline), nothing written for it."""
     from types import SimpleNamespace
 
-    from gptcore.gate.session import Gate
-
     monkeypatch.setattr(identity, "device_slug", lambda device: "cpu" if device == "cpu" else "nvidia-h200")
-    gate = Gate(tmp_path, False, False, {}, (None,) * 3, update_loss=True, cpu_model=EPYC)
+    gate = new_gate(tmp_path, update_loss=True, cpu_model=EPYC)
     node = SimpleNamespace(name="test_x[gpu]", nodeid="bench/x.py::test_x[gpu]")
     assert gate.judge_entry(node, entry(3.0, "NVIDIA H200", "bf16"), "cuda:0").missing
     assert gate.pending == {} and not gate.cases[node.nodeid]["recorded"]

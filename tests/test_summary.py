@@ -24,6 +24,8 @@ from unittest import mock
 
 import pytest
 
+from tests.test_gate import judge_case, new_gate
+
 pytestmark = pytest.mark.cpu
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
@@ -129,19 +131,12 @@ def test_the_markdown_counts_pytest_benchmarks_regressions_and_escapes_what_woul
     assert "- note \\[see\\] \\*this\\*" in verdict
 
 
-def quiet_gate(tmp_path: Path, **fields):
-    """A gate with no baseline file, no override and no torch to compare (nothing of its own under the table)."""
-    from gptcore.gate.session import Gate
-
-    return Gate(tmp_path, False, False, {}, (None,) * 3, cpu_model=CPU_MODEL, **fields)
-
-
 def test_the_results_log_is_named_under_the_table_once_a_case_ran_or_was_not_started(tmp_path: Path) -> None:
     from gptcore.gate.session import Row
 
     log = tmp_path / "results.jsonl"
     line = f"results log: {log} (--resume {log} runs what it has not finished)"
-    gate = quiet_gate(tmp_path, log=SimpleNamespace(path=log))
+    gate = new_gate(tmp_path, log=SimpleNamespace(path=log))
     assert gate.summary_notes() == []  # nothing ran (pytest tests): no log to resume
     gate.not_started = ["test_x[b]"]
     assert gate.summary_notes() == ["deadline: 1 case(s) not started: test_x[b]", line]
@@ -150,7 +145,7 @@ def test_the_results_log_is_named_under_the_table_once_a_case_ran_or_was_not_sta
 
 
 def test_up_to_three_cases_without_a_baseline_are_recorded_by_name_and_more_by_their_files(tmp_path: Path) -> None:
-    gate = quiet_gate(tmp_path)
+    gate = new_gate(tmp_path)
     gate.missing = ["bench/a.py::t[1]", "bench/a.py::t[2]", "bench/b.py::t[3]"]
     assert gate.summary_notes() == [
         '3 case(s) have no baseline; record them with: python -m pytest "bench/a.py::t[1]" "bench/a.py::t[2]" '
@@ -166,7 +161,7 @@ def test_an_expected_effect_whose_reference_did_not_run_is_named_under_the_table
     """checkpoint's effect is judged against fp32: run alone (-k), it is named as not checked, not passed."""
     from gptcore.gate.expectations import Figures
 
-    gate = quiet_gate(tmp_path)
+    gate = new_gate(tmp_path)
     gate.expected.record("cpu-small", "checkpoint", "cpu", Figures(20_000_000, None, None, None))
     assert gate.summary_notes() == [
         "expectations not checked, their reference did not run (-k?): cpu-small checkpoint (needs fp32)"
@@ -176,17 +171,10 @@ def test_an_expected_effect_whose_reference_did_not_run_is_named_under_the_table
 def test_rounds_left_out_below_the_gpus_clocks_are_counted_under_the_table(tmp_path: Path) -> None:
     """measure.clocks flags rounds run below the GPU's clocks and the median leaves them out: the note says how
     many rounds tokens/s stands on ('cpu' names the device only to spare the test a GPU)."""
-    from gptcore.measure.measurement import Measurement
-
-    gate = quiet_gate(tmp_path)
-    node = SimpleNamespace(name="test_x[a]", nodeid="bench/x.py::test_x[a]")
-    m = Measurement(device="cpu", tokens_per_step=1, steps_per_round=1, tokens_per_s=1e3, loss=1.0)
-    m.round_seconds, m.flagged_rounds = [1.0, 1.0, 2.0, 2.0], [2, 3]
-    gate.judge(node, m, model="tiny", recipe="fp32", precision="fp32", estimate=None)
+    gate = new_gate(tmp_path)
+    judge_case(gate, "a", round_seconds=[1.0, 1.0, 2.0, 2.0], flagged_rounds=[2, 3])
     assert gate.notes == ["test_x[a]: tokens/s over 2 of 4 rounds, the rest ran below the GPU's clocks"]
-    m.flagged_rounds = []  # none left out: nothing to say
-    node = SimpleNamespace(name="test_x[b]", nodeid="bench/x.py::test_x[b]")
-    gate.judge(node, m, model="tiny", recipe="fp32", precision="fp32", estimate=None)
+    judge_case(gate, "b", round_seconds=[1.0, 1.0, 2.0, 2.0], flagged_rounds=[])  # none left out: nothing to say
     assert len(gate.notes) == 1
 
 

@@ -155,3 +155,82 @@ def test_without_nvml_nothing_is_sampled(monkeypatch):
 
     nvml = SimpleNamespace(nvmlInit=broken)
     assert clocks.open_clocks(SimpleNamespace(type="cuda", index=0), nvml) is None
+
+
+def test_each_slowdown_reason_flags_a_round_by_its_name_and_the_other_reasons_do_not():
+    """NVML's clock-event bits (nvml.h, nvmlClocksEventReason*): hardware slowdown 0x08, software thermal 0x20,
+    hardware thermal 0x40 and the hardware power brake 0x80 are a GPU slowing itself down; idle 0x01, the
+    application-clock setting 0x02, the software power cap 0x04, sync boost 0x10 and the display clock 0x100 are not.
+    The SM clock is flagged strictly below 75% of the default: 1,485 of 1,980 MHz is not, 1,484 is."""
+    watch = clocks.Clocks(fake_nvml([]), "gpu0")
+
+    def flag(sm: int, reasons: int) -> str | None:
+        return watch.flag(clocks.Sample(sm_mhz=sm, mem_mhz=2619, temperature_c=70, power_w=600.0, reasons=reasons))
+
+    slowdowns = {0x08: "hardware slowdown", 0x20: "thermal (software)", 0x40: "thermal (hardware)"}
+    slowdowns[0x80] = "power brake (hardware)"
+    for bit, name in slowdowns.items():
+        assert flag(1980, bit) == name
+    for bit in (0x01, 0x02, 0x04, 0x10, 0x100):
+        assert flag(1980, bit) is None
+    assert flag(1485, 0) is None
+    assert flag(1484, 0x08 | 0x40 | 0x04) == "SM clock 1484 MHz < 75% of 1980; hardware slowdown; thermal (hardware)"
+
+
+def test_an_older_nvidia_ml_py_is_read_through_its_throttle_reasons_call():
+    """NVML as of the R525 drivers has only nvmlDeviceGetCurrentClocksThrottleReasons; later releases renamed it
+    nvmlDeviceGetCurrentClocksEventReasons and deprecated the old name. Either is read."""
+    nvml = fake_nvml([HOT])
+    nvml.nvmlDeviceGetCurrentClocksThrottleReasons = nvml.nvmlDeviceGetCurrentClocksEventReasons
+    del nvml.nvmlDeviceGetCurrentClocksEventReasons
+    watch = clocks.Clocks(nvml, "gpu0")
+    assert watch.flag(watch.sample()) == "thermal (hardware)"
+
+
+def test_the_gpu_is_found_by_its_uuid_and_by_its_index_when_nvml_cannot_find_the_uuid(monkeypatch):
+    """Under CUDA_VISIBLE_DEVICES=3, CUDA's device 0 is NVML's GPU 3: the handle comes from the device's UUID
+    ("GPU-" and torch's uuid, as nvidia-smi -L prints it). Where NVML cannot look it up (an NVMLError of its own
+    type), the index is taken; a device without an index is the current one."""
+    import torch
+
+    class NVMLError(Exception):
+        pass
+
+    uuids = {"GPU-5f0c1e2a": "nvml-gpu3"}
+
+    def by_uuid(uuid: str):
+        if uuid not in uuids:
+            raise NVMLError("Not Found")
+        return uuids[uuid]
+
+    nvml = fake_nvml([])
+    nvml.nvmlDeviceGetHandleByUUID = by_uuid
+    nvml.nvmlDeviceGetHandleByIndex = lambda index: f"nvml-index{index}"
+    props = {0: SimpleNamespace(uuid="5f0c1e2a"), 1: SimpleNamespace(uuid="unknown-to-nvml")}
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props[index])
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert clocks.open_clocks(SimpleNamespace(type="cuda", index=0), nvml).handle == "nvml-gpu3"
+    assert clocks.open_clocks(SimpleNamespace(type="cuda", index=None), nvml).handle == "nvml-index1"
+
+
+def test_the_recorded_clocks_are_the_medians_of_the_kept_rounds_and_the_hottest_of_all():
+    """The medians describe the rounds whose speed counts; the hottest temperature is the whole run's, flagged
+    rounds included (a throttled round is the hot one); when every round was flagged, all of them are described."""
+
+    def sample(sm: int, mem: int, temp: int, power: float) -> clocks.Sample:
+        return clocks.Sample(sm_mhz=sm, mem_mhz=mem, temperature_c=temp, power_w=power, reasons=0)
+
+    rounds = [sample(1980, 2619, 70, 600.0), sample(1200, 1593, 89, 350.0), sample(1950, 2600, 72, 640.0)]
+    rounds += [sample(1300, 1593, 88, 360.0), sample(1965, 2610, 71, 620.0)]
+    assert clocks.summary(rounds, [1, 3], DEFAULT_SM) == {
+        "sm_mhz": 1965,
+        "mem_mhz": 2610,
+        "default_sm_mhz": DEFAULT_SM,
+        "temperature_c_max": 89,
+        "power_w_median": 620.0,
+        "flagged_rounds": 2,
+        "rounds": 5,
+    }
+    every = clocks.summary(rounds, [0, 1, 2, 3, 4], DEFAULT_SM)
+    described = (every["sm_mhz"], every["mem_mhz"], every["power_w_median"], every["flagged_rounds"])
+    assert described == (1950, 2600, 600.0, 5)

@@ -866,3 +866,67 @@ def test_a_creep_alone_fails_the_history_command(tmp_path: Path, capsys):
     assert main(["history", "--storage", str(tmp_path / "runs")]) == 1
     lines = capsys.readouterr().out.splitlines()
     assert [line.rsplit(": ", 1)[-1] for line in lines if line.startswith("test_x[c]")] == ["creeping"], lines
+
+
+def test_a_finding_states_its_size_and_the_command_that_hunts_it_and_the_json_says_where_its_place_is_uncertain():
+    """Sizes of 1,000 or more in magnitude, either sign, with thousands separators, smaller ones to 6 significant
+    digits, a figure that became NaN or inf by name. bisect's --threshold is half a tokens/s step (never below
+    MIN_STEP) and only for tokens/s; a validation loss has no command (neither bisect nor compare measures it). An
+    uncertain place is hunted over its whole range, and the JSON says it is uncertain."""
+    from gptcore.hunt.findings import Finding, History
+
+    def finding(metric: str, change: float, relative: float | None, **fields) -> Finding:
+        fields = dict(status="regression", note="3 commit(s) at the new value") | fields
+        return Finding(
+            "test_x[cpu-small-fp32]", metric, "step", "a" * 40, "b" * 40, change, relative, None, 3, **fields
+        )
+
+    assert finding("peak memory", -8_915_712.0, -0.432).size() == "-8,915,712 (-43.2%)"
+    assert finding("peak memory", 8_915_712.0, 0.432).size() == "+8,915,712 (+43.2%)"
+    assert finding("loss@8", -0.111657, None).size() == "-0.111657"
+    assert finding("loss@8", float("nan"), None).size() == "NaN"
+    assert finding("loss@8", float("-inf"), None).size() == "-inf"
+    bisect = "python -m gptcore bisect aaaaaaaaaaaa bbbbbbbbbbbb -k cpu-small-fp32 --metric"
+    assert finding("tokens/s", -300.0, -0.3).command() == f"{bisect} tokens_per_s --threshold 0.15"
+    assert finding("tokens/s", -10.0, -0.012).command() == f"{bisect} tokens_per_s --threshold 0.01"
+    assert finding("peak memory", 300.0, 0.3).command() == f"{bisect} peak_memory"
+    assert finding("val loss", 0.06, None, status="creeping").command() is None
+    uncertain = finding("peak memory", 300.0, 0.3, hunt=("9" * 40, "c" * 40))
+    certain = finding("peak memory", 300.0, 0.3)
+    saved = History(findings=[uncertain, certain], series=1, runs=6, commits=["9" * 40, "a" * 40, "b" * 40]).to_json()
+    assert [(f["uncertain"], f["command"]) for f in saved["findings"]] == [
+        (True, "python -m gptcore bisect 999999999999 cccccccccccc -k cpu-small-fp32 --metric peak_memory"),
+        (False, f"{bisect} peak_memory"),
+    ]
+
+
+def test_the_markdown_section_hunts_each_range_once_and_keeps_each_note_and_what_was_left_out():
+    """Two losses of one case that stepped between the same commits are one bisect; each row keeps its note; the
+    lines left out are listed (escaped) with or without findings, and a history with none says what it read."""
+    from gptcore.hunt.findings import Finding, History, markdown
+
+    def loss(metric: str, note: str) -> Finding:
+        return Finding(
+            "test_x[cpu-small-fp32]", metric, "step", "a" * 40, "b" * 40, 0.5, None, None, 3, "changed", note
+        )
+
+    left_out = ["test_y[*z*] peak memory: 2 of 6 run(s) have no value (skipped)"]
+    both = markdown(
+        History(findings=[loss("loss@8", "note 8"), loss("loss@16", "note 16")], skipped=left_out, series=2, runs=6)
+    )
+    hunt = "python -m gptcore bisect aaaaaaaaaaaa bbbbbbbbbbbb -k cpu-small-fp32 --metric loss"
+    assert both.count(hunt) == 1 and "| changed (note 8) |" in both and "| changed (note 16) |" in both
+    escaped = "- test_y\\[\\*z\\*\\] peak memory: 2 of 6 run(s) have no value (skipped)"
+    none = markdown(History(skipped=left_out, series=3, runs=4, commits=["c1", "c2"]))
+    assert none.splitlines() == [
+        "### Change points in history",
+        "",
+        "None in 3 series over 4 saved run(s) of 2 commit(s).",
+        "",
+        "<details><summary>left out (1)</summary>",
+        "",
+        escaped,
+        "",
+        "</details>",
+    ]
+    assert f"\n{escaped}\n" in both

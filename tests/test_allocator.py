@@ -310,3 +310,74 @@ def test_without_a_compiler_a_cpu_case_fails_in_one_line_that_says_so(tmp_path, 
     monkeypatch.setattr(allocator, "load", unavailable)
     m = runner.run_case(get_model("cpu-small"), RECIPES["fp32"], "cpu", warmup=2, rounds=1, steps_per_round=1)
     assert m.error == line and m.peak_allocated_bytes is None  # a failed case with its reason; the rest goes on
+
+
+def test_the_library_is_kept_under_xdg_cache_home_and_named_after_its_source_and_torch(tmp_path, monkeypatch) -> None:
+    """A new torch release or an edited source is a new file name, so a library built for another is never loaded."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert allocator.cache_dir() == tmp_path / "cache" / "gptcore-bench" / "allocator"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert allocator.cache_dir() == Path.home() / ".cache" / "gptcore-bench" / "allocator"
+    built = allocator._library_path()
+    assert built.parent == allocator.cache_dir() and built.name.startswith("counting-") and built.suffix == ".so"
+    release = torch.__version__
+    monkeypatch.setattr(torch, "__version__", release + ".planted")
+    assert allocator._library_path() != built
+    monkeypatch.setattr(torch, "__version__", release)
+    assert allocator._library_path() == built
+    edited = tmp_path / "counting_allocator.cpp"
+    edited.write_text(allocator.SOURCE.read_text() + "// edited\n")
+    monkeypatch.setattr(allocator, "SOURCE", edited)
+    assert allocator._library_path().parent == built.parent and allocator._library_path() != built
+
+
+def test_a_failed_build_is_one_line_naming_the_compilers_error_and_leaves_no_partial_library(tmp_path, monkeypatch):
+    compiler = tmp_path / "planted-c++"
+    compiler.write_text(
+        "#!/bin/sh\necho 'In file included from counting_allocator.cpp:1:' >&2\n"
+        "echo 'counting_allocator.cpp:9:1: error: planted' >&2\necho '    9 | planted' >&2\nexit 1\n"
+    )
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CXX", str(compiler))
+    with pytest.raises(allocator.Unavailable) as raised:
+        allocator._build(tmp_path / "lib" / "counting.so")
+    assert str(raised.value) == (
+        f"building the CPU allocator count failed ({compiler}): counting_allocator.cpp:9:1: error: planted"
+    )
+    assert list((tmp_path / "lib").iterdir()) == []  # the partial file written beside the target is gone
+
+
+def test_a_built_library_is_loaded_without_building_again_and_windows_is_refused_in_one_line(monkeypatch) -> None:
+    def build(target: Path) -> None:
+        raise AssertionError(f"built again: {target}")
+
+    monkeypatch.setattr(allocator, "_build", build)
+    monkeypatch.setattr(allocator, "_lib", None)
+    allocator.load()  # the fixture's counting() built it, or found it built
+    before = allocator.allocated_bytes()  # read through the library just loaded: the one counting now
+    kept = torch.empty(1000, dtype=torch.uint8)
+    assert allocator.allocated_bytes() - before == 1000
+    del kept
+    monkeypatch.setattr(allocator, "_lib", None)
+    monkeypatch.setattr(allocator.sys, "platform", "win32")
+    with pytest.raises(allocator.Unavailable, match="^the CPU allocator count is built for Linux and macOS only$"):
+        allocator.load()
+
+
+def test_the_state_at_a_windows_start_is_each_storage_once_with_the_gradients_and_every_optimizer_state_tensor():
+    """A Linear(4, 3) in fp32 holds 12 + 3 floats (60 B) and a 2-element int64 buffer (16 B). Its gradients are 60 B
+    more; AdamW's state is exp_avg and exp_avg_sq per parameter (120 B) and a 0-dim float32 step per parameter (8 B).
+    A view or a slice of a storage adds nothing, an empty one nothing, and a DTensor counts as its local shard."""
+    from types import SimpleNamespace
+
+    model = torch.nn.Linear(4, 3)
+    model.register_buffer("seen", torch.zeros(2, dtype=torch.int64))
+    opt = torch.optim.AdamW(model.parameters())
+    assert allocator.state_bytes(model, [opt]) == 76
+    model(torch.randn(2, 4)).sum().backward()
+    assert allocator.state_bytes(model, [opt]) == 76 + 60
+    opt.step()
+    assert allocator.state_bytes(model, [opt]) == 76 + 60 + 120 + 8
+    weight = model.weight
+    assert allocator.storage_bytes([weight, weight.view(-1), weight[0], torch.empty(0)]) == 48
+    assert allocator.storage_bytes([SimpleNamespace(_local_tensor=torch.zeros(5))]) == 20

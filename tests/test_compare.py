@@ -3,6 +3,7 @@ throwaway repository and writes valid JSON; bad input is one line and exit code 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import random
@@ -10,6 +11,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -699,3 +701,132 @@ def test_bisect_prints_the_first_bad_commit_and_its_figures_or_why_there_is_none
 
     monkeypatch.setattr(bisection, "bisect", interrupted)
     assert main(["bisect", "v1", "v2", "-k", "cpu-small"]) == 130
+
+
+# -- bisect's judgement and its search (the measuring faked) ----------------------------------------------------------
+
+TWO_CASES = [["cpu-small", "fp32"], ["cpu-small", "ckpt-fp32"]]
+
+
+def test_a_commit_is_bad_when_any_of_its_cases_is_worse_first_or_last(tmp_path, monkeypatch):
+    """judge_commit over two cases: one worse case makes the commit bad wherever it comes; a case that cannot run is
+    an error (bisect_step then skips the commit), never good. Peak memory is measured only when it is the metric, and
+    a loss is held to the device's tolerance: on CPU fp32 within 1e-6, so a 1e-4 move is bad there and passes a GPU's
+    1e-3."""
+    from gptcore.hunt import bisection
+    from gptcore.hunt.compare import CaseResult, DriverError
+
+    def spec(metric: str, good: dict | None = None) -> bisection.BisectSpec:
+        return bisection.BisectSpec(str(tmp_path), TWO_CASES, metric, 5, 0.05, {}, good or {}, str(tmp_path / "log"))
+
+    same = speed_verdict(noisy(1000, 0.01, 5), noisy(1000, 0.01, 5, seed=1))
+    slow = speed_verdict(noisy(1000, 0.01, 5), noisy(800, 0.01, 5, seed=1))
+    assert (same.verdict, slow.verdict) == (SAME, SLOWER)
+
+    def judged(*speeds, error: str | None = None) -> bool:
+        results = [CaseResult(f"cpu-small-{r}", m, r, "fp32", speed=s) for (m, r), s in zip(TWO_CASES, speeds)]
+        results[-1].error = error
+        monkeypatch.setattr(bisection, "compare_trees", lambda *args, **kwargs: results)
+        bad, figures = bisection.judge_commit(tmp_path, spec("tokens_per_s"), tmp_path)
+        assert list(figures) == ["cpu-small-fp32", "cpu-small-ckpt-fp32"]
+        return bad
+
+    assert judged(slow, same) and judged(same, slow) and not judged(same, same)
+    with pytest.raises(DriverError, match="^B: the driver failed: boom$"):
+        judged(same, same, error="B: the driver failed: boom")
+
+    good = {f"{m}-{r}": {"peak_memory": 1000, "loss": 4.0, "loss_step": 2} for m, r in TWO_CASES}
+    measured: list[bool] = []
+
+    def exact(metric: str, moved: dict, device: str = "cpu") -> bool:
+        def run_driver(tree, model, recipe, options, script, memory):
+            measured.append(memory)
+            return good[f"{model}-{recipe}"] | moved.get(f"{model}-{recipe}", {})
+
+        monkeypatch.setattr(bisection, "run_driver", run_driver)
+        the_spec = dataclasses.replace(spec(metric, good), options={"device": device})
+        bad, figures = bisection.judge_commit(tmp_path, the_spec, tmp_path)
+        assert list(figures) == list(good)
+        return bad
+
+    hungrier = {"peak_memory": 1300}
+    assert exact("peak_memory", {"cpu-small-fp32": hungrier}) and exact(
+        "peak_memory", {"cpu-small-ckpt-fp32": hungrier}
+    )
+    assert not exact("peak_memory", {}) and measured == [True] * 6
+    measured.clear()
+    moved = {"cpu-small-ckpt-fp32": {"loss": 4.0001}}
+    assert exact("loss", moved) and not exact("loss", moved, device="cuda") and measured == [False] * 4
+
+
+@pytest.fixture
+def two_commits(tmp_path: Path) -> tuple[Path, str, str]:
+    """A throwaway repository of two commits (GOOD, BAD); bisect's measuring is faked, so they hold no gptcore."""
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+    path = tmp_path / "two"
+    path.mkdir()
+    git(path, "init", "-q")
+    (path / "NOTES").write_text("good\n")
+    good = commit(path, "good")
+    (path / "NOTES").write_text("bad\n")
+    return path, good, commit(path, "bad")
+
+
+def test_bisect_refuses_what_it_cannot_search_and_reports_bad_itself_or_why_no_commit_was_found(
+    two_commits, monkeypatch
+):
+    """An unknown metric, GOOD or BAD that cannot run, and a BAD no worse than GOOD are each one CompareError before
+    any search. When git bisect names BAD itself (a commit the search never visits), its figures are those of the
+    check that found BAD worse; when it names none, the reason carries git's last line."""
+    from gptcore.hunt import bisection
+    from gptcore.hunt.compare import DriverError
+
+    repo, good, bad = two_commits
+    peaks = {good[:8]: 1000, bad[:8]: 1300}
+    broken: set[str] = set()
+
+    def run_driver(tree, model, recipe, options, script, memory):
+        sha = tree.name.split("-")[0]  # a worktree's folder starts with its commit
+        if sha in broken:
+            raise DriverError(f"{model}/{recipe}: ImportError: planted")
+        return {"peak_memory": peaks[sha], "loss": 4.0, "loss_step": 2}
+
+    said = {"stdout": f"{bad} is the first bad commit\ncommit {bad}\n", "stderr": ""}
+
+    def run(command, **kwargs):
+        if command[3:5] == ["bisect", "run"]:
+            return subprocess.CompletedProcess(command, 0, said["stdout"], said["stderr"])
+        return subprocess.run(command, **kwargs)
+
+    monkeypatch.setattr(bisection, "run_driver", run_driver)
+    monkeypatch.setattr(bisection, "subprocess", SimpleNamespace(run=run))
+
+    def hunt(metric: str = "peak_memory") -> bisection.BisectResult:
+        return bisection.bisect(good, bad, CASE, metric=metric, options=Options(device="cpu"), cwd=repo)
+
+    with pytest.raises(CompareError, match=r"^--metric: unknown 'flops'; choose from tokens_per_s, peak_memory, loss$"):
+        hunt("flops")
+    broken.add(good[:8])
+    with pytest.raises(CompareError, match=rf"^GOOD '{good}' cannot run cpu-small/ckpt-fp32: ImportError: planted$"):
+        hunt()
+    broken.clear(), broken.add(bad[:8])
+    with pytest.raises(CompareError, match=rf"^BAD '{bad}' cannot run cpu-small/ckpt-fp32: ImportError: planted$"):
+        hunt()
+    broken.clear()
+    with pytest.raises(CompareError, match=rf"^BAD '{bad}' is not worse than GOOD '{good}' on loss: nothing to bisect"):
+        hunt("loss")
+
+    found = hunt()
+    assert (found.first_bad, found.subject, found.steps) == (bad, "bad", [])
+    check = found.figures[CASE]
+    assert (check["status"], check["baseline"], check["measured"]) == ("FAIL", 1000, 1300)
+    said.update(
+        stdout="", stderr="running ...\nbisect run failed: exit code 128 from 'python step.py' is < 0 or >= 128\n"
+    )
+    lost = hunt()
+    assert lost.first_bad is None and lost.figures == {}
+    assert lost.subject == (
+        "git bisect found no single commit: bisect run failed: exit code 128 from 'python step.py' is < 0 or >= 128"
+    )
+    assert git(repo, "worktree", "list").count("\n") == 0 and git(repo, "for-each-ref", "refs/bisect") == ""

@@ -128,6 +128,14 @@ def test_run_case_cpu_peak_equals_a_tracked_pass_of_its_own_and_tracking_moves_n
     assert 0 < m.cpu_share
 
 
+def test_fewer_rounds_than_the_loss_step_run_the_steps_before_it_untimed_and_read_the_loss_there() -> None:
+    """A study reads its loss at a fixed step: a run cut to 1 round (--bench-rounds 1) still reads it at step 6,
+    bit for bit the loss of 6 plain steps, not at the step its rounds ended."""
+    m = run_case(TINY, RECIPES["fp32"], "cpu", warmup=1, rounds=1, steps_per_round=1, loss_step=6)
+    assert (m.loss_step, len(m.round_seconds)) == (6, 1)
+    assert m.loss == Trainer(TINY, RECIPES["fp32"], "cpu").run(6)[-1]
+
+
 def test_run_case_times_the_rounds_apart_from_warmup_and_reads_the_last_loss() -> None:
     calls = []
 

@@ -682,6 +682,38 @@ def test_slug_of_a_cuda_device_name() -> None:
     assert identity.device_slug("cpu") == "cpu"
 
 
+def test_a_gpu_is_named_by_its_own_index_and_its_driver_read_from_nvidia_smi(tmp_path: Path, monkeypatch) -> None:
+    """GPU paths with torch's CUDA calls and nvidia-smi faked: cuda:1 is named after GPU 1, not GPU 0; the driver is
+    the first GPU's line of nvidia-smi (one line per GPU), None without nvidia-smi or when it fails (no driver
+    loaded); a CPU recording names no driver and does not ask for one."""
+    import torch
+
+    names = {0: "NVIDIA H100 80GB HBM3", 1: "NVIDIA H200"}
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: names[torch.device(device).index or 0])
+    assert (identity.device_slug("cuda:1"), identity.device_name("cuda:1")) == ("nvidia-h200", "NVIDIA H200")
+    assert (identity.device_slug("cuda"), identity.device_name("cuda")) == ("nvidia-h100-80gb-hbm3", names[0])
+    assert (identity.device_slug("cpu"), identity.device_name("cpu")) == ("cpu", "CPU")
+
+    smi = tmp_path / "nvidia-smi"
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert identity.driver_version() is None  # no nvidia-smi
+    smi.write_text("#!/bin/sh\nprintf '570.86.15\\n570.86.16\\n'\n")
+    smi.chmod(0o755)
+    assert identity.driver_version() == "570.86.15"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the driver'\nexit 9\n")
+    assert identity.driver_version() is None
+    monkeypatch.setattr(identity, "driver_version", lambda: "570.86.15")
+    assert identity.recording("cuda")["driver"] == "570.86.15" and identity.recording("cuda")["device_name"] == names[0]
+    monkeypatch.setattr(identity, "driver_version", lambda: pytest.fail("a CPU recording asked for a driver"))
+    assert identity.recording("cpu") | {"cuda": None} == {
+        "device_name": "CPU",
+        "device_type": "cpu",
+        "torch_version": torch.__version__,
+        "cuda": None,
+        "driver": None,
+    }
+
+
 def _write(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data))
 
@@ -866,3 +898,95 @@ def test_a_loss_or_speed_not_finite_is_never_recorded_and_fails_the_case_naming_
         f"test_x[tiny-fp32]: {said} (the run diverged or its timing broke): nothing recorded or compared"
     ]
     assert gate.rows[-1].verdict == "FAIL: not finite" and not (tmp_path / "cpu.json").exists()
+
+
+# -- the end of a session (gptcore.plugin.end), its pytest objects faked ---------------------------------------------
+
+
+def ended(gate, exitstatus: pytest.ExitCode, regressions: list[tuple[str, str]] | None = None):
+    """A session whose gate and pytest-benchmark session are ``gate`` and ``regressions``, finished with
+    ``exitstatus``: its exit status after the gate's finish."""
+    from gptcore.plugin import end
+    from gptcore.plugin.options import GATE
+
+    config = SimpleNamespace(
+        stash=pytest.Stash(), _benchmarksession=SimpleNamespace(performance_regressions=regressions)
+    )
+    config.stash[GATE] = gate
+    session = SimpleNamespace(config=config, exitstatus=exitstatus)
+    end.finish(session)
+    return session.exitstatus
+
+
+def test_the_end_fails_a_run_whose_baselines_were_not_written_or_that_a_compare_fail_or_a_resumed_case_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each fails a run whose tests passed, and a run that ended otherwise keeps its own status; a resumed run with
+    nothing left to run (pytest: no tests collected) is the result of the cases it resumed."""
+    OK, FAILED, EMPTY = pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED
+    assert ended(new_gate(tmp_path), OK) == OK and ended(new_gate(tmp_path), EMPTY) == EMPTY
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(baselines, "update", full)
+    unwritten = new_gate(tmp_path, pending={"cpu": {"test_x[a]": BASE}})
+    assert ended(unwritten, OK) == FAILED
+    assert unwritten.notes == ["baselines: NOT written: [Errno 28] No space left on device"]
+    slower = [("test_x[a] (0001_abc)", "Field 'median' has failed PercentageRegressionCheck: 12.3% > 5%")]
+    compared = new_gate(tmp_path)
+    assert ended(compared, OK, slower) == FAILED and ended(new_gate(tmp_path), OK, []) == OK
+    assert compared.regressions == [f"FAIL: {slower[0][0]}: {slower[0][1]}"]
+    assert ended(new_gate(tmp_path), pytest.ExitCode.INTERRUPTED, slower) == pytest.ExitCode.INTERRUPTED
+    assert ended(new_gate(tmp_path, resumed=["test_x[a]"]), EMPTY) == OK
+    assert ended(new_gate(tmp_path, resumed=["test_x[a]"], resumed_failed=True), EMPTY) == FAILED
+    assert ended(new_gate(tmp_path, resumed_failed=True), OK) == FAILED
+
+
+def test_the_end_section_shows_notes_alone_marks_failures_red_and_says_where_its_markdown_could_not_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Notes without a case (a deadline that started none) still make the section, without a markdown verdict; a
+    failing line is red; the verdict goes to --gate-markdown and is appended to $GITHUB_STEP_SUMMARY, and --gate-history
+    adds the history's section to it; a path that cannot be written is one red line, and the run goes on."""
+    from gptcore.plugin import end
+    from gptcore.plugin.options import GATE
+
+    written: list[tuple[str, bool]] = []
+    reporter = SimpleNamespace(
+        section=lambda title: written.append((f"== {title}", False)),
+        write_line=lambda line, red=False: written.append((line, red)),
+    )
+
+    def summary(gate, history: bool = False) -> None:
+        options = SimpleNamespace(benchmark_storage=str(tmp_path / "no-runs"))
+        config = SimpleNamespace(stash=pytest.Stash(), option=options, getoption=lambda name: history)
+        config.stash[GATE] = gate
+        written.clear()
+        end.write_summary(reporter, config)
+
+    waiting = new_gate(tmp_path, markdown=tmp_path / "alone.md", not_started=["test_x[b]"])
+    summary(waiting)
+    assert written == [("== gptcore benchmark gate", False), ("deadline: 1 case(s) not started: test_x[b]", False)]
+    assert not (tmp_path / "alone.md").exists()
+
+    step_summary = tmp_path / "step-summary.md"
+    step_summary.write_text("an earlier step's summary\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step_summary))
+    gate = new_gate(tmp_path, markdown=tmp_path / "gate.md", regressions=["FAIL: test_x[a] (0001): slower"])
+    judge_case(gate, "a", peak_allocated_bytes=35_000_000)
+    summary(gate, history=True)
+    assert written[-1] == ("FAIL: test_x[a] (0001): slower", True) and not any(red for _, red in written[:-1])
+    verdict = (tmp_path / "gate.md").read_text()
+    assert verdict.startswith("## gptcore benchmark gate: FAIL: 1 failure(s) (1 case)")
+    assert f"Not analysed: {tmp_path / 'no-runs'}: no such directory" in verdict
+    assert step_summary.read_text() == "an earlier step's summary\n" + verdict
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    gate.markdown = blocked / "gate.md"
+    summary(gate)
+    (line, red), *_ = [(line, red) for line, red in written if line.startswith("gate markdown")]
+    assert line.startswith(f"gate markdown: NOT written to {blocked / 'gate.md'}: [Errno 20] Not a directory") and red
+    again = step_summary.read_text().split(verdict, 1)[1]  # still appended there, without --gate-history's section
+    assert again.startswith("## gptcore benchmark gate: FAIL") and "Change points in history" not in again

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -190,6 +191,31 @@ def test_a_resumed_failure_fails_the_run_and_a_bad_log_is_one_line(tmp_path):
     bad = run_pytest(tmp_path, *FOUR, "--resume", str(log))
     assert bad.ret == 4 and "Traceback" not in bad.stdout.str() + bad.stderr.str()
     assert f"--resume: {log}: line 1:" in bad.stderr.str()
+
+
+def test_a_log_that_cannot_be_read_is_one_line_naming_the_file_and_its_line_and_blank_lines_are_no_records(tmp_path):
+    """Missing, not UTF-8, a line that is not JSON (except a last line cut short by a kill), a JSON line that is no
+    record: each one LogError line naming the file, and the line where there is one. Blank lines and a shard's plan
+    are not records."""
+    log = tmp_path / "run.jsonl"
+    where = re.escape(str(log))
+    for read in (results.read, results.read_plan):
+        with pytest.raises(results.LogError, match=f"^{where}: no such results log$"):
+            read(log)
+    plan = json.dumps(results.Plan((1, 2), ["a"], "cpu", "c0").to_json())
+    record = json.dumps(results.Record(nodeid="x::a", name="a", outcome="passed", seconds=1.0).to_json())
+    log.write_text(f"{plan}\n\n{record}\n\n{record}\n{record[:20]}")
+    assert [r.nodeid for r in results.read(log)] == ["x::a", "x::a"]
+    log.write_text(f"{record[:20]}\n{record}\n")
+    with pytest.raises(results.LogError, match=f"^{where}: line 1: not a JSON line "):
+        results.read(log)
+    log.write_text(f"{record}\n[1, 2]\n{record}\n")
+    with pytest.raises(results.LogError, match=f"^{where}: line 2: not a results-log record$"):
+        results.read(log)
+    log.write_bytes(b"\xff\xfe{}\n")
+    for read in (results.read, results.read_plan):
+        with pytest.raises(results.LogError, match=rf"^{where}: not a results log \(not UTF-8 text\)$"):
+            read(log)
 
 
 def test_each_line_of_the_log_is_one_write_so_a_kill_or_a_reader_never_splits_it(tmp_path, monkeypatch):

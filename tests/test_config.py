@@ -179,6 +179,23 @@ def test_invalid_model_shapes_name_the_field(fields, field):
         (dict(weight_decay=-0.1), "weight_decay"),
         (dict(momentum=float("nan")), "momentum"),
         (dict(seed=-1), "seed"),
+        # a name of none of a switch's choices: one line naming them, never a silent fallback to another choice
+        (dict(attention="flsh"), "attention"),
+        (dict(optimizer="adam"), "optimizer"),
+        (dict(adamw_impl="fast"), "adamw_impl"),
+        (dict(schedule="linear"), "schedule"),
+        (dict(compile=True, compile_scope="layers"), "compile_scope"),
+        (dict(compile=True, compile_mode="max"), "compile_mode"),
+        (dict(batch_divisor=0), "batch_divisor"),
+        (dict(vocab_multiple=0), "vocab_multiple"),
+        (dict(decay_steps=0), "decay_steps"),
+        (dict(warmup_steps=-1), "warmup_steps"),
+        (dict(num_workers=-1), "num_workers"),
+        (dict(lr=0.01, min_lr=0.1), "min_lr"),
+        (dict(compile_scope="blocks"), "compile_scope"),  # regional compiling without compiling
+        (dict(fit_memory=0.5, batch_divisor=2), "batch_divisor"),  # the fit chooses the batch
+        (dict(kernels="liger"), "kernels"),
+        (dict(compile=True, memory_budget=-0.1), "memory_budget"),
     ],
 )
 def test_invalid_recipes_name_the_field(fields, field):
@@ -186,9 +203,16 @@ def test_invalid_recipes_name_the_field(fields, field):
         Recipe(**fields)
 
 
-def test_grad_accumulation_that_does_not_divide_the_batch_is_refused():
+def test_a_grad_accumulation_or_batch_divisor_that_does_not_divide_the_batch_is_refused():
     with pytest.raises(ValueError, match="^grad_accum_steps:.*does not divide"):
         Recipe(grad_accum_steps=5).micro_batch(MODELS["cpu-small"])  # batch 12
+    with pytest.raises(ValueError, match="^batch_divisor: 5 does not divide the batch of 12$"):
+        Recipe(batch_divisor=5).batch_size(MODELS["cpu-small"])
+
+
+def test_the_vocabulary_is_padded_up_to_its_multiple_and_never_cut():
+    gpt2 = MODELS["gpt2"]  # 50,257 tokens
+    assert [Recipe(vocab_multiple=k).vocab_rows(gpt2) for k in (1, 64, 50_257)] == [50_257, 50_304, 50_257]
 
 
 @pytest.mark.parametrize(

@@ -134,6 +134,9 @@ def test_an_old_recipe_name_runs_with_one_deprecation_line():
         (["train", "--model", "cpu-small", "--set", "seed=-1"], "seed: must be in [0, inf), got -1"),
         (["estimate", "--model", "gpt2-xxl"], "unknown 'gpt2-xxl'"),
         (["estimate", "--model", "gpt2", "--seq", "0"], "argument --seq: must be >= 1"),
+        (["estimate", "--model", "gpt2", "--fit", "0"], "argument --fit: must be in (0, 1], got 0.0"),
+        (["compare", "HEAD", "-k", "x", "--threshold", "1"], "argument --threshold: must be in [0, 1), got 1.0"),
+        (["compare", "HEAD", "-k", "x", "--threshold", "-0.1"], "argument --threshold: must be in [0, 1), got -0.1"),
         (["train"], "required"),
         (["fly"], "invalid choice"),
     ],
@@ -156,6 +159,20 @@ def test_out_of_memory_on_the_cpu_is_one_line_and_exit_code_1(monkeypatch, capsy
     err = capsys.readouterr().err
     assert err.splitlines()[-1].startswith("gptcore: error: out of memory on cpu after step 0 (peak"), err
     assert "Traceback" not in err
+
+
+def test_a_folder_an_output_would_be_made_in_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, capsys):
+    """--plot's folder does not exist yet, and the folder it would be made in is not writable (faked: root, as CI
+    runs, may write anywhere): one line naming that folder, before any work."""
+    import os
+
+    run = str(Path(__file__).parent / "data" / "cpu-report-run.json")
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != tmp_path)
+    assert main(["report", run, "--plot", str(tmp_path / "plots" / "a")]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"gptcore: error: --plot {tmp_path / 'plots' / 'a'}: cannot create it under {tmp_path}\n"
+    )
 
 
 def test_an_output_that_cannot_be_written_is_one_line_before_any_work(tmp_path, capsys):

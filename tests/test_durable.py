@@ -218,6 +218,30 @@ def test_a_log_that_cannot_be_read_is_one_line_naming_the_file_and_its_line_and_
             read(log)
 
 
+def test_a_results_log_that_cannot_be_written_mid_run_is_one_note_and_the_run_goes_on(tmp_path, monkeypatch):
+    """A full disk while a case's line is written: the note under the table names the log and the error, the log is
+    let go (no second note for the next case, no error), and the cases go on."""
+    from types import SimpleNamespace
+
+    from gptcore.plugin.cases import CaseHooks
+    from tests.test_gate import new_gate
+
+    log = results.ResultsLog(tmp_path / "results.jsonl")
+    gate = new_gate(tmp_path, log=log)
+    hooks = CaseHooks(gate, deadline=None)
+    hooks.bench = {f"bench/x.py::{name}" for name in NAMES[:2]}
+
+    def full(line: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(log, "_append", full)
+    for nodeid in sorted(hooks.bench):
+        hooks.pytest_runtest_logreport(SimpleNamespace(nodeid=nodeid, failed=False, skipped=False, duration=1.0))
+        hooks.pytest_runtest_logfinish(nodeid)
+    assert gate.notes == [f"results log: NOT written to {log.path}: [Errno 28] No space left on device"]
+    assert gate.log is None
+
+
 def test_each_line_of_the_log_is_one_write_so_a_kill_or_a_reader_never_splits_it(tmp_path, monkeypatch):
     writes = []
     real_write = os.write

@@ -674,6 +674,27 @@ def test_a_case_read_back_from_a_results_log_keeps_its_logged_cells(tmp_path: Pa
     assert (b.verdict, b.error, b.measured, b.status) == ("failed", "RuntimeError: boom", None, {})
 
 
+def test_benchmarks_under_xdist_are_skipped_with_the_reason_and_plain_tests_are_not(monkeypatch) -> None:
+    """pytest-benchmark switches itself off under xdist (-n): a benchmark there would measure nothing, so each is
+    skipped saying why; a plain test beside it runs."""
+    from gptcore.plugin import cases
+
+    marks: dict[str, pytest.MarkDecorator] = {}
+
+    def item(nodeid: str, *fixtures: str) -> SimpleNamespace:
+        return SimpleNamespace(
+            nodeid=nodeid, fixturenames=fixtures, add_marker=lambda mark: marks.update({nodeid: mark})
+        )
+
+    monkeypatch.setattr(cases, "under_xdist", lambda: True)
+    cases.preload(None, [item("bench/x.py::test_x[a]", "benchmark", "gate"), item("tests/t.py::test_t", "tmp_path")])
+    assert list(marks) == ["bench/x.py::test_x[a]"]
+    assert (marks["bench/x.py::test_x[a]"].name, marks["bench/x.py::test_x[a]"].kwargs) == (
+        "skip",
+        {"reason": "pytest-benchmark is disabled under xdist: run bench/ without -n"},
+    )
+
+
 def test_slug_of_a_cuda_device_name() -> None:
     """Lowercase, each run of other characters one '-', none at either end (no 'nvidia-gh200-480gb-.json')."""
     assert identity.slugify("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"

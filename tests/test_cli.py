@@ -167,7 +167,7 @@ def test_a_folder_an_output_would_be_made_in_that_cannot_be_written_is_one_line(
     import os
 
     run = str(Path(__file__).parent / "data" / "cpu-report-run.json")
-    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != tmp_path)
+    monkeypatch.setattr(os, "access", lambda path, mode, **kwargs: Path(path) != tmp_path)
     assert main(["report", run, "--plot", str(tmp_path / "plots" / "a")]) == 2
     assert (
         capsys.readouterr().err

@@ -52,6 +52,13 @@ def fake_nvml(script: list[dict]) -> SimpleNamespace:
     )
 
 
+def reading(
+    sm: int = 1980, *, mem: int = 2619, temp: int = 70, power: float = 600.0, reasons: int = 0
+) -> clocks.Sample:
+    """One NVML reading, made directly."""
+    return clocks.Sample(sm_mhz=sm, mem_mhz=mem, temperature_c=temp, power_w=power, reasons=reasons)
+
+
 def run_rounds(script: list[dict]):
     """A tiny CPU case timed for len(script) rounds, each sampled by the fake NVML."""
     runner = CaseRunner(
@@ -165,7 +172,7 @@ def test_each_slowdown_reason_flags_a_round_by_its_name_and_the_other_reasons_do
     watch = clocks.Clocks(fake_nvml([]), "gpu0")
 
     def flag(sm: int, reasons: int) -> str | None:
-        return watch.flag(clocks.Sample(sm_mhz=sm, mem_mhz=2619, temperature_c=70, power_w=600.0, reasons=reasons))
+        return watch.flag(reading(sm, reasons=reasons))
 
     slowdowns = {0x08: "hardware slowdown", 0x20: "thermal (software)", 0x40: "thermal (hardware)"}
     slowdowns[0x80] = "power brake (hardware)"
@@ -216,12 +223,9 @@ def test_the_gpu_is_found_by_its_uuid_and_by_its_index_when_nvml_cannot_find_the
 def test_the_recorded_clocks_are_the_medians_of_the_kept_rounds_and_the_hottest_of_all():
     """The medians describe the rounds whose speed counts; the hottest temperature is the whole run's, flagged
     rounds included (a throttled round is the hot one); when every round was flagged, all of them are described."""
-
-    def sample(sm: int, mem: int, temp: int, power: float) -> clocks.Sample:
-        return clocks.Sample(sm_mhz=sm, mem_mhz=mem, temperature_c=temp, power_w=power, reasons=0)
-
-    rounds = [sample(1980, 2619, 70, 600.0), sample(1200, 1593, 89, 350.0), sample(1950, 2600, 72, 640.0)]
-    rounds += [sample(1300, 1593, 88, 360.0), sample(1965, 2610, 71, 620.0)]
+    rounds = [reading(1980, mem=2619, temp=70, power=600.0), reading(1200, mem=1593, temp=89, power=350.0)]
+    rounds += [reading(1950, mem=2600, temp=72, power=640.0), reading(1300, mem=1593, temp=88, power=360.0)]
+    rounds += [reading(1965, mem=2610, temp=71, power=620.0)]
     assert clocks.summary(rounds, [1, 3], DEFAULT_SM) == {
         "sm_mhz": 1965,
         "mem_mhz": 2610,

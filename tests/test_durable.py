@@ -224,17 +224,14 @@ def test_a_results_log_that_cannot_be_written_mid_run_is_one_note_and_the_run_go
     from types import SimpleNamespace
 
     from gptcore.plugin.cases import CaseHooks
-    from tests.test_gate import new_gate
+    from tests.test_gate import disk_full, new_gate
 
     log = results.ResultsLog(tmp_path / "results.jsonl")
     gate = new_gate(tmp_path, log=log)
     hooks = CaseHooks(gate, deadline=None)
     hooks.bench = {f"bench/x.py::{name}" for name in NAMES[:2]}
 
-    def full(line: str) -> None:
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(log, "_append", full)
+    monkeypatch.setattr(log, "_append", disk_full)
     for nodeid in sorted(hooks.bench):
         hooks.pytest_runtest_logreport(SimpleNamespace(nodeid=nodeid, failed=False, skipped=False, duration=1.0))
         hooks.pytest_runtest_logfinish(nodeid)

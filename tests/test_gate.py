@@ -546,6 +546,11 @@ def new_gate(directory: Path, **fields):
     return Gate(**(defaults | fields))
 
 
+def disk_full(*args, **kwargs):
+    """A write that fails as a full disk does (stands in for any writer: a baseline update, a log's append)."""
+    raise OSError(28, "No space left on device")
+
+
 def judge_case(gate, name: str, *, model: str = "cpu-small", recipe: str | None = None, **measured):
     """Hand the gate the fp32 CPU case ``test_x[name]`` (its recipe ``name`` unless given), one token a step at
     1,000 tokens/s and loss 1.0, with the Measurement's ``measured`` fields over that; its Outcome."""
@@ -623,10 +628,7 @@ def test_a_baseline_file_that_cannot_be_written_fails_the_case_that_recorded_int
     """--update-baselines writes each case as it ends; a write that fails (a full disk, faked) fails that case,
     naming the error, and the run goes on."""
 
-    def full(*args, **kwargs):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(baselines, "update", full)
+    monkeypatch.setattr(baselines, "update", disk_full)
     gate = new_gate(tmp_path, update=True)
     line = "test_x[fp32]: baselines: NOT written: [Errno 28] No space left on device"
     assert judge_case(gate, "fp32", peak_allocated_bytes=35_000_000).failures == [line] and gate.failures == [line]
@@ -947,10 +949,7 @@ def test_the_end_fails_a_run_whose_baselines_were_not_written_or_that_a_compare_
     OK, FAILED, EMPTY = pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED
     assert ended(new_gate(tmp_path), OK) == OK and ended(new_gate(tmp_path), EMPTY) == EMPTY
 
-    def full(*args, **kwargs):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(baselines, "update", full)
+    monkeypatch.setattr(baselines, "update", disk_full)
     unwritten = new_gate(tmp_path, pending={"cpu": {"test_x[a]": BASE}})
     assert ended(unwritten, OK) == FAILED
     assert unwritten.notes == ["baselines: NOT written: [Errno 28] No space left on device"]

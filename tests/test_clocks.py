@@ -13,11 +13,11 @@ import pytest
 from gptcore.config import Recipe
 from gptcore.gate import baselines, checks, verdicts
 from gptcore.gate.schema import Entry, Tolerances
-from gptcore.gate.session import Gate
 from gptcore.measure import clocks
 from gptcore.measure.runner import CaseRunner
 from gptcore.measure.timing import throughput
 from tests.helpers import TINY, fake_share
+from tests.test_gate import new_gate
 
 pytestmark = pytest.mark.cpu
 
@@ -113,7 +113,7 @@ def test_more_than_half_flagged_is_machine_unfit_and_never_a_regression(tmp_path
     verdict = verdicts.verdict_of("case", measured, baseline, tol, unfit=m.unfit)
     speed = next(c for c in verdict.checks if c.metric == "tokens/s")
     assert not verdict.failed and speed.status == checks.NOT_GATED and speed.note == m.unfit
-    gate = Gate(directory=tmp_path, update=False, strict=False, overrides={}, timing_override=(None,) * 3)
+    gate = new_gate(tmp_path)
     node = SimpleNamespace(name="test_x[tiny-fp32]", nodeid="bench/x.py::test_x[tiny-fp32]")
     gate.judge_entry(node, measured, "cpu", unfit=m.unfit)
     assert gate.rows[-1].verdict.startswith("machine unfit")

@@ -13,10 +13,10 @@ import torch
 from gptcore.config import Recipe
 from gptcore.gate import baselines, rules, verdicts
 from gptcore.gate.schema import Entry, Tolerances
-from gptcore.gate.session import Gate
 from gptcore.gate.summary import gate_table
 from gptcore.measure import runner as measure
 from tests.helpers import TINY, fake_share
+from tests.test_gate import new_gate
 
 pytestmark = pytest.mark.cpu
 NODE = SimpleNamespace(name="test_x[tiny-fp32]", nodeid="bench/x.py::test_x[tiny-fp32]")
@@ -63,7 +63,7 @@ def test_a_busy_machine_records_no_speed_and_the_table_shows_no_delta(monkeypatc
     busy = measured_with_share(monkeypatch, 0.33)
     assert busy.speed_note == "speed not recorded: machine busy (share 0.33)"
     assert busy.tokens_per_s > 0 and len(busy.calibration_seconds) == 3 and busy.calibrated_cost > 0
-    gate = Gate(directory=tmp_path, update=True, strict=False, overrides={}, timing_override=(None,) * 3, cpu_model=CPU)
+    gate = new_gate(tmp_path, update=True, cpu_model=CPU)
     gate.judge_entry(NODE, Entry.from_measurement(busy, precision="fp32", cpu_model=CPU), "cpu")
     gate.write_updates()
     recorded = baselines.load(tmp_path / "cpu.json").entries[NODE.name]
@@ -75,9 +75,7 @@ def test_a_busy_machine_records_no_speed_and_the_table_shows_no_delta(monkeypatc
     verdict = verdicts.verdict_of(NODE.name, now, recorded, Tolerances.default_for("cpu"))
     speed = next(c for c in verdict.checks if c.metric == "tokens/s")
     assert speed.delta is None and speed.note == busy.speed_note
-    judge = Gate(
-        directory=tmp_path, update=False, strict=False, overrides={}, timing_override=(None,) * 3, cpu_model=CPU
-    )
+    judge = new_gate(tmp_path, cpu_model=CPU)
     judge.judge_entry(NODE, now, "cpu")
     row = gate_table(judge.rows).splitlines()[-1].split()
     assert row[1] == f"{quiet.tokens_per_s:,.0f}" and row[2:4] == ["—", "—"]  # tok/s, no base tok/s, no delta
@@ -145,15 +143,7 @@ def test_recording_shows_no_speed_delta_against_another_cpu_models_speed(tmp_pat
         cpu_share=0.99,
     )
     baselines.update(tmp_path / "cpu.json", "cpu", {NODE.name: other}, device_name="CPU", device_type="cpu")
-    gate = Gate(
-        directory=tmp_path,
-        update=mode == "update",
-        update_loss=mode == "update_loss",
-        strict=False,
-        overrides={},
-        timing_override=(None,) * 3,
-        cpu_model=CPU,
-    )
+    gate = new_gate(tmp_path, update=mode == "update", update_loss=mode == "update_loss", cpu_model=CPU)
     now = dataclasses.replace(other, tokens_per_s=740.0, cpu_model=CPU)  # bf16 emulated: -96.6% is no news
     gate.judge_entry(NODE, now, "cpu")
     row = gate_table(gate.rows).splitlines()[-1].split()

@@ -19,7 +19,7 @@ from gptcore import identity
 from gptcore.gate import results
 from gptcore.presets import STUDIES
 from tests.helpers import run_pytest
-from tests.test_gate import ROOT, child_env
+from tests.test_gate import ROOT, child_env, new_gate
 
 pytestmark = pytest.mark.cpu
 
@@ -120,7 +120,6 @@ def test_the_deadline_skips_a_plain_test_planned_past_it_too(tmp_path):
     from types import SimpleNamespace
 
     from gptcore.gate import plan
-    from gptcore.gate.session import Gate
     from gptcore.plugin.cases import CaseHooks
 
     def item(name: str, *marks: pytest.Mark) -> SimpleNamespace:
@@ -128,7 +127,7 @@ def test_the_deadline_skips_a_plain_test_planned_past_it_too(tmp_path):
             nodeid=f"tests/test_x.py::{name}", name=name, get_closest_marker={m.name: m for m in marks}.get
         )
 
-    gate = Gate(directory=tmp_path, update=False, strict=False, overrides={}, timing_override=(None,) * 3)
+    gate = new_gate(tmp_path)
     hooks = CaseHooks(gate, deadline=50)
     assert plan.OTHER_SECONDS < 49
     hooks.pytest_runtest_setup(item("test_quick"))  # started: no skip raised

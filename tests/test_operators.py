@@ -21,7 +21,7 @@ from gptcore.gate.operators import OPERATORS, RENAMED, changes
 from gptcore.gate.results import Record
 from gptcore.gate.session import Gate
 from gptcore.gate.summary import gate_markdown
-from tests.test_gate import CASE, CASE_GLOB, ROOT, entry, recorded, run  # noqa: F401 (fixtures)
+from tests.test_gate import CASE, CASE_GLOB, ROOT, entry, new_gate, recorded, run  # noqa: F401 (fixtures)
 from tests.test_noise import H200_BASELINES
 
 pytestmark = pytest.mark.cpu
@@ -238,7 +238,7 @@ def judged_gate(tmp_path: Path, torch: str) -> Gate:
     baselines.update(
         path, "cpu", {EAGER: dataclasses.replace(recorded_entry, torch=torch)}, device_name="CPU", device_type="cpu"
     )
-    gate = Gate(directory=tmp_path, update=False, strict=True, overrides={}, timing_override=(None,) * 3)
+    gate = new_gate(tmp_path, strict=True)
     node = SimpleNamespace(name=EAGER, nodeid=f"bench/test_cpu_shape.py::{EAGER}")
     measured = dataclasses.replace(recorded_entry, torch=identity.torch_version())
     gate.judge_entry(node, measured, "cpu")

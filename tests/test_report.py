@@ -29,6 +29,7 @@ import pytest
 
 from gptcore.cli import main
 from gptcore.report import tables as report
+from tests.test_gate import new_gate
 
 pytestmark = pytest.mark.cpu
 
@@ -446,15 +447,7 @@ def test_gate_says_where_pytest_benchmark_history_is_when_it_split_the_storage(m
     )
     assert plugin._split_storage_per_device(default) is None  # given, even as the default's value: the user's
     assert default.option.benchmark_storage == plugin.PLUGIN_DEFAULT_STORAGE
-    g = gate.Gate(
-        directory=Path("baselines"),
-        update=False,
-        strict=False,
-        overrides={},
-        timing_override=(None, None, None),
-        history_note=note,
-        cpu_model="test",
-    )
+    g = new_gate(Path("baselines"), history_note=note, cpu_model="test")
     assert note not in g.summary_notes()  # no case ran (pytest tests): no section for it
     g.rows.append(gate.Row("test_x[a-b]", None, None, "ok"))
     assert g.summary_notes()[-1] == note
@@ -465,12 +458,11 @@ def test_html_judges_each_expected_effect_as_the_gate_does(pages: dict[str, Path
     Gate.expect on the same figures."""
     from gptcore.gate.expectations import Figures
     from gptcore.gate.schema import Entry
-    from gptcore.gate.session import Gate
     from gptcore.measure.measurement import Measurement
 
     text = pages["cpu"].read_text()
     shown = dict(re.findall(r'<tr data-expectation="([^"]+)">.*?<td class="[^"]*">([^<]+)</td></tr>', text))
-    gate = Gate(directory=Path("."), update=False, strict=False, overrides={}, timing_override=(None,) * 3)
+    gate = new_gate(Path("."))
     names = {f.name for f in dataclasses.fields(Measurement)}
     for bench in json.loads(CPU_RUN.read_text())["benchmarks"]:
         info = bench["extra_info"]

@@ -41,20 +41,12 @@ table)."""
 def render_recorded_run() -> tuple[str, str]:
     """(the end table, its convergence and expectations tables and notes; the markdown verdict)."""
     from gptcore.gate import baselines
-    from gptcore.gate.session import Gate
     from gptcore.gate.summary import convergence_table, expectations_table, gate_markdown, gate_table
     from gptcore.measure.convergence import Convergence
     from gptcore.measure.measurement import Measurement
 
     run = json.loads((DATA / "cpu-run.json").read_text())
-    gate = Gate(
-        directory=FROZEN,
-        update=False,
-        strict=True,
-        overrides={"speed": 0.05},
-        timing_override=(None,) * 3,
-        cpu_model=CPU_MODEL,
-    )
+    gate = new_gate(FROZEN, strict=True, overrides={"speed": 0.05}, cpu_model=CPU_MODEL)
     names = {f.name for f in dataclasses.fields(Measurement)}
     moves = itertools.cycle([(1.0, 1.0), (1.03, 0.90), (0.97, 1.10), (1.01, 0.97), (1.02, 1.05)])
     for i, (bench, (memory, speed)) in enumerate(zip(run["benchmarks"], moves)):

@@ -23,7 +23,7 @@ from torch.profiler import ProfilerActivity
 from gptcore.config import Recipe
 from gptcore.gate import baselines
 from gptcore.gate.schema import GPU_BUSY_TOLERANCE, BaselineError, Entry, Tolerances
-from gptcore.gate.session import Gate, Row
+from gptcore.gate.session import Row
 from gptcore.gate.summary import gate_table
 from gptcore.gate.verdicts import GPU_BUSY, verdict_of
 from gptcore.measure import trace
@@ -31,6 +31,7 @@ from gptcore.measure.measurement import Measurement
 from gptcore.measure.runner import run_case
 from gptcore.presets import RECIPES, get_model
 from tests.helpers import TINY
+from tests.test_gate import new_gate
 from tests.test_noise import H200_BASELINES
 
 pytestmark = pytest.mark.cpu
@@ -295,7 +296,7 @@ def test_a_busy_time_above_the_step_that_was_timed_is_refused(recorded, tmp_path
     assert m.error == trace.beyond_step(m.gpu_busy_seconds, max(m.round_seconds) / m.steps_per_round)
     assert m.error.startswith("GPU busy time 200,000.00 ms is ")
     # through the gate, recording: a failed case, named for what failed, and nothing recorded
-    gate = Gate(directory=tmp_path, update=True, strict=False, overrides={}, timing_override=(None,) * 3)
+    gate = new_gate(tmp_path, update=True)
     node = SimpleNamespace(name=CASE, nodeid=f"bench/test_ladder.py::{CASE}")
     gate.judge_entry(node, Entry.from_measurement(m, precision="fp32", cpu_model=None), "cpu", error=m.error)
     assert gate.rows[-1].verdict == "FAIL: GPU busy above its step" and gate.rows[-1].error == m.error

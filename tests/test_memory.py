@@ -101,6 +101,9 @@ def test_the_analytic_total_is_the_simulations_peak(recipe):
     assert est.total_bytes == sim.peak_bytes
     assert est.phase == sim.phase
     assert sum(est.by_category.values()) == est.total_bytes
+    # and the same bytes in the same categories: optimizer in backward's second step starts with its token ids
+    # (other), not with backward temporaries, though its last update ran inside the first step's backward
+    assert est.by_category == sim.by_category
 
 
 DROPOUT_B1 = dict(dropout=0.1, batch_size=1)  # dropout masks; CPU sdpa's math fallback; bmm without copies
@@ -267,6 +270,37 @@ def test_the_generator_state_the_estimate_counts_has_the_installed_torchs_size()
     from gptcore.memory.tally import CPU_RNG_STATE_BYTES
 
     assert torch.get_rng_state().nbytes == CPU_RNG_STATE_BYTES
+
+
+def test_tracking_a_cuda_trainer_rounds_to_the_allocators_blocks_and_leaves_the_hosts_generator_state_out(
+    monkeypatch,
+):
+    """``track_training``'s own tracker for a CUDA trainer: every size in the caching allocator's 512-byte blocks,
+    and checkpoint's saved CPU generator states left out (host memory beside a GPU), as the simulation counts a
+    CUDA question. A CPU trainer stands in for the GPU's (read as on cuda): the same checkpointed step, tracked as
+    on each device, differs by exactly those states."""
+    from types import SimpleNamespace
+
+    from gptcore.memory import tracker as tracking
+    from tests.helpers import TINY, batches
+
+    made = []
+
+    class Kept(tracking.LiveBytes):
+        def __init__(self, **options) -> None:
+            super().__init__(**options)
+            made.append(self)
+
+    monkeypatch.setattr(tracking, "LiveBytes", Kept)
+    recipe, batch = Recipe(checkpoint=True), batches(1)
+    cpu, gpu = (Trainer(TINY, recipe, "cpu") for _ in range(2))
+    track_training(cpu, batches=list(batch), take_step=cpu.step)
+    as_cuda = SimpleNamespace(recipe=recipe, device=torch.device("cuda"), model=gpu.model, optimizers=gpu.optimizers)
+    track_training(as_cuda, batches=list(batch), take_step=gpu.step)
+    on_cpu, on_cuda = made
+    states = [r for r in on_cpu._records if r.nbytes == torch.get_rng_state().nbytes]
+    assert states and on_cpu.allocations - on_cuda.allocations == len(states)  # measured: 2 per block, 4 in all
+    assert on_cuda.peak % 512 == 0 and all(r.nbytes % 512 == 0 for r in on_cuda._records)
 
 
 def test_cuda_autocasts_cross_entropy_as_the_simulation_and_the_estimate_assume():

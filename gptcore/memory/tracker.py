@@ -384,6 +384,7 @@ def track_training(
     with phases(tracker, trainer.model, trainer.optimizers), tracker:
         for step in range(steps if batches is None else len(batches)):
             tracker.step = step + 1
+            tracker.phase = "idle"  # in-backward optimizers' last update leaves it in backward: a step starts idle
             # a step's batch dies after it, as in a training loop: no name here holds it
             (take_step or trainer.step)(batches.pop(0) if batches is not None else _batch_of(trainer, tracker))
     return tracker.report()

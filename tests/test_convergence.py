@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from gptcore import identity
 from gptcore.config import Schedule
@@ -95,6 +96,10 @@ def test_schedule_reads_at_step_zero_every_interval_and_at_the_end():
     assert Schedule(steps=250, eval_every=100, eval_batches=1).eval_steps == (0, 100, 200, 250)
     with pytest.raises(ValueError, match="eval_every"):
         Schedule(steps=10, eval_every=0, eval_batches=1)
+    with pytest.raises(ValueError, match="eval_batches: must be an integer >= 1, got 0"):  # a mean of no batch
+        Schedule(steps=10, eval_every=5, eval_batches=0)
+    with pytest.raises(ValueError, match="target_loss: must be > 0, got 0.0"):  # no cross-entropy reaches 0
+        Schedule(steps=10, eval_every=5, eval_batches=1, target_loss=0.0)
     assert schedule_recipe(get_recipe("ckpt-fp32"), CPU_SHAPE_SHORT).decay_steps == 200
 
 
@@ -139,6 +144,80 @@ def test_a_convergence_run_is_bit_identical_when_repeated():
     assert a.val_loss == b.val_loss and a.train_loss == b.train_loss
     assert a.steps == [0, 10, 20] and a.train_loss[0] is None
     assert a.val_loss[-1] < a.val_loss[0]  # it learns
+
+
+def test_each_evaluation_point_holds_its_own_validation_loss_interval_mean_and_training_seconds(monkeypatch):
+    """``train_and_evaluate`` replayed by hand on a twin Trainer: at each point the validation loss is ``evaluate``
+    over the schedule's eval_batches (2, not evaluate's default of 10), the training loss is the mean of the
+    interval's step losses (2, 2 and 1 steps), and the seconds add up the intervals' timed training and nothing
+    else (a timer faked at 1.5, 2.5 and 4 s an interval)."""
+    from gptcore.measure import timing
+    from gptcore.measure.convergence import torch_threads, train_and_evaluate
+    from tests.helpers import trainer
+
+    intervals = iter([1.5, 2.5, 4.0])
+
+    class Timer:
+        def __init__(self, device) -> None:
+            self.seconds = 0.0
+
+        def __enter__(self) -> Timer:
+            return self
+
+        def __exit__(self, *exc) -> None:
+            self.seconds = next(intervals)
+
+    monkeypatch.setattr(timing, "StepTimer", Timer)
+    schedule, recipe = Schedule(steps=5, eval_every=2, eval_batches=2), get_recipe("ckpt-fp32")
+    with torch_threads(1):
+        got = train_and_evaluate(trainer(recipe), schedule)
+        twin = trainer(recipe)
+        val, mean = [twin.evaluate(n_batches=2)], [None]
+        for point in (2, 4, 5):
+            losses = [twin.step() for _ in range(point - twin.step_count)]
+            mean.append(torch.stack(losses).mean().item())
+            val.append(twin.evaluate(n_batches=2))
+    assert got.steps == [0, 2, 4, 5]
+    assert got.val_loss == val and got.train_loss == mean  # bit for bit: the same steps in the same order
+    assert got.seconds == [0.0, 1.5, 4.0, 8.0]
+    with pytest.raises(ValueError, match="needs a fresh Trainer, this one has taken 5 steps"):
+        train_and_evaluate(twin, schedule)
+
+
+def test_a_run_on_its_own_thread_count_gives_the_callers_back():
+    from gptcore.measure.convergence import torch_threads
+
+    before = torch.get_num_threads()
+    asked = 2 if before == 1 else 1
+    with torch_threads(asked):
+        assert torch.get_num_threads() == asked
+    assert torch.get_num_threads() == before
+    with torch_threads(None):  # None: left as it is
+        assert torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("train_loss", [None, None, 2.0, 1.9], "convergence.train_loss"),  # None at step 0 only: nothing was trained
+        ("seconds", [0.0, 1.0, 2.0], "differ in length"),
+        ("train_loss", [None, 2.5, 2.0], "differ in length"),
+        ("tokens_per_step", 0, "convergence.tokens_per_step: expected an integer >= 1, got 0"),
+        ("tokens_per_step", True, "convergence.tokens_per_step"),
+        ("target_loss", "2.0", "convergence.target_loss: expected a number or null"),
+    ],
+)
+def test_a_broken_recorded_run_is_named_by_its_field(field, value, match):
+    data = entry(run([4.3, 2.5, 2.0, 1.9])).to_json()
+    data["convergence"][field] = value
+    with pytest.raises(BaselineError, match=match):
+        Entry.from_json(data, "here")
+
+
+def test_a_recorded_integer_target_is_a_number():
+    data = entry(run([4.3, 2.5, 2.0, 1.9])).to_json()
+    data["convergence"]["target_loss"] = 2
+    assert Entry.from_json(data, "here").convergence.time_to_loss() == (200, 200 * 768, 2.0)
 
 
 def test_cli_train_prints_the_validation_loss_every_n_steps_and_the_final_one(capsys):

@@ -266,6 +266,8 @@ def test_a_cpu_bf16_case_takes_four_steps_its_ledger_step_the_loss_step_and_ever
     assert (speed.rounds, speed.steps_per_round, speed.loss_step, speed.speed_rounds) == (3, 2, 4, 11)
     assert study.on(RECIPES["bf16-pure"], "cpu").loss_step == 4
     assert study.on(RECIPES["ckpt-fp32"], "cpu") is study and study.on(RECIPES["ckpt-bf16"], "cuda") is study
+    to_the_end = Timing(warmup=2, rounds=3, steps_per_round=2)  # no loss step: the loss of the last step is read
+    assert to_the_end.on(RECIPES["ckpt-bf16"], "cpu") is to_the_end
     steps = []
     step = Trainer.step
     monkeypatch.setattr(Trainer, "step", lambda self, batch=None: steps.append(1) or step(self, batch))

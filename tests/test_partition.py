@@ -96,3 +96,27 @@ def test_the_peak_of_an_allocator_trace_and_what_was_live_at_it_by_line():
         ("optim/adamw.py:3 step", 1, 300),
         ("gptcore/training/model.py:7 forward", 2, 110),
     ]
+
+
+def test_a_trace_keeps_its_first_oom_the_first_moment_of_its_peak_the_innermost_frame_and_its_top_sites():
+    """Where no frame is gptcore's the innermost one names the site, an allocation without a stack says so, a later
+    moment as high as the peak does not move it, the first out-of-memory event is the one kept, and ``top`` cuts
+    the sites."""
+    inner = {"filename": "/t/torch/nn/functional.py", "line": 9, "name": "linear"}
+    outer = {"filename": "/u/user/script.py", "line": 1, "name": "main"}
+    trace = [
+        {"action": "alloc", "addr": 1, "size": 100, "frames": [inner, outer]},
+        {"action": "alloc", "addr": 2, "size": 40},  # the peak: 140 B
+        {"action": "oom", "size": 1000, "device_free": 20},
+        {"action": "free_completed", "addr": 2, "size": 40},
+        {"action": "alloc", "addr": 3, "size": 40, "frames": [outer]},  # 140 B again
+        {"action": "oom", "size": 5000, "device_free": 0},
+    ]
+    peak = peak_of_trace(trace)
+    assert (peak.peak_bytes, peak.at_event, peak.events) == (140, 1, 6)
+    assert peak.oom == "requested 1,000 B with 20 B free, 140 B allocated"
+    assert [(s.where, s.blocks, s.bytes) for s in peak.sites] == [
+        ("nn/functional.py:9 linear", 1, 100),
+        ("(no stack recorded)", 1, 40),
+    ]
+    assert [s.where for s in peak_of_trace(trace, top=1).sites] == ["nn/functional.py:9 linear"]

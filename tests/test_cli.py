@@ -87,6 +87,21 @@ def test_set_reaches_a_nested_field_by_its_dotted_name():
     assert apply_assignments(RECIPES["ddp"], ["parallel.ddp=off"]) == RECIPES["fp32"]
 
 
+def test_set_goes_on_from_a_group_switched_off_and_names_a_nested_field_whole():
+    """A field of a group switched off earlier switches it back on with its defaults; spaces around FIELD and VALUE
+    are the shell's, not the field's; a value a nested field cannot take is refused naming the field by its dotted
+    name, as the user wrote it."""
+    from gptcore.cli import apply_assignments
+    from gptcore.config import DDPOptions
+    from gptcore.overrides import OverrideError
+
+    on_again = apply_assignments(RECIPES["fp32"], ["parallel.ddp=false", "parallel.ddp.bucket_cap_mb=10"])
+    assert on_again.parallel.ddp == DDPOptions(bucket_cap_mb=10.0)
+    assert apply_assignments(RECIPES["fp32"], [" checkpoint = true "]).checkpoint is True
+    with pytest.raises(OverrideError, match=r"^--set parallel\.ddp\.bucket_cap_mb=x: expected float$"):
+        apply_assignments(RECIPES["fp32"], ["parallel.ddp.bucket_cap_mb=x"])
+
+
 def test_an_old_recipe_name_runs_with_one_deprecation_line():
     old, new = "fused-optim", RENAMED_RECIPES["fused-optim"]
     out = shell("train", "--model", "cpu-small", "--recipe", old, "--steps", "2", "--device", "cpu")

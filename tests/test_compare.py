@@ -423,6 +423,39 @@ def test_ledger_changes_lists_every_count_that_moved():
     assert named[-1] == "operators: backward: aten.clone (3) new"  # one that B's phase ran and A's did not
 
 
+def test_ledger_changes_read_a_count_one_side_lacks_and_sum_an_operator_over_its_phases():
+    """A revision's ledger may lack a count or a group the other keeps (one it did not keep yet): listed against
+    None on either side, not a crash. ops is kept per phase and an operator that moved in two phases is named by its
+    sum (aten.mm: +1 in forward, +2 in backward); allocations_by_op and flops_by_op are flat (operator -> count)."""
+    from gptcore.hunt.compare import ledger_changes
+
+    mm = "aten.mm.default"
+    a = {
+        "allocations": 10,
+        "allocations_by_op": {"aten.empty.memory_format": 10},
+        "flops": {"forward": 10},
+        "op_calls": {"forward": 5, "backward": 7},
+        "ops": {"forward": {mm: 5}, "backward": {mm: 7}},
+    }
+    b = {
+        "allocations": 12,
+        "allocations_by_op": {"aten.empty.memory_format": 12},
+        "op_calls": {"forward": 6, "backward": 9},
+        "ops": {"forward": {mm: 6}, "backward": {mm: 9}},
+        "syncs": 2,
+    }
+    assert ledger_changes(a, b) == [
+        "allocations 10 -> 12 (+2)",
+        "flops.forward 10 -> None",
+        "op_calls.forward 5 -> 6 (+1)",
+        "op_calls.backward 7 -> 9 (+2)",
+        "syncs None -> 2",
+        "op calls by operator: aten.mm +3",
+        "allocations by operator: aten.empty.memory_format +2",
+        "flops by operator: operators not recorded",
+    ]
+
+
 def wrapper(path: Path, body: str) -> str:
     """An executable shell script standing in for another virtual environment's python."""
     path.write_text(f"#!/bin/sh\n{body}\n")

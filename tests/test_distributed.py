@@ -301,6 +301,18 @@ def test_torchrun_train_prints_once_with_the_world_size(proofs_dir):
     assert len(summary) == 1 and "world size 2" in summary[0], stdout
 
 
+def test_a_ranks_estimate_starts_from_one_process_at_its_share_of_the_global_batch_under_accumulation():
+    """What one rank computes is the single-process step at its share of the global batch (12 rows over 2 ranks:
+    6), split into that many micro-batches: its token ids and accumulated gradients, not one micro-batch's."""
+    from gptcore.memory import estimate
+
+    cfg, recipe = MODELS["cpu-small"], dataclasses.replace(RECIPES["ddp"], grad_accum_steps=2)
+    rank = estimate_per_rank(resolve(cfg, recipe, device="cpu"), 2)
+    alone = dataclasses.replace(recipe, parallel=Parallel())
+    assert rank.single == estimate(resolve(dataclasses.replace(cfg, batch_size=6), alone, device="cpu"))
+    assert rank.single.by_category["other"] == 2 * 8 * 6 * cfg.block_size + 4  # the rank's token ids, the loss
+
+
 def test_parallel_recipes_validate_and_refuse_what_does_not_work():
     ddp, fsdp2 = Parallel(ddp=DDPOptions()), Parallel(fsdp2=FSDP2Options())
     with pytest.raises(ValueError, match="^parallel: must be a Parallel"):
@@ -316,6 +328,8 @@ def test_parallel_recipes_validate_and_refuse_what_does_not_work():
         DDPOptions(bucket_cap_mb=0)
     with pytest.raises(ValueError, match="^parallel.fsdp2.param_dtype: unknown"):
         FSDP2Options(param_dtype="fp16")
+    with pytest.raises(ValueError, match="^parallel.fsdp2.replicate: must be an int >= 1"):  # no group to shard in
+        FSDP2Options(replicate=0)
     with pytest.raises(ValueError, match="^optim_in_backward:"):
         Recipe(parallel=ddp, optim_in_backward=True, grad_clip=None)
     with pytest.raises(ValueError, match="^compile:"):

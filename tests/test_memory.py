@@ -75,6 +75,21 @@ def test_simulation_equals_a_real_tracked_run_on_cpu(recipe):
     assert sum(sim.by_category.values()) == sim.peak_bytes
 
 
+def test_sgds_update_is_a_small_batchs_peak_and_is_simulated_and_estimated_as_the_cpu_runs_it():
+    """One sequence of 8 tokens: SGD's update is the peak. The simulation runs the CPU's own SGD (its for-loop, one
+    parameter's temporaries at a time, where CUDA's default is foreach) and equals a real tracked run; the estimate
+    holds the for-loop's temporaries of one parameter. It is 4 B under: ``loss / accum`` (a 4-byte scalar), which
+    the ledger lets go with backward and the step holds until it returns."""
+    cfg, recipe = dataclasses.replace(CPU_SMALL, batch_size=1, block_size=8), get_recipe("sgd-cosine")
+    real = track_training(Trainer(cfg, recipe, "cpu"))
+    sim = simulated(cfg, recipe, method="direct", device="cpu")
+    est = analytic(cfg, recipe, device="cpu")
+    assert real.phase == sim.phase == est.phase == "optimizer"
+    assert (sim.peak_bytes, sim.step, sim.by_category) == (real.peak_bytes, real.step, real.by_category)
+    assert est.by_category["optimizer temporaries"] == sim.by_category["optimizer temporaries"]
+    assert sim.peak_bytes - est.total_bytes == sim.by_category["backward temporaries"] == 4
+
+
 def test_a_real_tracked_run_reports_the_fine_categories():
     """autocast's weight copies, checkpoint's recomputation in backward, and the logits and loss (a large vocabulary
     keeps its log-probabilities in the peak) each have their own category in a real tracked run, as in the

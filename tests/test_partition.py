@@ -76,6 +76,30 @@ def test_live_bytes_are_walked_in_graph_order_with_views_sharing_their_base():
     assert out_bytes == 0
 
 
+def _walked(step) -> tuple[int, float, int]:
+    """``live_peak`` of ``step``'s graph on 100 floats, its input left out."""
+    graph = make_fx(step, tracing_mode="fake")(torch.ones(100)).graph
+    return live_peak(graph, frozenset(s for n in graph.nodes if n.op == "placeholder" for s in _storages(n)))
+
+
+def test_a_storage_lives_to_the_last_read_of_its_base_or_of_any_view_and_the_peak_is_where_it_is_first_reached():
+    def base_read_after_its_view(x: torch.Tensor) -> torch.Tensor:
+        a = x * 2  # 400 B
+        s = a.view(10, 10).sum()  # the view's last read; 4 B
+        b = a + 1  # a is read again after its view: a, s and b live together
+        return s + b.sum()
+
+    assert _walked(base_read_after_its_view) == (400 + 4 + 400, 4 / 7, 0)  # at `add`, node 4 of 0..7
+
+    def the_same_peak_twice(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = x * 2  # 400 B
+        total = a.sum()  # 404 B live (a dies after this read), node 2 of 0..4
+        b = x * 3  # 404 B live again: total and b, both outputs
+        return total, b
+
+    assert _walked(the_same_peak_twice) == (404, 2 / 4, 4)  # the first moment: only `total` of the outputs is live
+
+
 def test_the_peak_of_an_allocator_trace_and_what_was_live_at_it_by_line():
     gpt = [{"filename": "/x/gptcore/training/model.py", "line": 7, "name": "forward"}, {"filename": "/t/torch/nn.py"}]
     opt = [{"filename": "/t/torch/optim/adamw.py", "line": 3, "name": "step"}]

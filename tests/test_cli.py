@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -36,6 +37,55 @@ def test_train_runs_and_the_loss_falls():
     assert "tok/s" in out.stdout and "ms/step" in out.stdout
     assert "peak process RSS" in out.stdout  # says what the figure is
     assert "compile" not in out.stdout  # nothing compiled, so nothing to include
+
+
+def _clock(monkeypatch, *readings: float) -> None:
+    """``train``'s clock reads ``readings`` in turn, then the last one for good."""
+    from gptcore.cli import train as command
+
+    ticks = iter(readings)
+    last = [readings[-1]]
+    monkeypatch.setattr(command, "time", SimpleNamespace(perf_counter=lambda: next(ticks, last[0])))
+
+
+def test_train_times_its_steps_at_the_batch_asked_and_says_when_compile_is_included(monkeypatch, capsys):
+    """The summary's figures from a clock read at the start and the end (10 s and 12 s: 2 s for 4 steps), at the
+    batch --batch asks for (4 sequences of 64 tokens), which a recipe's fit_memory does not override; a compiled
+    recipe's time says that compile is in it. The steps are stood in for: the line is what is tested."""
+
+    def run(self, steps: int, log_every: int = 0, on_log=None) -> list[float]:
+        for step, loss in ((1, 4.0), (steps, 3.0)):
+            on_log(step, loss)
+        return [4.0, 3.0]
+
+    monkeypatch.setattr(Trainer, "run", run)
+    args = ["train", "--model", "cpu-small", "--steps", "4", "--batch", "4", "--device", "cpu"]
+    _clock(monkeypatch, 10.0, 12.0)
+    assert main([*args, "--set", "fit_memory=0.5"]) == 0
+    out = capsys.readouterr()
+    assert "4 steps in 2.0 s (500.0 ms/step, 512 tok/s)" in out.out and "compile" not in out.out
+    assert "fit_memory" not in out.err  # --batch chose the batch
+    _clock(monkeypatch, 10.0, 12.0)
+    assert main([*args, "--set", "compile=true"]) == 0
+    assert "(500.0 ms/step, 512 tok/s, compile included)" in capsys.readouterr().out
+
+
+def test_train_with_evaluations_times_the_training_alone(monkeypatch, capsys):
+    """With --eval-every the time is the training's (the run's own seconds, 3 s), not the clock's 90 s, which the
+    evaluations are part of."""
+    from gptcore.measure import convergence
+
+    def trained(trainer, schedule, on_eval=None):
+        run = convergence.Convergence([0, 2, 4], [4.3, 3.9, 3.5], [None, 4.0, 3.6], [0.0, 1.0, 3.0], 256, None)
+        for point in zip(run.steps, run.val_loss, run.train_loss):
+            on_eval(*point)
+        return run
+
+    monkeypatch.setattr(convergence, "train_and_evaluate", trained)
+    _clock(monkeypatch, 10.0, 100.0)
+    args = ["train", "--model", "cpu-small", "--steps", "4", "--batch", "4", "--device", "cpu", "--eval-every", "2"]
+    assert main(args) == 0
+    assert "4 steps in 3.0 s (750.0 ms/step, 341 tok/s)" in capsys.readouterr().out
 
 
 def test_set_changes_recipe_fields_and_says_so(monkeypatch, capsys):

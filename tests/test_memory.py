@@ -408,6 +408,15 @@ def test_what_the_estimate_answers_in_place_of_the_recipe_is_said_in_a_note():
     [note] = resolve(dropout, sdpa, device="cpu").notes
     assert note.startswith("dropout > 0 on the CPU: sdpa falls back to its math kernel")
     assert resolve(dropout, sdpa, device="cuda").notes == resolve(CPU_SMALL, sdpa, device="cpu").notes == ()
+    # and on CUDA the fused kernel keeps no T x T matrix: dropout adds its masks, less than one fp32 probability
+    # matrix per layer (B x H x T x T x 4 B), which the CPU's math kernel keeps in each (and more beside)
+    matrices = dropout.n_layer * dropout.batch_size * dropout.n_head * dropout.block_size**2 * 4
+    added = {
+        device: analytic(dropout, sdpa, device=device).at_forward_end["activations"]
+        - analytic(CPU_SMALL, sdpa, device=device).at_forward_end["activations"]
+        for device in ("cpu", "cuda")
+    }
+    assert 0 < added["cuda"] < matrices < added["cpu"]
 
 
 @pytest.mark.parametrize("precision, copied", [("fp32", False), ("bf16-pure", False), ("fp16", True), ("bf16", True)])

@@ -544,6 +544,9 @@ def test_compare_runs_a_revision_from_before_the_rooms_against_the_working_tree_
     assert len(result["tokens_per_s_a"]) == len(result["tokens_per_s_b"]) == 1
     assert result["memory"]["status"] == result["loss"]["status"] == "ok" and result["work"] == []
     assert result["rounds_a"][0]["work"]["op_calls"]["backward"] > 0  # the old revision's own ledger was read
+    # the working tree's driver hands over its per-operator counts too: compare names the operators from them
+    assert {"ops", "allocations_by_op", "flops_by_op"} <= set(result["rounds_b"][0]["work"])
+    assert result["rounds_b"][0]["work"]["ops"]["backward"]
     for record in result["rounds_a"] + result["rounds_b"]:  # each revision ran its own checkout's gptcore
         assert not record["gptcore"].startswith(str(ROOT)) and "gptcore-compare-" in record["gptcore"]
     assert result["rounds_a"][0]["gptcore"] != result["rounds_b"][0]["gptcore"]  # the old worktree, the tree's copy

@@ -333,6 +333,54 @@ def test_ladder_waterfall_in_rung_order(pages: dict[str, Path]) -> None:
     assert "no such file" in pages["ladder"].read_text()  # no baseline for the GPU yet, and the page says so
 
 
+def test_the_ladders_rungs_are_in_rung_order_whatever_order_the_run_kept_and_a_failed_rung_is_left_out() -> None:
+    from gptcore.report.figures import ladders
+
+    records = report.load_run(LADDER_RUN)
+    shuffled = [*records[5:], *records[:5][::-1]]  # the run's cases out of order
+    assert [n for n, _ in ladders(shuffled)["gpt2"]] == [n for n, _ in ladders(records)["gpt2"]] == list(range(9))
+    failed = [
+        dataclasses.replace(r, values={**r.values, "speed": None}) if r.recipe == "ladder-4" else r for r in records
+    ]
+    assert [n for n, _ in ladders(failed)["gpt2"]] == [0, 1, 2, 3, 5, 6, 7, 8]  # a rung without a speed is no bar
+
+
+def test_the_page_names_its_device_from_the_cases_and_a_busy_time_without_a_baseline_has_none() -> None:
+    """A CPU run on a host with a GPU is the CPU's page, whatever machine_info says of the GPU; a GPU run without
+    a device slug is named after its GPU. A case's busy time with no baseline entry says so, not 'no figure'."""
+    from gptcore.gate.schema import Tolerances
+    from gptcore.report.html import _busy_cells, device_slug
+
+    gpu = {"machine_info": {"gpu": {"name": "NVIDIA H200"}}}
+    assert device_slug(gpu, report.load_run(CPU_RUN)) == "cpu"
+    records = report.load_run(LADDER_RUN)
+    assert device_slug(gpu, records) == "nvidia-h200"
+    busy = dataclasses.replace(records[0], values={**records[0].values, "busy": 30_000.0})
+    assert _busy_cells(busy, None, Tolerances.default_for("cuda"))[-1] == "no baseline"
+
+
+def test_the_pages_speed_check_is_the_gates_and_has_no_delta_against_another_cpu_or_a_busy_recording() -> None:
+    """The page judges a case by the gate's own rules (checks.speed_incomparable): against a speed recorded on a
+    busy machine or on another CPU model there is no delta, only why; a quiet recording on the same CPU model has
+    one."""
+    from gptcore.gate import baselines
+    from gptcore.report.figures import case_checks
+
+    base = baselines.load(BASELINES / "cpu.json")
+    record = report.load_run(CPU_RUN)[0]
+    busy = base.entries[record.name]  # recorded with a CPU share of 0.50
+    here = dataclasses.replace(record, info={**record.info, "cpu_model": busy.cpu_model})
+    xeon = dataclasses.replace(busy, cpu_model="Intel(R) Xeon(R) Processor (family 6, model 207)", cpu_share=0.99)
+    quiet = dataclasses.replace(busy, cpu_share=0.99)
+    speeds = [case_checks(here, e, base.tolerances)[0] for e in (busy, xeon, quiet)]
+    assert [(c.status, c.note) for c in speeds[:2]] == [
+        ("no figure", "speed recorded on a busy machine (share 0.50)"),
+        ("no figure", f"speed recorded on another CPU model ({xeon.cpu_model})"),
+    ]
+    assert speeds[0].delta is None and speeds[1].delta is None
+    assert speeds[2].delta == pytest.approx(record.values["speed"] / busy.tokens_per_s - 1)
+
+
 def test_history_reads_pytest_benchmark_saved_runs_oldest_first() -> None:
     from gptcore.report.html import load_history
 

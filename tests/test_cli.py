@@ -44,8 +44,7 @@ def _clock(monkeypatch, *readings: float) -> None:
     from gptcore.cli import train as command
 
     ticks = iter(readings)
-    last = [readings[-1]]
-    monkeypatch.setattr(command, "time", SimpleNamespace(perf_counter=lambda: next(ticks, last[0])))
+    monkeypatch.setattr(command, "time", SimpleNamespace(perf_counter=lambda: next(ticks, readings[-1])))
 
 
 def test_train_times_its_steps_at_the_batch_asked_and_says_when_compile_is_included(monkeypatch, capsys):

@@ -408,8 +408,12 @@ def test_what_the_estimate_answers_in_place_of_the_recipe_is_said_in_a_note():
     [note] = resolve(dropout, sdpa, device="cpu").notes
     assert note.startswith("dropout > 0 on the CPU: sdpa falls back to its math kernel")
     assert resolve(dropout, sdpa, device="cuda").notes == resolve(CPU_SMALL, sdpa, device="cpu").notes == ()
-    # and on CUDA the fused kernel keeps no T x T matrix: dropout adds its masks, less than one fp32 probability
-    # matrix per layer (B x H x T x T x 4 B), which the CPU's math kernel keeps in each (and more beside)
+
+
+def test_on_cuda_sdpa_with_dropout_keeps_no_t_by_t_matrix_where_the_cpus_math_fallback_does():
+    """On CUDA the fused kernel runs dropout itself: dropout adds its masks, less than one fp32 probability matrix
+    per layer (B x H x T x T x 4 B), which the CPU's math kernel keeps in each layer (and more beside)."""
+    dropout, sdpa = dataclasses.replace(CPU_SMALL, dropout=0.1), Recipe(attention="sdpa")
     matrices = dropout.n_layer * dropout.batch_size * dropout.n_head * dropout.block_size**2 * 4
     added = {
         device: analytic(dropout, sdpa, device=device).at_forward_end["activations"]

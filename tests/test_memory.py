@@ -78,8 +78,8 @@ def test_simulation_equals_a_real_tracked_run_on_cpu(recipe):
 def test_sgds_update_is_a_small_batchs_peak_and_is_simulated_and_estimated_as_the_cpu_runs_it():
     """One sequence of 8 tokens: SGD's update is the peak. The simulation runs the CPU's own SGD (its for-loop, one
     parameter's temporaries at a time, where CUDA's default is foreach) and equals a real tracked run; the estimate
-    holds the for-loop's temporaries of one parameter. It is 4 B under: ``loss / accum`` (a 4-byte scalar), which
-    the ledger lets go with backward and the step holds until it returns."""
+    holds the for-loop's temporaries of one parameter, and ``loss / accum`` (a 4-byte scalar, a backward temporary:
+    made after the forward), which the step holds until it returns."""
     cfg, recipe = dataclasses.replace(CPU_SMALL, batch_size=1, block_size=8), get_recipe("sgd-cosine")
     real = track_training(Trainer(cfg, recipe, "cpu"))
     sim = simulated(cfg, recipe, method="direct", device="cpu")
@@ -87,7 +87,8 @@ def test_sgds_update_is_a_small_batchs_peak_and_is_simulated_and_estimated_as_th
     assert real.phase == sim.phase == est.phase == "optimizer"
     assert (sim.peak_bytes, sim.step, sim.by_category) == (real.peak_bytes, real.step, real.by_category)
     assert est.by_category["optimizer temporaries"] == sim.by_category["optimizer temporaries"]
-    assert sim.peak_bytes - est.total_bytes == sim.by_category["backward temporaries"] == 4
+    assert sim.by_category["backward temporaries"] == 4
+    assert (est.total_bytes, est.by_category) == (sim.peak_bytes, sim.by_category)
 
 
 def test_a_real_tracked_run_reports_the_fine_categories():
@@ -140,19 +141,43 @@ VARIANTS = {
     "for-loop": (dict(), dict(adamw_impl="for-loop")),
     "fused-adamw-small-batch": (dict(batch_size=1, block_size=8), dict(adamw_impl="fused")),
     "bf16-oib-dropout-b1": (DROPOUT_B1, dict(precision="bf16", optim_in_backward=True, grad_clip=None)),
+    # one head: the math kernel's scaled q and k, laid out as qkv is, reshape for bmm without copies (sdpa's dropout
+    # takes the math kernel on the CPU)
+    "math-one-head": (dict(n_head=1), dict(attention="math")),
+    "sdpa-dropout-one-head": (dict(n_head=1, dropout=0.1), dict()),
+    # the peak is the in-backward step of MLP c_proj's weight, after its bias's step freed the bias's gradient
+    "oib-biases": (
+        dict(bias=True, n_layer=1, batch_size=2, block_size=8),
+        dict(optim_in_backward=True, grad_clip=None),
+    ),
 }
 
 
 @pytest.mark.parametrize("shape, change", VARIANTS.values(), ids=VARIANTS.keys())
 def test_analytic_follows_the_code_to_one_scalar(shape, change):
-    """The ledger replays model.py and trainer.py op by op, so on the CPU it lands on the simulation's peak; with
-    dropout under autocast or manual attention 4 B under it, one fp32 scalar freed in another order inside one
-    autograd node. A change to the model's ops that the ledger does not follow shows up here."""
+    """The ledger replays model.py and trainer.py op by op, so on the CPU it lands on the simulation's peak to the
+    byte, in the same phase and categories (a batch of one sequence with dropout peaks in the optimizer's step, where
+    the step still holds ``loss / accum``). A change to the model's ops that the ledger does not follow shows up
+    here."""
     cfg, recipe = dataclasses.replace(CPU_SMALL, **shape), Recipe(**change)
     est = analytic(cfg, recipe, device="cpu")
     sim = simulated(cfg, recipe, device="cpu", method="direct")
-    assert 0 <= sim.peak_bytes - est.total_bytes <= 4
-    assert est.phase == sim.phase
+    assert (est.total_bytes, est.phase, est.by_category) == (sim.peak_bytes, sim.phase, sim.by_category)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_estimate_is_the_simulations_peak_on_random_small_models(seed):
+    """scripts/estimate_sweep.py's draw (1-3 layers, 1-4 heads, dropout, biases, random switches), six models a
+    seed: the estimate lands on the simulation's peak, in its phase. One difference is known: with checkpointing,
+    dropout and biases together the estimate can hold one bias's gradient more at the peak, n_embd values of at most
+    4 bytes (over 300 draws of seed 1: 3 such, 64-256 B). The fixed shapes above hold the breakdown."""
+    from scripts.estimate_sweep import configurations, differences
+
+    for cfg, switches, question in configurations(seed, 6):
+        delta, sim_phase, est_phase, _ = differences(question)
+        one_bias_gradient = 4 * cfg.n_embd if switches["checkpoint"] and cfg.dropout and cfg.bias else 0
+        assert -one_bias_gradient <= delta <= 0, (cfg, switches)
+        assert sim_phase == est_phase, (cfg, switches)
 
 
 def test_checkpointing_lowers_activations():
@@ -501,12 +526,14 @@ H200_CLEAN = {
 
 def test_the_estimate_is_within_1_percent_of_the_h200s_allocator_on_every_clean_deep_case():
     """The GPU truth for the estimator: deep-1.6b on an H200 (torch 2.11.0+cu130), max_memory_allocated against the
-    analytic estimate. Every measured peak is 67,959,808-69,037,056 B above it (the CUDA libraries' workspaces,
-    0.2-0.6% of 11-34 GB), so 1% holds; the simulation agreed as closely where it ran (0.9969-0.9980)."""
+    analytic estimate. Every measured peak is 67,959,296-69,036,544 B above it (the CUDA libraries' workspaces,
+    0.2-0.6% of 11-34 GB), so 1% holds; the simulation agreed as closely where it ran (0.9969-0.9980). The range is
+    held exactly, as docs/memory.md quotes it: the logs are fixed and the estimate is arithmetic, so a change to
+    the estimator that moves a deep-1.6b figure shows here."""
     from gptcore.gate import results
     from tests.test_gate import ROOT
 
-    cfg, seen = get_model("deep-1.6b"), []
+    cfg, seen, gaps = get_model("deep-1.6b"), [], []
     for log, recipes in H200_CLEAN.items():
         for record in results.read(ROOT / "tests" / "data" / "gpu-h200" / log):
             recipe = record.name.removeprefix("test_memory_recipes[deep-1.6b-").removesuffix("]")
@@ -515,4 +542,6 @@ def test_the_estimate_is_within_1_percent_of_the_h200s_allocator_on_every_clean_
                 measured = record.entry["peak_allocated_bytes"]
                 assert 0 < measured - est.total_bytes < 0.01 * measured, recipe
                 seen.append(recipe)
+                gaps.append(measured - est.total_bytes)
     assert sorted(seen) == sorted(r for recipes in H200_CLEAN.values() for r in recipes)
+    assert (min(gaps), max(gaps)) == (67_959_296, 69_036_544)

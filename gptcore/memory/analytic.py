@@ -223,19 +223,23 @@ def estimate(question: Question) -> Estimate:
     tally.new(2 * 8 * run.B * run.accum_steps * run.T, OTHER)  # the step's input and target token ids
     tally.new(4, OTHER)  # the running loss
     grads = Gradients(run, tally, shapes)
-    at_forward_end = {}
+    at_forward_end, divided = {}, None
     for _ in range(run.accum_steps):
         tally.phase = "forward"
         logits, blocks, head = gpt_forward(run, tally)
         at_forward_end = +tally.live
-        tally.free(logits)  # `loss = self.forward(x, y)[1]`: the logits die with the forward's output tuple
+        # `loss = self.forward(x, y)[1]`: the logits die with the forward's output tuple, and the last micro-batch's
+        # `loss / accum` with the name's new value
+        tally.free(logits, divided)
         tally.phase = "backward"
+        divided = tally.temporary(run.loss_bytes)  # `loss / accum`: the step holds it until it returns
         gpt_backward(run, tally, grads, blocks, head)
     at_backward_end = +tally.live
     if not recipe.optim_in_backward:
         tally.phase = "optimizer"
         temporaries = step_temporaries(run, [(n, decayed) for _, n, decayed in shapes])
         tally.free(*[tally.new(nbytes, OPTIMIZER_TEMPORARIES) for nbytes in temporaries])
+    tally.free(divided)
     n_params = sum(n for _, n, _ in shapes)
     linear = sum(n for name, n, _ in shapes if ".c_" in name or name == "lm_head.weight")
     if recipe.tie_weights:

@@ -250,7 +250,8 @@ def linear_backward(
     if not run.autocast:
         incoming = [grads.incoming(pname) for pname in names]
         tally.free(*free)
-        for pname, handle in zip(names, incoming):
+        # autograd takes the bias's gradient (and, with the optimizer in backward, steps it) before the weight's
+        for pname, handle in reversed(list(zip(names, incoming))):
             grads.accumulate(pname, handle)
         return d_input
     low = [tally.temporary(2 * grads.numel[pname]) for pname in names]

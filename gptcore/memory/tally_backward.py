@@ -158,7 +158,7 @@ def gpt_backward(run: Run, tally: Tally, grads: Gradients, blocks: list[Saved], 
         dx = fused_head_backward(run, tally, grads, head)
         return _below_the_head(run, tally, grads, blocks, head, dx, [])
     n = run.BT * run.vocab_rows  # the padding columns' gradient is 0, and it is there: no copy to pad it
-    scalars = [tally.temporary(run.loss_bytes) for _ in range(2)]
+    scalars = [tally.temporary(run.loss_bytes)]
     d_nll = tally.temporary(run.loss_bytes * n)
     if head["nll_input"] is not None:  # CUDA autocast: back through nll_loss's fp32 cast, then log_softmax
         tally.free(head["nll_input"], *head["nll"])

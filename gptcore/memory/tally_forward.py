@@ -179,7 +179,9 @@ def math_attention(run: Run, tally: Tally, saved: Saved, keep: bool, qkv: Handle
     matmul_bytes, work_bytes, BTC, BHTT, T = run.matmul_bytes, run.work_bytes, run.BTC, run.BHTT, run.T
     upcasting = matmul_bytes == 2
     dies = _freed_unless_kept(tally, keep)
-    views = run.B == 1  # a batch of one reshapes for bmm without copies: the scaled q and k themselves are saved
+    # a batch of one, or one head, reshapes the scaled q and k (laid out as qkv is) for bmm without copies: they
+    # themselves are saved
+    views = run.B == 1 or run.H == 1
     q_up, k_up, v_up = [tally.activation(4 * BTC) for _ in range(3)] if upcasting else [None] * 3
     q_scaled = tally.activation(work_bytes * BTC)  # q * sqrt(scale)
     ones = tally.activation(T * T)

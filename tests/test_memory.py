@@ -150,6 +150,13 @@ VARIANTS = {
         dict(bias=True, n_layer=1, batch_size=2, block_size=8),
         dict(optim_in_backward=True, grad_clip=None),
     ),
+    # checkpoint's recomputed input of a Linear dies inside its backward, once the weight's gradient is made and
+    # before the bias's (the node holds the only reference)
+    "checkpoint-dropout-biases": (dict(bias=True, dropout=0.1), dict(checkpoint=True)),
+    "checkpoint-manual-biases": (
+        dict(bias=True, n_layer=2, batch_size=2, block_size=16),
+        dict(checkpoint=True, attention="manual", adamw_impl="fused"),
+    ),
 }
 
 
@@ -168,16 +175,14 @@ def test_analytic_follows_the_code_to_one_scalar(shape, change):
 @pytest.mark.parametrize("seed", range(4))
 def test_the_estimate_is_the_simulations_peak_on_random_small_models(seed):
     """scripts/estimate_sweep.py's draw (1-3 layers, 1-4 heads, dropout, biases, random switches), six models a
-    seed: the estimate lands on the simulation's peak, in its phase. One difference is known: with checkpointing,
-    dropout and biases together the estimate can hold one bias's gradient more at the peak, n_embd values of at most
-    4 bytes (over 300 draws of seed 1: 3 such, 64-256 B). The fixed shapes above hold the breakdown."""
+    seed: the estimate is the simulation's peak to the byte, in its phase and categories. The fixed shapes above
+    name what each case holds; this holds their combinations (the sweep's 300 of seed 1 found one head's views,
+    a bias's in-backward step and checkpoint's recomputed inputs, before they were followed)."""
     from scripts.estimate_sweep import configurations, differences
 
     for cfg, switches, question in configurations(seed, 6):
-        delta, sim_phase, est_phase, _ = differences(question)
-        one_bias_gradient = 4 * cfg.n_embd if switches["checkpoint"] and cfg.dropout and cfg.bias else 0
-        assert -one_bias_gradient <= delta <= 0, (cfg, switches)
-        assert sim_phase == est_phase, (cfg, switches)
+        delta, sim_phase, est_phase, moved = differences(question)
+        assert (delta, moved, est_phase) == (0, {}, sim_phase), (cfg, switches)
 
 
 def test_checkpointing_lowers_activations():

@@ -243,22 +243,28 @@ def linear_backward(
     run: Run, tally: Tally, grads: Gradients, name: str, d_in: int, bias: bool, free: tuple, cast_input: bool
 ) -> Handle:
     """A Linear's backward: the input's gradient (``d_in`` elements) and the weight's and bias's; the tensors in
-    ``free`` die. Under autocast the weight gradients arrive in bf16 and are cast to fp32, and so is the input's
-    gradient when the input was an fp32 tensor cast for the matmul (``cast_input``). Returns the input gradient."""
+    ``free`` (the gradient, the input, the weight) die. Under autocast the weight gradients arrive in bf16 and are
+    cast to fp32, and so is the input's gradient when the input was an fp32 tensor cast for the matmul
+    (``cast_input``). An input that checkpoint recomputed is held by the node alone, and dies once the weight's
+    gradient is made, before the bias's. Returns the input gradient."""
     d_input = tally.temporary(run.matmul_bytes * d_in)
     names = [f"{name}.weight"] + ([f"{name}.bias"] if bias and run.bias else [])
+    recomputed = run.recipe.checkpoint and name.startswith("transformer.h.")
+    early, late = ((free[1],), (free[0], *free[2:])) if recomputed else ((), free)
+    made = []
+    for pname in names:
+        made.append(grads.incoming(pname) if not run.autocast else tally.temporary(2 * grads.numel[pname]))
+        if pname.endswith(".weight"):
+            tally.free(*early)
+    tally.free(*late)
     if not run.autocast:
-        incoming = [grads.incoming(pname) for pname in names]
-        tally.free(*free)
         # autograd takes the bias's gradient (and, with the optimizer in backward, steps it) before the weight's
-        for pname, handle in reversed(list(zip(names, incoming))):
+        for pname, handle in reversed(list(zip(names, made))):
             grads.accumulate(pname, handle)
         return d_input
-    low = [tally.temporary(2 * grads.numel[pname]) for pname in names]
-    tally.free(*free)
     if cast_input:
         d_input = tally.replace(d_input, 4 * d_in)
-    for pname, handle in zip(names, low):
+    for pname, handle in zip(names, made):
         grad = grads.incoming(pname)
         tally.free(handle)
         grads.accumulate(pname, grad)

@@ -249,13 +249,15 @@ def linear_backward(
     gradient is made, before the bias's. Returns the input gradient."""
     d_input = tally.temporary(run.matmul_bytes * d_in)
     names = [f"{name}.weight"] + ([f"{name}.bias"] if bias and run.bias else [])
-    recomputed = run.recipe.checkpoint and name.startswith("transformer.h.")
+    recomputed = run.recipe.checkpoint and name.startswith("transformer.h.")  # a block's Linear, checkpointed
     early, late = ((free[1],), (free[0], *free[2:])) if recomputed else ((), free)
-    made = []
-    for pname in names:
-        made.append(grads.incoming(pname) if not run.autocast else tally.temporary(2 * grads.numel[pname]))
-        if pname.endswith(".weight"):
-            tally.free(*early)
+
+    def gradient(pname: str) -> Handle:  # as the matmul makes it: the parameter's own, or bf16 under autocast
+        return grads.incoming(pname) if not run.autocast else tally.temporary(2 * grads.numel[pname])
+
+    weight = gradient(names[0])
+    tally.free(*early)
+    made = [weight, *(gradient(pname) for pname in names[1:])]
     tally.free(*late)
     if not run.autocast:
         # autograd takes the bias's gradient (and, with the optimizer in backward, steps it) before the weight's

@@ -355,7 +355,7 @@ def test_tracking_a_cuda_trainer_rounds_to_the_allocators_blocks_and_leaves_the_
 
 def test_cuda_autocasts_cross_entropy_as_the_simulation_and_the_estimate_assume():
     """A CUDA question is simulated on the CPU with CUDA's autocast policy where the two differ for a GPT
-    (``simulation._CudaAutocast``), and estimated the same way. What they assume is read from the installed torch's
+    (``simulation._cuda_autocast``), and estimated the same way. What they assume is read from the installed torch's
     dispatcher: cross_entropy has an entry on the CPU's autocast lists and none on CUDA's (there its log_softmax
     and nll_loss are autocast one by one); log_softmax and softmax have one on CUDA's only; nll_loss on both."""
     has = torch._C._dispatch_has_kernel_for_dispatch_key
@@ -368,7 +368,7 @@ def test_cuda_autocasts_cross_entropy_as_the_simulation_and_the_estimate_assume(
         "aten::log_softmax.int": (False, True),
         "aten::softmax.int": (False, True),
         "aten::nll_loss": (True, True),
-    }, f"torch {torch.__version__} moved an op between autocast lists: update simulation._CudaAutocast and tally"
+    }, f"torch {torch.__version__} moved an op between autocast lists: update simulation._cuda_autocast and tally"
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "manual"])
@@ -388,6 +388,17 @@ def test_on_cuda_autocast_keeps_bf16_log_probabilities_and_nll_loss_saves_an_fp3
         for report in (est, sim):
             assert logprobs <= report.by_category["logits and loss"] < logprobs + slack, device
             assert temporaries <= report.by_category["backward temporaries"] < temporaries + slack, device
+
+
+def test_checkpoints_recomputation_makes_cudas_autocast_dtypes_in_the_simulation():
+    """CUDA's autocast runs softmax in fp32; checkpoint's recomputation runs inside backward and must make the fp32
+    probabilities the forward saved, or checkpoint fails on the dtype it checks. The CUDA simulation used to make
+    the CPU's bf16 there (``estimate --recipe bf16 --checkpoint --set attention=manual --simulate`` ended in a
+    CheckpointError); it runs now, and lands on the estimate."""
+    recipe = Recipe(precision="bf16", checkpoint=True, attention="manual")
+    est = analytic(CPU_SMALL, recipe, device="cuda")
+    sim = simulated(CPU_SMALL, recipe, method="direct", device="cuda")
+    assert (sim.peak_bytes, sim.phase, sim.by_category) == (est.total_bytes, est.phase, est.by_category)
 
 
 def test_estimate_is_arithmetic():

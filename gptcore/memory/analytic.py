@@ -220,7 +220,8 @@ def estimate(question: Question) -> Estimate:
         tally.new(cfg.block_size**2, BUFFERS)  # the causal mask of each attention module
     if run.vocab_rows != run.V:
         tally.new(run.vocab_rows * param_bytes, BUFFERS)  # the lm_head's padding mask (0, -inf)
-    tally.new(2 * 8 * run.B * run.accum_steps * run.T, OTHER)  # the step's input and target token ids
+    for _ in ("input", "target"):  # the step's token ids: two tensors (two allocator blocks on CUDA)
+        tally.new(8 * run.B * run.accum_steps * run.T, OTHER)
     tally.new(4, OTHER)  # the running loss
     grads = Gradients(run, tally, shapes)
     at_forward_end, divided = {}, None

@@ -17,7 +17,6 @@ from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 from gptcore.config import GPTConfig, Recipe
 from gptcore.memory.analytic import Question
@@ -130,7 +129,8 @@ def _all_default(kwargs: dict, defaults: dict) -> bool:
     return all(kwargs.get(k, v) == v for k, v in defaults.items()) and kwargs.keys() <= defaults.keys()
 
 
-class _CudaAutocast(TorchFunctionMode):
+@contextmanager
+def _cuda_autocast() -> Iterator[None]:
     """CUDA's autocast policy where it differs from the CPU's in what a GPT's step saves: the CPU's fake run then
     makes the tensors CUDA's autocast makes (checked against the dispatcher's own tables in the tests).
 
@@ -138,18 +138,36 @@ class _CudaAutocast(TorchFunctionMode):
       log-probabilities. CUDA's autocast has no entry for it: its parts run under autocast, ``log_softmax`` with
       the dtype cross-entropy passes it (the logits' own: its fp32_set_opt_dtype policy keeps a dtype that is set)
       and ``nll_loss`` on the fp32 list, which casts those log-probabilities to fp32 and saves the copy.
-    - ``F.softmax`` without a dtype: fp32 on CUDA (fp32_set_opt_dtype), the input's dtype on the CPU (no entry)."""
+    - ``F.softmax`` without a dtype: fp32 on CUDA (fp32_set_opt_dtype), the input's dtype on the CPU (no entry).
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        low = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
-        if low is not None and args and isinstance(args[0], torch.Tensor) and args[0].dtype == low:
-            if func is F.cross_entropy and len(args) == 2 and _all_default(kwargs, _CROSS_ENTROPY_DEFAULTS):
-                logits, targets = args
-                return F.nll_loss(F.log_softmax(logits, 1, dtype=logits.dtype), targets)
-            if func is F.softmax and kwargs.get("dtype") is None:
-                return F.softmax(*args, **{**kwargs, "dtype": torch.float32})
-        return func(*args, **kwargs)
+    The two functions of ``torch.nn.functional`` are replaced while it is active (model.py looks them up at each
+    call). A TorchFunctionMode did this before and is off inside its own handler, so checkpoint's recomputation,
+    which runs inside ``Tensor.backward``, made the CPU's dtypes and failed checkpoint's check of what it saved."""
+    softmax, cross_entropy = F.softmax, F.cross_entropy
+
+    def low(x) -> bool:  # a tensor in autocast's low precision, autocast on
+        return (
+            torch.is_autocast_enabled("cpu")
+            and isinstance(x, torch.Tensor)
+            and x.dtype == torch.get_autocast_dtype("cpu")
+        )
+
+    def cuda_cross_entropy(*args, **kwargs):
+        if len(args) == 2 and low(args[0]) and _all_default(kwargs, _CROSS_ENTROPY_DEFAULTS):
+            logits, targets = args
+            return F.nll_loss(F.log_softmax(logits, 1, dtype=logits.dtype), targets)
+        return cross_entropy(*args, **kwargs)
+
+    def cuda_softmax(*args, **kwargs):
+        if args and low(args[0]) and kwargs.get("dtype") is None:
+            return softmax(*args, **{**kwargs, "dtype": torch.float32})
+        return softmax(*args, **kwargs)
+
+    F.softmax, F.cross_entropy = cuda_softmax, cuda_cross_entropy
+    try:
+        yield
+    finally:
+        F.softmax, F.cross_entropy = softmax, cross_entropy
 
 
 def _fake_run(cfg: GPTConfig, recipe: Recipe, cuda: bool) -> _SegmentTracker:
@@ -169,7 +187,7 @@ def _fake_run(cfg: GPTConfig, recipe: Recipe, cuda: bool) -> _SegmentTracker:
         shape = (recipe.batch_size(cfg), cfg.block_size)
         batches = [(torch.randint(cfg.vocab_size, shape), torch.randint(cfg.vocab_size, shape)) for _ in range(2)]
         tracker = _SegmentTracker(round_to=512 if cuda else 1, counts_rng_state=not cuda)
-        with tracker.segments(trainer.model), _CudaAutocast() if cuda else nullcontext():
+        with tracker.segments(trainer.model), _cuda_autocast() if cuda else nullcontext():
             track_training(trainer, batches=batches, tracker=tracker)
     return tracker
 
@@ -239,7 +257,7 @@ def simulate(question: Question, method: Method = "auto") -> Simulation:
     the breakdown at it. On the CPU this equals a real tracked run (``track_training``) byte for byte.
 
     A CUDA question runs the CPU's kernels on fake tensors with CUDA's 512-byte rounding and CUDA's autocast
-    policy where it differs from the CPU's (``_CudaAutocast``); a CPU-only machine cannot fake CUDA's kernel
+    policy where it differs from the CPU's (``_cuda_autocast``); a CPU-only machine cannot fake CUDA's kernel
     choices, and the differences that remain are in ``notes``. ``method``: ``direct``
     simulates every layer; ``extrapolate`` simulates 2 and 3 layers and extends each segment's peak linearly
     (exact for a uniform stack, see ``_extrapolated``); ``auto`` extrapolates beyond 4 layers and falls back to a

@@ -176,8 +176,8 @@ def test_analytic_follows_the_code_to_one_scalar(shape, change):
 def test_the_estimate_is_the_simulations_peak_on_random_small_models(seed):
     """scripts/estimate_sweep.py's draw (1-3 layers, 1-4 heads, dropout, biases, random switches), six models a
     seed: the estimate is the simulation's peak to the byte, in its phase and categories. The fixed shapes above
-    name what each case holds; this holds their combinations (the sweep's 300 of seed 1 found one head's views,
-    a bias's in-backward step and checkpoint's recomputed inputs, before they were followed)."""
+    name what each case holds; this holds their combinations (random draws found one head's views, a bias's
+    in-backward step and checkpoint's recomputed inputs before the estimate followed them)."""
     from scripts.estimate_sweep import configurations, differences
 
     for cfg, switches, question in configurations(seed, 6):

@@ -141,8 +141,8 @@ def _cuda_autocast() -> Iterator[None]:
     - ``F.softmax`` without a dtype: fp32 on CUDA (fp32_set_opt_dtype), the input's dtype on the CPU (no entry).
 
     The two functions of ``torch.nn.functional`` are replaced while it is active (model.py looks them up at each
-    call). A TorchFunctionMode did this before and is off inside its own handler, so checkpoint's recomputation,
-    which runs inside ``Tensor.backward``, made the CPU's dtypes and failed checkpoint's check of what it saved."""
+    call). Not a TorchFunctionMode: a mode is off inside its own handler, so checkpoint's recomputation, which runs
+    inside ``Tensor.backward``, would make the CPU's dtypes and fail checkpoint's check of what it saved."""
     softmax, cross_entropy = F.softmax, F.cross_entropy
 
     def low(x) -> bool:  # a tensor in autocast's low precision, autocast on

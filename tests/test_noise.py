@@ -287,9 +287,20 @@ WHOLE = ROOT / "tests" / "data" / "gpu-h200-whole-ladder"
 TOP_RUNG = "test_ladder[gpt2-ladder-11]"
 #: recorded again with their compiled (or eager) step's busy time, each run twice (tests/data/gpu-h200-whole-ladder)
 BELOW_THE_FIT = {f"test_ladder[gpt2-ladder-{n}]" for n in range(8)}
-WHOLE_RUNS = {  # each recording run, and the same cases run again against what it recorded
-    "ladder-0 to 7": ("ladder-0-7.jsonl", "verify-0-7.jsonl", "noise-0-7.json"),
-    "ladder-10 and 11": ("ladder-10-11.jsonl", "verify-10-11.jsonl", "noise-10-11.json"),
+DETACHED = ROOT / "tests" / "data" / "gpu-h200-detached-logits"
+#: recorded again once the compiled model returned its logits detached (tests/data/gpu-h200-detached-logits): the
+#: file's entries of these rungs are those runs', no longer the whole ladder's
+DETACHED_RUNGS = {f"test_ladder[gpt2-ladder-{n}]" for n in range(4, 10)}
+LADDER_RUNS = {  # each recording run, the same cases run again against what it recorded, and the noise over both
+    "ladder-0 to 7": (WHOLE, "ladder-0-7.jsonl", "verify-0-7.jsonl", "noise-0-7.json"),
+    "ladder-10 and 11": (WHOLE, "ladder-10-11.jsonl", "verify-10-11.jsonl", "noise-10-11.json"),
+    "ladder-4 to 9, logits detached": (DETACHED, "ladder-4-9.jsonl", "verify-4-9.jsonl", "noise-4-9.json"),
+}
+#: each run's cases, and the largest change of busy time and tokens/s between its two runs
+LADDER_RUN_CASES = {
+    "ladder-0 to 7": (BELOW_THE_FIT, {"busy": 0.0067, "speed": 0.0059}),
+    "ladder-10 and 11": ({TOP_RUNG, "test_ladder[gpt2-ladder-10]"}, {"busy": 0.0056, "speed": 0.0016}),
+    "ladder-4 to 9, logits detached": (DETACHED_RUNGS, {"busy": 0.0168, "speed": 0.0111}),
 }
 
 
@@ -313,7 +324,7 @@ def test_the_compiled_rungs_logged_busy_times_are_not_of_their_compiled_step():
     ladder = {name: e for name, e in file["benchmarks"].items() if name.startswith("test_ladder")}
     busy = {name for name, e in ladder.items() if "gpu_busy_seconds" in e}
     assert busy == set(ladder)  # every rung was recorded again after the fix (tests/data/gpu-h200-whole-ladder)
-    again = measured([WHOLE / "ladder-0-7.jsonl"])
+    again = measured([WHOLE / "ladder-0-7.jsonl"]) | measured([DETACHED / "ladder-4-9.jsonl"])  # the later wins
     assert {name: ladder[name]["gpu_busy_seconds"] for name in BELOW_THE_FIT} == {
         name: again[name]["gpu_busy_seconds"] for name in BELOW_THE_FIT
     }
@@ -375,48 +386,88 @@ def test_the_ladders_busy_tolerance_is_what_the_rule_gives_on_two_runs_of_its_co
     assert max(abs(c.speed_change) for c in cases) == pytest.approx(0.0019, abs=5e-5)
     ladder = tolerances_of(by_test(cases)["test_ladder"])
     committed = json.loads((ROOT / "baselines" / "nvidia-h200.json").read_text())["tolerances_by_test"]
-    assert ladder["gpu_busy"] == committed["test_ladder"]["gpu_busy"] == 0.033
+    assert ladder["gpu_busy"] == 0.033  # the file's is the largest of every pair of the ladder's runs (below): 3.4%
     # one machine's runs: the ladder's speed keeps the 3.4% of two hosts (the rule here would give 1%)
     assert ladder["speed"] == 0.01 and committed["test_ladder"]["speed"] == 0.034
     evidence = json.loads((FITTED / "noise.json").read_text())  # the script's own evidence agrees
     assert evidence["by_test"] == by_test(cases)
 
 
-@pytest.mark.parametrize("run", WHOLE_RUNS)
-def test_the_whole_ladders_last_runs_are_what_the_file_holds_and_pass_again(run):
-    """The runs of tests/data/gpu-h200-whole-ladder (one H200, torch 2.11.0+cu130): what each recorded is the file's
-    entry, figure for figure; the same cases run again pass against it under the ladder's committed tolerances, as
-    the gate judges them; and the noise rule over the two runs stays inside them (busy time moved at most 0.67%
-    and 0.56%, against the committed 3.3%; tokens/s 0.59% and 0.16%, against 3.4%)."""
+@pytest.mark.parametrize("run", LADDER_RUNS)
+def test_the_ladders_last_runs_are_what_the_file_holds_and_pass_again(run):
+    """The ladder's runs on one H200 (torch 2.11.0+cu130; tests/data/gpu-h200-whole-ladder, then
+    tests/data/gpu-h200-detached-logits): what each recorded is the file's entry, figure for figure, where the file
+    still holds that run's entry; the same cases run again pass against it under the ladder's committed tolerances,
+    as the gate judges them; and the noise rule over the two runs stays inside them (busy time moved at most 0.67%,
+    0.56% and 1.68%, against the committed 3.3%; tokens/s 0.59%, 0.16% and 1.11%, against 3.4%). ladder-4 to 7 of
+    the whole ladder's run were recorded again after the logits were detached: the file holds the later run's."""
     from gptcore.gate import baselines
     from gptcore.gate.schema import Entry
     from gptcore.gate.verdicts import verdict_of
 
-    first_log, second_log, evidence = WHOLE_RUNS[run]
+    folder, first_log, second_log, evidence = LADDER_RUNS[run]
+    names, expected_largest = LADDER_RUN_CASES[run]
     file = baselines.load(ROOT / "baselines" / "nvidia-h200.json", expect_slug="nvidia-h200")
     committed = json.loads((ROOT / "baselines" / "nvidia-h200.json").read_text())
     raw, ladder = committed["benchmarks"], committed["tolerances_by_test"]["test_ladder"]
-    first, second = measured([WHOLE / first_log]), measured([WHOLE / second_log])
-    assert set(first) == set(second) == ({TOP_RUNG, "test_ladder[gpt2-ladder-10]"} if "11" in run else BELOW_THE_FIT)
-    for name, e in first.items():
-        figures = ("tokens_per_s", "peak_allocated_bytes", "gpu_busy_seconds", "loss", "work")
-        assert {k: e[k] for k in figures} == {k: raw[name][k] for k in figures}, name
-    for name, e in second.items():
-        verdict = verdict_of(name, Entry.from_json(e, name), file.entries[name], file.tolerances_for(name))
+    first, second = measured([folder / first_log]), measured([folder / second_log])
+    assert set(first) == set(second) == names
+    held = names - DETACHED_RUNGS if folder == WHOLE else names
+    figures = ("tokens_per_s", "peak_allocated_bytes", "gpu_busy_seconds", "loss", "work")
+    for name in names:
+        recorded = {k: first[name][k] for k in figures} == {k: raw[name][k] for k in figures}
+        assert recorded == (name in held), name
+    for name in held:
+        verdict = verdict_of(name, Entry.from_json(second[name], name), file.entries[name], file.tolerances_for(name))
         assert verdict.failed == [], (name, verdict.failed)
     cases = compare(first, second)
     largest = {"busy": max(abs(c.busy_change) for c in cases), "speed": max(abs(c.speed_change) for c in cases)}
-    assert largest == pytest.approx(
-        {"busy": 0.0067, "speed": 0.0059} if "11" not in run else {"busy": 0.0056, "speed": 0.0016}, abs=5e-5
-    )
+    assert largest == pytest.approx(expected_largest, abs=5e-5)
     ours = by_test(cases)["test_ladder"]
     rule = tolerances_of(ours)
-    assert rule["gpu_busy"] <= ladder["gpu_busy"] == 0.033 and rule["speed"] <= ladder["speed"] == 0.034
+    assert rule["gpu_busy"] <= ladder["gpu_busy"] == 0.034 and rule["speed"] <= ladder["speed"] == 0.034
     # the script's own evidence agrees, to the last bit but sigma's sums (the GPU machine's Python 3.12)
-    logged = json.loads((WHOLE / evidence).read_text())["by_test"]["test_ladder"]
+    logged = json.loads((folder / evidence).read_text())["by_test"]["test_ladder"]
     assert logged.keys() == ours.keys()
     for metric, figures in ours.items():
         assert logged[metric] == {k: v if v is None else pytest.approx(v, rel=1e-12) for k, v in figures.items()}
+
+
+def test_the_ladders_busy_tolerance_is_the_largest_the_rule_gives_over_every_pair_of_its_runs():
+    """Every pair of the ladder's runs with compiled steps traced (the fitted rungs', the whole ladder's two, the
+    detached logits' one) gives its own busy-time tolerance by the rule: 3.3%, 1.7%, 2.3% and 3.4%. The file holds
+    the largest, so that each run's noise passes: ladder-9's busy time moved 1.68% over the last pair (271.15 to 275.69
+    ms), twice that rounded up is 3.4%."""
+    pairs = [(FITTED, "ladder.jsonl", "verify.jsonl")] + [run[:3] for run in LADDER_RUNS.values()]
+    rules = [tolerances_of(by_test(compare(measured([d / a]), measured([d / b])))["test_ladder"]) for d, a, b in pairs]
+    assert [rule["gpu_busy"] for rule in rules] == [0.033, 0.017, 0.023, 0.034]
+    committed = json.loads((ROOT / "baselines" / "nvidia-h200.json").read_text())["tolerances_by_test"]["test_ladder"]
+    assert committed["gpu_busy"] == max(rule["gpu_busy"] for rule in rules)
+
+
+def test_the_rungs_past_the_fit_pass_a_third_time_on_the_detached_logits_code():
+    """ladder-10 and 11 ran again on the code whose compiled model returns its logits detached (one H200, torch
+    2.11.0+cu130; tests/data/gpu-h200-detached-logits/ladder-10-11.jsonl): liger's loss makes no logits, so the
+    change does not reach them. Both pass against the entries the whole ladder's run recorded, with the same work
+    ledger: 505,597 and 506,671 tokens/s against 496,612 and 498,006 (+1.8%, this machine's offset: its ladder-8
+    ran +0.0% against its own record the same hour)."""
+    from gptcore.gate import baselines
+    from gptcore.gate.schema import Entry
+    from gptcore.gate.verdicts import verdict_of
+
+    file = baselines.load(ROOT / "baselines" / "nvidia-h200.json", expect_slug="nvidia-h200")
+    raw = json.loads((ROOT / "baselines" / "nvidia-h200.json").read_text())["benchmarks"]
+    logged = measured([DETACHED / "ladder-10-11.jsonl"])
+    third = {name: e for name, e in logged.items() if e}
+    assert set(logged) - set(third) == {"test_ladder[gpt2-ladder-10-fp8]"}  # FP8 beside them: left to the deadline
+    assert set(third) == {TOP_RUNG, "test_ladder[gpt2-ladder-10]"}
+    for name, e in third.items():
+        verdict = verdict_of(name, Entry.from_json(e, name), file.entries[name], file.tolerances_for(name))
+        assert verdict.failed == [] and e["work"] == raw[name]["work"], (name, verdict.failed)
+    assert {name: round(e["tokens_per_s"]["median"]) for name, e in third.items()} == {
+        "test_ladder[gpt2-ladder-10]": 505_597,
+        TOP_RUNG: 506_671,
+    }
 
 
 def test_the_top_rung_autotunes_its_matmuls_and_is_not_slower_than_the_rung_below():
@@ -440,15 +491,26 @@ def test_the_top_rung_autotunes_its_matmuls_and_is_not_slower_than_the_rung_belo
         assert abs(e["gpu_busy_seconds"] / step - 1) < 0.01
 
 
-@pytest.mark.parametrize("recipe, rounds, ratio, behind", [("ladder-8", 30, 0.9873, 29), ("ladder-9", 10, 0.9842, 10)])
-def test_nanogpts_step_side_by_side_is_what_its_rounds_give(recipe, rounds, ratio, behind):
-    """scripts/versus_nanogpt.py on one H200 (torch 2.11.0+cu130; tests/data/gpu-h200-whole-ladder): the ratio it
-    printed is the median of gptcore's rounds over the median of nanoGPT's, and gptcore trailed in nearly every
-    round: at B=16 (ladder-8) 0.987x, behind in 29 of 30 rounds; at the fitted batch of 146 (ladder-9), 0.984x, in
-    all 10. The issue's target (at or above nanoGPT's step) is not met."""
+@pytest.mark.parametrize(
+    "session, recipe, rounds, ratio, behind",
+    [
+        ("whole ladder", "ladder-8", 30, 0.9873, 29),
+        ("whole ladder", "ladder-9", 10, 0.9842, 10),
+        ("logits detached", "ladder-8", 30, 1.0099, 3),
+        ("logits detached", "ladder-9", 6, 1.0237, 0),
+    ],
+)
+def test_nanogpts_step_side_by_side_is_what_its_rounds_give(session, recipe, rounds, ratio, behind):
+    """scripts/versus_nanogpt.py on one H200 (torch 2.11.0+cu130): the ratio it printed is the median of gptcore's
+    rounds over the median of nanoGPT's, and the rounds say who led. In tests/data/gpu-h200-whole-ladder gptcore
+    trailed in nearly every round: at B=16 (ladder-8) 0.987x, behind in 29 of 30; at the fitted batch of 146
+    (ladder-9) 0.984x, in all 10. Once the compiled model returned its logits detached
+    (tests/data/gpu-h200-detached-logits), it led: 1.010x at B=16, behind in 3 of 30; 1.024x at 146, in none of the
+    6 rounds the call's time left (the JSON is written round by round)."""
     import statistics
 
-    got = json.loads((WHOLE / f"versus-{recipe}.json").read_text())
+    folder = WHOLE if session == "whole ladder" else DETACHED
+    got = json.loads((folder / f"versus-{recipe}.json").read_text())
     ours, theirs = got["rates"]["gptcore"], got["rates"]["nanoGPT"]
     assert got["recipe"] == recipe and len(ours) == len(theirs) == rounds
     assert got["ratio"] == pytest.approx(statistics.median(ours) / statistics.median(theirs), rel=1e-12)

@@ -198,6 +198,37 @@ def test_every_kernel_of_a_real_h200_step_has_the_kind_it_is():
     }
 
 
+DETACHED_PROFILE = H200_PROFILE.parent.parent / "gpu-h200-detached-logits" / "profile-ladder-8.txt"
+"""The same side by side once the compiled model returned its logits detached (one H200, torch 2.11.0+cu130)."""
+
+
+def _device_kernels(table: str) -> dict[str, list[str]]:
+    """Each device kernel's row (no CPU time of its own) in one of the profile's tables, by name."""
+    rows = {}
+    for line in table.splitlines():
+        cols = re.split(r"\s{2,}", line.strip())
+        if len(cols) >= 10 and cols[2] == "0.000us" and not cols[0].startswith("Optimizer.step#"):
+            rows[cols[0]] = cols
+    return rows
+
+
+def test_detached_logits_leave_no_zero_filled_logits_gradient_in_a_real_h200_step():
+    """With its logits detached, gptcore's compiled step no longer fills a zero B x T x vocab gradient for them:
+    nanoGPT's table holds that bf16 fill once a step (3 calls in 3 steps, 484.5 us each), gptcore's holds no bf16
+    fill at all, and its kinds' totals show it (other: 0.399 against 0.870 ms a step), the clipping's reduction left
+    as its one eager kernel of kind other."""
+    text = DETACHED_PROFILE.read_text()
+    ours, theirs = (_device_kernels(part) for part in text.split("== nanoGPT: 3 steps"))
+    fill = "void at::native::vectorized_elementwise_kernel<8, at::native::FillFunctor<c10::BFloat16..."
+    assert theirs[fill][-3:] == ["1.454ms", "484.518us", "3"] and fill not in ours
+    assert not [name for name in ours if "FillFunctor<c10::BFloat16" in name]
+    assert [name for name in ours if trace.kind_of(name) == "other"] == [
+        "void at::native::reduce_kernel<128, 4, at::native::ReduceOp<float, at::native::func_wra..."
+    ]
+    other = next(line.split() for line in text.splitlines() if line.split()[:1] == ["other"])
+    assert other == ["other", "0.399", "0.870", "-0.471"]
+
+
 def test_the_device_is_chosen_in_one_place_and_cpu_has_no_trace():
     cuda = trace.trace_for(torch.device("cuda", 0))
     assert (cuda.activity, cuda.device_type, cuda.work) == (ProfilerActivity.CUDA, DeviceType.CUDA, trace.WORK)

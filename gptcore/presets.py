@@ -17,7 +17,6 @@ from gptcore.config import (
     DDPOptions,
     FSDP2Options,
     GPTConfig,
-    Kernels,
     Parallel,
     Recipe,
     Schedule,
@@ -132,18 +131,19 @@ _LADDER_STEPS: list[tuple[str, dict]] = [
     ("tied", dict(tie_weights=True)),
     ("workers", dict(num_workers=2, pin_memory=True)),
     # past nanoGPT: what engineers reach for now. The batch that fills the device comes first: nanoGPT's step at the
-    # fitted batch, the seed's own last move. The fused loss is then judged where it can pay (liger's loss runs a
-    # fixed 33-64 chunks and reads its token count on the host every step; host-bound at B=16 on an H200), and its
-    # saving becomes a larger fitted batch. Autotuning comes last, of the matmuls alone (max-autotune-gemm, 1.003x
-    # ladder-10 on an H200, its cold compile 195 s): tuning every Triton kernel too (max-autotune-no-cudagraphs'
-    # coordinate descent) was still compiling the FP8 rung when its 10-minute GPU call ended, 346 s after it began,
-    # for a step whose time is the matmuls' and attention's. Without CUDA graphs: at the fitted batch a step's
-    # kernels outlast its launches many times over, so graphs have no host time to save, and their private pool would
-    # keep the compiled step's memory from the eager work beside it. FP8 is not a rung: over ladder-10 on an H200 it
-    # ran 0.937x (tests/data/gpu-h200-fitted). At GPT-2's width its casts cost about what its matmuls save, and liger's
-    # loss keeps the vocabulary matmul, the one wide enough to pay, in bf16. It is measured beside the ladder.
+    # fitted batch, the seed's own last move. Autotuning comes last, of the matmuls alone (max-autotune-gemm: 1.003x
+    # over liger's fused loss at its batch on an H200, its cold compile 195 s): tuning every Triton kernel too
+    # (max-autotune-no-cudagraphs' coordinate descent) was still compiling the FP8 case when its 10-minute GPU call
+    # ended, 346 s after it began, for a step whose time is the matmuls' and attention's. Without CUDA graphs: at the
+    # fitted batch a step's kernels outlast its launches many times over, so graphs have no host time to save, and
+    # their private pool would keep the compiled step's memory from the eager work beside it.
+    # Two switches are measured beside the ladder, not on it, since they do not pay in tokens/s on GPT-2 124M:
+    # liger's fused loss saves memory (0.54x the peak per token, a batch of 356 where 146 fits) but runs outside the
+    # compiled graph, and since the compiled model returns its logits detached, nanoGPT's step at the fitted batch
+    # outruns it (505,597 against 524,930 tokens/s on one H200, tests/data/gpu-h200-detached-logits); FP8 over it ran
+    # 0.937x (tests/data/gpu-h200-fitted): at GPT-2's width its casts cost about what its matmuls save, and liger's
+    # loss keeps the vocabulary matmul, the one wide enough to pay, in bf16.
     ("the batch that fills 85% of the device (estimate --fit)", dict(fit_memory=FILL_SHARE)),
-    ("fused linear cross-entropy (liger-kernel)", dict(kernels=Kernels(loss="liger"))),
     ("autotuned matmuls (compile's max-autotune-gemm)", dict(compile_mode="max-autotune-gemm")),
 ]
 
@@ -160,12 +160,18 @@ def _ladder() -> dict[str, Preset[Recipe]]:
 
 _LADDER = _ladder()
 #: Beside the ladder, not on it: a switch measured on the ladder's model against the rung it would follow.
-_LADDER_10 = _LADDER["ladder-10"].value
+_FITTED = _LADDER["ladder-9"].value
+_LIGER = dataclasses.replace(_FITTED, kernels=dataclasses.replace(_FITTED.kernels, loss="liger"))
 _BESIDE_LADDER = {
-    "ladder-10-fp8": Preset(
-        dataclasses.replace(_LADDER_10, kernels=dataclasses.replace(_LADDER_10.kernels, fp8=True)),
-        "ladder-10 + FP8 matmuls in the blocks (torchao float8, Hopper or newer): beside the ladder, since at GPT-2's "
-        "width it does not pay",
+    "ladder-9-liger": Preset(
+        _LIGER,
+        "ladder-9 + liger-kernel's fused linear cross-entropy, refitted: beside the ladder, since it saves memory, "
+        "not time",
+    ),
+    "ladder-9-liger-fp8": Preset(
+        dataclasses.replace(_LIGER, kernels=dataclasses.replace(_LIGER.kernels, fp8=True)),
+        "ladder-9-liger + FP8 matmuls in the blocks (torchao float8, Hopper or newer): beside the ladder, since at "
+        "GPT-2's width it does not pay",
     ),
 }
 

@@ -173,7 +173,10 @@ def test_an_old_recipe_name_runs_with_one_deprecation_line():
             ["train", "--model", "cpu-small", "--recipe", "ladder-5", "--set", "attention=flash"],
             "flash attention needs",
         ),
-        (["train", "--model", "cpu-small", "--recipe", "ladder-10", "--device", "cpu"], "liger's fused linear cross"),
+        (
+            ["train", "--model", "cpu-small", "--recipe", "ladder-9-liger", "--device", "cpu"],
+            "liger's fused linear cross",
+        ),
         (["train", "--model", "char", "--recipe", "budget-0.05", "--device", "cpu"], "pytorch/pytorch#190758"),
         (["train", "--model", "cpu-small", "--steps", "0"], "argument --steps: must be >= 1"),
         (["train", "--model", "cpu-small", "--batch", "0"], "argument --batch: must be >= 1"),

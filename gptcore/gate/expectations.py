@@ -129,17 +129,17 @@ EXPECTATIONS: tuple[Expectation, ...] = (
     Expectation("ddp-bucket-view", "ddp", "peak memory", "not higher", "gradients are views of the buckets"),
     _lower_memory("fsdp2-bf16", "fsdp2", "bf16 gathered parameters and activations"),
     *_ladder(),
-    Expectation(
-        "ladder-10",
+    Expectation(  # no claim on tokens/s: outside the compiled graph it ran 0.963x ladder-9 on an H200
+        "ladder-9-liger",
         "ladder-9",
         "peak memory per token",
         "lower",
         "the fused linear cross-entropy never makes the B x T x vocab logits whole: the device holds a larger batch",
         GPU_ONLY,
     ),
-    Expectation(  # no claim on tokens/s: at GPT-2's width FP8 ran 0.937x ladder-10 on an H200
-        "ladder-10-fp8",
-        "ladder-10",
+    Expectation(  # no claim on tokens/s: at GPT-2's width FP8 ran 0.937x liger's case on an H200
+        "ladder-9-liger-fp8",
+        "ladder-9-liger",
         "peak memory per token",
         "not higher",
         "FP8 never keeps more for backward than bf16 (eager it keeps the same; compiled it kept 0.716x on an H200)",

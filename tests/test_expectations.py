@@ -87,7 +87,7 @@ def test_where_the_estimate_misses_the_references_peak_its_ratio_bounds_nothing(
 
 
 def test_the_fused_loss_at_a_larger_fitted_batch_is_judged_per_token() -> None:
-    """ladder-9 fills 85% of an H200 at batch 146 and liger's rung at batch 356, both estimated at 127.3 GB. Say
+    """ladder-9 fills 85% of an H200 at batch 146 and liger's case at batch 356, both estimated at 127.3 GB. Say
     ladder-9's compiled step measures 79% of its estimate, as ladder-8's did, and liger's 1% over its own: liger's
     whole peak is above ladder-9's, and its peak per token is 0.52x. A liger that saved nothing per token fails."""
     ladder_9 = Figures(100_900_000_000, None, None, 127_356_787_712, 146 * 1024)

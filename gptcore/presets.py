@@ -266,6 +266,8 @@ RENAMED_RECIPES: dict[str, str] = {
     "bf16-fused-checkpoint": "bf16-pure-optim-in-bwd-checkpoint",
     "fused-budget-0.05": "optim-in-bwd-budget-0.05",
     "bf16-budget-0.60": "bf16-pure-budget-0.60",
+    # liger's loss left the ladder (ladder-10 is the autotuned matmuls now, a rung number being a place, not a name)
+    "ladder-10-fp8": "ladder-9-liger-fp8",
 }
 
 MEMORY_RECIPES: tuple[str, ...] = (

@@ -138,7 +138,7 @@ _LADDER_STEPS: list[tuple[str, dict]] = [
     # fitted batch a step's kernels outlast its launches many times over, so graphs have no host time to save, and
     # their private pool would keep the compiled step's memory from the eager work beside it.
     # Two switches are measured beside the ladder, not on it, since they do not pay in tokens/s on GPT-2 124M:
-    # liger's fused loss saves memory (0.54x the peak per token, a batch of 356 where 146 fits) but runs outside the
+    # liger's fused loss saves memory (0.64x the peak per token, a batch of 356 where 146 fits) but runs outside the
     # compiled graph, and since the compiled model returns its logits detached, nanoGPT's step at the fitted batch
     # outruns it (505,597 against 524,930 tokens/s on one H200, tests/data/gpu-h200-detached-logits); FP8 over it ran
     # 0.937x (tests/data/gpu-h200-fitted): at GPT-2's width its casts cost about what its matmuls save, and liger's

@@ -411,7 +411,7 @@ def test_the_ladders_last_runs_are_what_the_file_holds_and_pass_again(run):
     tests/data/gpu-h200-detached-logits): what each recorded is the file's entry, figure for figure, where the file
     still holds that run's entry; the same cases run again pass against it under the ladder's committed tolerances,
     as the gate judges them; and the noise rule over the two runs stays inside them (busy time moved at most 0.67%,
-    0.56% and 1.68%, against the committed 3.3%; tokens/s 0.59%, 0.16% and 1.11%, against 3.4%). ladder-4 to 7 of
+    0.56% and 1.68%, against the committed 3.4%; tokens/s 0.59%, 0.16% and 1.11%, against 3.4%). ladder-4 to 7 of
     the whole ladder's run were recorded again after the logits were detached: the file holds the later run's. The
     whole ladder's ladder-10 is liger's case beside the ladder now, and its ladder-11 (autotuned over liger's loss)
     left the file with that rung."""

@@ -141,17 +141,22 @@ H200_PROFILE = Path(__file__).resolve().parent / "data" / "gpu-h200-past-nanogpt
 kernel names CUPTI gave, cut at 90 characters."""
 
 
+def _device_kernels(table: str) -> dict[str, list[str]]:
+    """Each device kernel's row (no CPU time of its own) in one of the profile's tables, by name."""
+    rows = {}
+    for line in table.splitlines():
+        cols = re.split(r"\s{2,}", line.strip())
+        if len(cols) >= 10 and cols[2] == "0.000us" and not cols[0].startswith("Optimizer.step#"):
+            rows[cols[0]] = cols
+    return rows
+
+
 def test_every_kernel_of_a_real_h200_step_has_the_kind_it_is():
     """Each device kernel in the H200's profile tables (a row with no CPU time of its own) by name: cuBLAS's nvjet
     matmuls, cuDNN's attention (its own helper kernels too), inductor's Triton kernels, the fused AdamW's and the
     clipping's multi-tensor kernels; the two eager kernels left (the loss total's fill, the clipping's reduction)
     are other. The optimizer's annotation is no kernel (never work: see the union test)."""
-    kernels = set()
-    for line in H200_PROFILE.read_text().splitlines():
-        cols = re.split(r"\s{2,}", line.strip())
-        if len(cols) >= 10 and cols[2] == "0.000us" and not cols[0].startswith("Optimizer.step#"):
-            kernels.add(cols[0])
-    kinds = {name: trace.kind_of(name) for name in kernels}
+    kinds = {name: trace.kind_of(name) for name in _device_kernels(H200_PROFILE.read_text())}
     assert len(kinds) == 25
     for name, kind in kinds.items():
         expected = (
@@ -200,16 +205,6 @@ def test_every_kernel_of_a_real_h200_step_has_the_kind_it_is():
 
 DETACHED_PROFILE = H200_PROFILE.parent.parent / "gpu-h200-detached-logits" / "profile-ladder-8.txt"
 """The same side by side once the compiled model returned its logits detached (one H200, torch 2.11.0+cu130)."""
-
-
-def _device_kernels(table: str) -> dict[str, list[str]]:
-    """Each device kernel's row (no CPU time of its own) in one of the profile's tables, by name."""
-    rows = {}
-    for line in table.splitlines():
-        cols = re.split(r"\s{2,}", line.strip())
-        if len(cols) >= 10 and cols[2] == "0.000us" and not cols[0].startswith("Optimizer.step#"):
-            rows[cols[0]] = cols
-    return rows
 
 
 def test_detached_logits_leave_no_zero_filled_logits_gradient_in_a_real_h200_step():

@@ -27,6 +27,7 @@ SLOW = dict(sm=1200, reasons=0)  # below 75% of 1980 (1485 MHz)
 HOT = dict(sm=1755, reasons=0x40)  # hardware thermal slowdown at a clock that alone would pass
 IDLE = dict(sm=1980, reasons=0x01 | 0x02)  # idle and application-clock bits: not slowdowns
 CAPPED = dict(sm=1830, reasons=0x04)  # software power cap at 700 W, as an H200 ran GPT-2: a busy GPU's normal state
+CAPPED_LOW = dict(sm=1470, reasons=0x04)  # the same cap under a heavier step: below 75% of 1980, the work's own clock
 
 
 def fake_nvml(script: list[dict]) -> SimpleNamespace:
@@ -71,12 +72,13 @@ def run_rounds(script: list[dict]):
 
 
 def test_a_round_below_the_clocks_or_throttled_is_flagged_and_left_out_of_the_median():
-    m = run_rounds([FAST, SLOW, FAST, HOT, IDLE, FAST, CAPPED])
+    m = run_rounds([FAST, SLOW, FAST, HOT, IDLE, FAST, CAPPED, CAPPED_LOW])
     assert m.flagged_rounds == [1, 3]
     assert "SM clock 1200 MHz < 75% of 1980" in m.round_clocks[1]["flag"]
     assert m.round_clocks[3]["flag"] == "thermal (hardware)"
     assert "flag" not in m.round_clocks[4]  # idle and application-clock reasons are no slowdown
     assert "flag" not in m.round_clocks[6]  # nor the power cap, at a clock above 75% of the default
+    assert "flag" not in m.round_clocks[7]  # nor below it: the power cap holds the clock where the work's draw puts it
     kept = [s for i, s in enumerate(m.round_seconds) if i not in (1, 3)]
     assert (m.tokens_per_s, m.tokens_per_s_iqr) == throughput(kept, m.tokens_per_step)
     assert m.unfit is None
@@ -87,8 +89,21 @@ def test_a_round_below_the_clocks_or_throttled_is_flagged_and_left_out_of_the_me
         "temperature_c_max": 71,
         "power_w_median": 612.0,
         "flagged_rounds": 2,
-        "rounds": 7,
+        "rounds": 8,
     }
+
+
+def test_a_step_that_holds_the_power_cap_below_the_slow_clock_keeps_every_round_and_its_speed():
+    """On an H200 the batch that fills the device (ladder-9, B=146) held a median of 1515-1620 MHz at the 700 W cap
+    over four runs, 77-82% of the default 1980, and one round of seven fell below 75% in two of them (flagged then,
+    and left out of the median). A heavier step at the same cap sits lower still: were the power cap's clock flagged,
+    its every round would be, and the case "machine unfit", its speed never recorded. Its clock is recorded instead."""
+    m = run_rounds([CAPPED_LOW] * 4)
+    assert m.flagged_rounds == [] and m.unfit is None
+    assert (m.tokens_per_s, m.tokens_per_s_iqr) == throughput(m.round_seconds, m.tokens_per_step)
+    assert m.clocks["sm_mhz"] == 1470 and m.clocks["flagged_rounds"] == 0
+    # the same low clock with no power cap holding it is a GPU below its clocks: flagged, as SLOW is
+    assert clocks.Clocks(fake_nvml([]), "gpu0").flag(reading(1470)) == "SM clock 1470 MHz < 75% of 1980"
 
 
 def test_half_the_rounds_flagged_is_no_unfit_machine_the_other_half_give_the_speed():
@@ -168,7 +183,8 @@ def test_each_slowdown_reason_flags_a_round_by_its_name_and_the_other_reasons_do
     """NVML's clock-event bits (nvml.h, nvmlClocksEventReason*): hardware slowdown 0x08, software thermal 0x20,
     hardware thermal 0x40 and the hardware power brake 0x80 are a GPU slowing itself down; idle 0x01, the
     application-clock setting 0x02, the software power cap 0x04, sync boost 0x10 and the display clock 0x100 are not.
-    The SM clock is flagged strictly below 75% of the default: 1,485 of 1,980 MHz is not, 1,484 is."""
+    The SM clock is flagged strictly below 75% of the default, 1,485 of 1,980 MHz is not, 1,484 is, unless the power
+    cap holds it there."""
     watch = clocks.Clocks(fake_nvml([]), "gpu0")
 
     def flag(sm: int, reasons: int) -> str | None:
@@ -181,7 +197,9 @@ def test_each_slowdown_reason_flags_a_round_by_its_name_and_the_other_reasons_do
     for bit in (0x01, 0x02, 0x04, 0x10, 0x100):
         assert flag(1980, bit) is None
     assert flag(1485, 0) is None
-    assert flag(1484, 0x08 | 0x40 | 0x04) == "SM clock 1484 MHz < 75% of 1980; hardware slowdown; thermal (hardware)"
+    assert flag(1484, 0x08 | 0x40) == "SM clock 1484 MHz < 75% of 1980; hardware slowdown; thermal (hardware)"
+    assert flag(1484, 0x04) is None  # the power cap's clock: the work's own
+    assert flag(1484, 0x08 | 0x40 | 0x04) == "hardware slowdown; thermal (hardware)"  # a slowdown flags it still
 
 
 def test_an_older_nvidia_ml_py_is_read_through_its_throttle_reasons_call():

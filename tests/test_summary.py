@@ -24,6 +24,7 @@ from unittest import mock
 
 import pytest
 
+from gptcore.gate import results
 from tests.test_gate import judge_case, new_gate
 
 pytestmark = pytest.mark.cpu
@@ -162,12 +163,23 @@ def test_an_expected_effect_whose_reference_did_not_run_is_named_under_the_table
 
 def test_rounds_left_out_below_the_gpus_clocks_are_counted_under_the_table(tmp_path: Path) -> None:
     """measure.clocks flags rounds run below the GPU's clocks and the median leaves them out: the note says how
-    many rounds tokens/s stands on ('cpu' names the device only to spare the test a GPU)."""
+    many rounds tokens/s stands on, and each left-out round's flag ('cpu' names the device only to spare the test a
+    GPU)."""
     gate = new_gate(tmp_path)
     judge_case(gate, "a", round_seconds=[1.0, 1.0, 2.0, 2.0], flagged_rounds=[2, 3])
     assert gate.notes == ["test_x[a]: tokens/s over 2 of 4 rounds, the rest ran below the GPU's clocks"]
+    flags = [{}, {}, {"flag": "thermal (hardware)"}, {"flag": "SM clock 1200 MHz < 75% of 1980"}]
+    judge_case(gate, "c", round_seconds=[1.0, 1.0, 2.0, 2.0], flagged_rounds=[2, 3], round_clocks=flags)
+    assert gate.notes[-1] == (
+        "test_x[c]: tokens/s over 2 of 4 rounds, the rest ran below the GPU's clocks (round 3: thermal (hardware); "
+        "round 4: SM clock 1200 MHz < 75% of 1980)"
+    )
+    kept = gate.cases["bench/x.py::test_x[c]"]["round_clocks"]  # and every round's clocks go into the results log
+    log = results.ResultsLog(tmp_path / "run.jsonl")
+    log.write(results.Record(nodeid="x::c", name="c", outcome="passed", seconds=1.0, round_clocks=kept))
+    assert kept == flags and results.read(log.path)[0].round_clocks == flags
     judge_case(gate, "b", round_seconds=[1.0, 1.0, 2.0, 2.0], flagged_rounds=[])  # none left out: nothing to say
-    assert len(gate.notes) == 1
+    assert len(gate.notes) == 2
 
 
 if __name__ == "__main__":

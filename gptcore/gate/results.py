@@ -52,6 +52,9 @@ class Record:
     effect: dict[str, Any] | None = None
     """What the expected effects judge the case by (model, recipe, device type, world, figures), so that runs merged
     from shards judge them as one run does."""
+    round_clocks: list[dict[str, Any]] | None = None
+    """GPU only: each timed round's seconds, clocks, power and throttle reasons, and its flag where the tokens/s
+    median left it out (gptcore.measure.measurement.Measurement.round_clocks)."""
     time: str = ""
 
     def to_json(self) -> dict[str, Any]:
@@ -91,6 +94,7 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "entry": (dict, _NONE),
     "recorded": (bool,),
     "effect": (dict, _NONE),
+    "round_clocks": (list, _NONE),
     "time": (str,),
 }
 ROW_CELLS = ("verdict", "estimate", "error", "status", "work", "mfu")

@@ -207,11 +207,10 @@ class Gate:
         verdict = self.judge_entry(
             node, measured, m.device, estimate=estimate, error=error, mfu=_mfu_cell(m), unfit=m.unfit
         )
-        if m.flagged_rounds:  # said under the end table: which rounds the median left out
-            self.notes.append(
-                f"{node.name}: tokens/s over {len(m.round_seconds) - len(m.flagged_rounds)} of "
-                f"{len(m.round_seconds)} rounds, the rest ran below the GPU's clocks"
-            )
+        if left_out := m.left_out():  # said under the end table: which rounds the median left out, and why
+            self.notes.append(f"{node.name}: {left_out}")
+        if m.round_clocks:  # and each round's clocks in the results log, where a flag's why can be read again
+            self.cases[node.nodeid]["round_clocks"] = m.round_clocks
         left = m.allocated_before or 0
         if m.peak_allocated_bytes and left > LEFTOVER_SHARE * m.peak_allocated_bytes:
             self.notes.append(

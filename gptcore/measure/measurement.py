@@ -57,7 +57,8 @@ class Measurement:
     case_seconds: float = 0.0
     """Wall time of the whole case: building, warm-up (tracked on CPU), timed rounds, the ledger pass."""
     round_clocks: list[dict] | None = None
-    """GPU only: the NVML sample of each timed round, taken while its work ran (gptcore.measure.clocks.Sample)."""
+    """GPU only: each timed round's seconds and its NVML sample, taken while its work ran
+    (gptcore.measure.clocks.Sample), with its ``flag`` where the round was flagged; kept in the results log."""
     flagged_rounds: list[int] | None = None
     """GPU only: the rounds run below the GPU's clocks (throttled); the tokens/s median leaves them out."""
     clocks: dict | None = None
@@ -77,6 +78,16 @@ class Measurement:
     """CPU only: why this tokens/s is not to be recorded ('speed not recorded: machine busy (share 0.33)'): some
     round had less than BUSY_SHARE of the CPU, or the calibration kernel strayed more than CALIBRATION_SPREAD
     from its median. None: quiet, recorded."""
+
+    def left_out(self) -> str | None:
+        """The rounds the tokens/s median left out and why, for the line under the end table: 'tokens/s over 6 of 7
+        rounds, the rest ran below the GPU's clocks (round 4: thermal (hardware))'; None where it left none out."""
+        if not self.flagged_rounds:
+            return None
+        why = "; ".join(f"round {i + 1}: {c['flag']}" for i, c in enumerate(self.round_clocks or []) if "flag" in c)
+        kept = len(self.round_seconds) - len(self.flagged_rounds)
+        said = f"tokens/s over {kept} of {len(self.round_seconds)} rounds, the rest ran below the GPU's clocks"
+        return said + (f" ({why})" if why else "")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -215,7 +215,10 @@ class CaseRunner:
             return m.round_seconds
         why = {i: self.gpu_clocks.flag(s) for i, s in enumerate(samples)}
         m.flagged_rounds = [i for i, w in why.items() if w]
-        m.round_clocks = [s.to_json() | ({"flag": why[i]} if why[i] else {}) for i, s in enumerate(samples)]
+        m.round_clocks = [
+            {"seconds": t} | s.to_json() | ({"flag": why[i]} if why[i] else {})
+            for i, (t, s) in enumerate(zip(m.round_seconds, samples))
+        ]
         m.clocks = clock_summary(samples, m.flagged_rounds, self.gpu_clocks.default_sm_mhz)
         if 2 * len(m.flagged_rounds) > len(samples):
             reasons = sorted({w for w in why.values() if w})

@@ -173,7 +173,8 @@ def start_once(device: torch.device) -> None:
 STEP_SLACK = 0.10
 """How far a step's busy time may exceed its slowest timed step before the figure is refused. The union of one
 step's device intervals is never longer than that step; the traced step and the timed ones differ only by the clocks
-they ran at (the H200 held compiled steps at 1830-1965 MHz under its power cap, a 7% spread) and timing noise."""
+they ran at (the H200 held compiled steps at 1830-1965 MHz under its power cap at B=16, a 7% spread) and timing
+noise."""
 
 
 def beyond_step(busy: float | None, step_seconds: float | None) -> str | None:

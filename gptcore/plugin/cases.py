@@ -91,6 +91,7 @@ class CaseHooks:
             entry=case.get("entry"),
             recorded=case.get("recorded", False),
             effect=case.get("effect"),
+            round_clocks=case.get("round_clocks"),
         )
         try:
             self.gate.log.write(record)

@@ -18,6 +18,7 @@ from gptcore.measure.runner import CaseRunner
 from gptcore.measure.timing import throughput
 from tests.helpers import TINY, fake_share
 from tests.test_gate import new_gate
+from tests.test_trace import recorded  # noqa: F401 (a fixture: the runner's traced step with a recorded timeline)
 
 pytestmark = pytest.mark.cpu
 
@@ -148,6 +149,62 @@ def speed_against(tokens_per_s: float, sm_mhz: int, base_tokens_per_s: float, ba
     before = dataclasses.replace(now, tokens_per_s=base_tokens_per_s, clocks={"sm_mhz": base_sm_mhz})
     verdict = verdicts.verdict_of("c", now, before, Tolerances.default_for("cuda"))
     return next(c for c in verdict.checks if c.metric == "tokens/s")
+
+
+def test_the_busy_times_traced_step_has_its_clock_sampled_while_its_work_runs(recorded):  # noqa: F811
+    """The busy time is read from a step traced apart from the timed rounds (a warm-up step, then the one read), at a
+    clock of its own: NVML is read after each traced step is queued, as after each round's, and the read step's SM
+    clock is kept beside the rounds' as ``traced_sm_mhz``, recorded with the baseline entry."""
+    script = [FAST, FAST, FAST, CAPPED, dict(sm=1620, reasons=0x04)]  # three rounds, then the two traced steps
+    runner = CaseRunner(
+        TINY, Recipe(), "cpu", warmup=1, steps_per_round=1, gpu_clocks=clocks.Clocks(fake_nvml(script), "gpu0")
+    )
+    runner.prepare()
+    for _ in range(3):
+        runner.round()
+    m = runner.finish()
+    assert m.gpu_busy_seconds is not None and len(m.round_clocks) == 3
+    assert m.clocks["sm_mhz"] == 1980 and m.clocks["traced_sm_mhz"] == 1620 and m.clocks["rounds"] == 3
+    entry = Entry.from_measurement(m, precision="fp32", cpu_model=None)
+    assert Entry.from_json(entry.to_json(), "here").clocks["traced_sm_mhz"] == 1620
+
+
+def busy_against(busy: float, clocks_now: dict, base_busy: float, base_clocks: dict) -> dict[str, checks.Check]:
+    """The tokens/s and GPU busy checks of a GPU run against a baseline with the same tokens/s and these busy times
+    and clocks."""
+    now = Entry(
+        tokens_per_s=1000.0,
+        tokens_per_s_iqr=1.0,
+        peak_allocated_bytes=10,
+        peak_reserved_bytes=10,
+        loss=1.0,
+        loss_step=5,
+        clocks=clocks_now,
+        gpu_busy_seconds=busy,
+    )
+    before = dataclasses.replace(now, clocks=base_clocks, gpu_busy_seconds=base_busy)
+    verdict = verdicts.verdict_of("c", now, before, Tolerances.default_for("cuda"))
+    return {c.metric: c for c in verdict.checks}
+
+
+def test_the_busy_time_is_compared_at_the_clock_its_traced_step_ran_at():
+    """Kernels run slower at a lower clock: a busy time traced more than CLOCK_TOL below its baseline's traced clock
+    is not gated, whatever the rounds ran at; one traced at the baseline's clock is gated even where the rounds'
+    clocks moved (tokens/s is not compared then). Where either side has no traced clock (an entry recorded before
+    it was sampled), the rounds' clocks stand for it, as before."""
+    same = {"sm_mhz": 1980, "traced_sm_mhz": 1980}
+    slower = busy_against(0.0352, {"sm_mhz": 1980, "traced_sm_mhz": 1700}, 0.0320, same)  # +10%
+    assert slower[verdicts.GPU_BUSY].status == checks.NOT_GATED
+    assert slower[verdicts.GPU_BUSY].note == "traced at other clocks (SM 1,700 vs 1,980 MHz)"
+    assert slower["tokens/s"].status == checks.OK  # the rounds held their clock
+    rounds_moved = busy_against(0.0352, {"sm_mhz": 1700, "traced_sm_mhz": 1980}, 0.0320, same)
+    assert rounds_moved["tokens/s"].status == checks.NOT_GATED
+    assert rounds_moved["tokens/s"].note == "run at other clocks (SM 1,700 vs 1,980 MHz)"
+    assert rounds_moved[verdicts.GPU_BUSY].status == checks.FAIL  # its kernels ran at the same clock: +10% is theirs
+    old = busy_against(0.0352, {"sm_mhz": 1980, "traced_sm_mhz": 1700}, 0.0320, {"sm_mhz": 1980})
+    assert old[verdicts.GPU_BUSY].status == checks.FAIL  # no traced clock in the baseline: the rounds' held
+    old = busy_against(0.0352, {"sm_mhz": 1700}, 0.0320, same)
+    assert old[verdicts.GPU_BUSY].note == "run at other clocks (SM 1,700 vs 1,980 MHz)"
 
 
 def test_a_run_at_other_clocks_is_not_compared_for_speed():

@@ -253,14 +253,17 @@ def loss_check(
     return Check("loss", now, before, d, status, f"{now:.7f} vs {before:.7f}{at}, tolerance ±{tolerance:g} nats{where}")
 
 
-def clocks_moved(now: dict | None, before: dict | None) -> str | None:
+def clocks_moved(now: dict | None, before: dict | None, *, traced: bool = False) -> str | None:
     """Why two GPU runs' speeds are not comparable: the run's SM clock is below the baseline's by more than CLOCK_TOL
-    (None: comparable)."""
-    if not now or not before or not before.get("sm_mhz"):
+    (None: comparable). The timed rounds' clocks; with ``traced`` (the busy time's check), those of the step traced
+    for it (``traced_sm_mhz``, gptcore.measure.runner) where both runs sampled it: its kernels ran at that clock."""
+    key = "traced_sm_mhz" if traced and all(c and c.get("traced_sm_mhz") for c in (now, before)) else "sm_mhz"
+    if not now or not before or not before.get(key):
         return None
-    if now["sm_mhz"] >= (1 - CLOCK_TOL) * before["sm_mhz"]:
+    if now[key] >= (1 - CLOCK_TOL) * before[key]:
         return None
-    return f"run at other clocks (SM {now['sm_mhz']:,.0f} vs {before['sm_mhz']:,.0f} MHz)"
+    run = "traced" if key == "traced_sm_mhz" else "run"
+    return f"{run} at other clocks (SM {now[key]:,.0f} vs {before[key]:,.0f} MHz)"
 
 
 def work_checks(now: WorkLedger | None, before: WorkLedger | None, tol: float, strict: bool = False) -> list[Check]:

@@ -161,13 +161,17 @@ def verdict_of(
         # the work ledger's counts below
         if strict and measured.cpu_model is not None and memory.delta is not None and memory.delta < 0:
             memory = leaner(memory, moved_categories(measured.peak_by_category, baseline.peak_by_category))
-    off = unfit or clocks_moved(measured.clocks, baseline.clocks)
     checks = [
         memory,
         speed_check(
-            measured.tokens_per_s, baseline.tokens_per_s, tol, off, speed_incomparable(measured.cpu_model, baseline)
+            measured.tokens_per_s,
+            baseline.tokens_per_s,
+            tol,
+            unfit or clocks_moved(measured.clocks, baseline.clocks),  # the timed rounds' clocks
+            speed_incomparable(measured.cpu_model, baseline),
         ),
     ]
+    off = unfit or clocks_moved(measured.clocks, baseline.clocks, traced=True)  # the clock its kernels ran at
     busy = busy_check(measured.gpu_busy_seconds, baseline.gpu_busy_seconds, tol, off)  # None on CPU
     if busy and busy.status in (FAIL, BETTER):  # say which kinds of kernel moved it
         where = moved_kinds(measured.gpu_kernel_seconds, baseline.gpu_kernel_seconds)

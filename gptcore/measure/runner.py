@@ -62,6 +62,7 @@ class CaseRunner:
         self._tracked = False  # the peak was tracked over the first warm-up steps
         self.timer = StepTimer(self.device)
         self.gpu_clocks = gpu_clocks or open_clocks(self.device)
+        self._traced_clock: Sample | None = None  # NVML's reading while the busy time's traced step ran
         self._samples: list[Sample] = []
         self.last_loss: torch.Tensor | None = None
         self._shares: list[float] = []
@@ -140,6 +141,13 @@ class CaseRunner:
         if self.trainer.step_count == self.loss_step:
             self.loss_at = self.last_loss
 
+    def _sampled_step(self) -> None:
+        """A step of the busy time's trace, its clocks sampled while its work runs, as a timed round's are: the last
+        sample is the traced step's (gptcore.measure.trace traces a warm-up step before it)."""
+        self.trainer.step()
+        if self.gpu_clocks is not None:
+            self._traced_clock = self.gpu_clocks.sample()
+
     def out_of_memory(self, err: BaseException) -> None:
         """Record an OOM with what was allocated at the time (call inside the ``except``)."""
         where = f"after {self.trainer.step_count} steps" if self.trainer is not None else "while building"
@@ -173,9 +181,11 @@ class CaseRunner:
                 m.loss = float(loss) if isinstance(loss, float) else float(loss.item())
             m.loss_step = self.loss_step if self.loss_step is not None else last
             if m.error is None:  # GPU: two steps more, traced (a warm-up, then the one read), after every other figure
-                timeline = trace.step_timeline(trainer.step, self.device)
+                timeline = trace.step_timeline(self._sampled_step, self.device)
                 if timeline is not None:
                     m.gpu_busy_seconds, m.gpu_kernel_seconds = timeline.busy_seconds, timeline.by_kind
+                    if m.clocks is not None and self._traced_clock is not None:  # the clock its kernels ran at
+                        m.clocks["traced_sm_mhz"] = self._traced_clock.sm_mhz
                 m.error = trace.beyond_step(m.gpu_busy_seconds, max(m.round_seconds, default=0) / self.steps_per_round)
         if self.steady is not None:  # a case that ran out of memory in its rounds gives Dynamo's record ring back too
             self.steady.stop()

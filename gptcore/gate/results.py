@@ -194,18 +194,24 @@ class LogError(ValueError):
     """A results log that cannot be read (the message names the file and the line)."""
 
 
-def read(path: str | Path) -> list[Record]:
-    """Every record of the log at ``path``, in order. A last line cut short by a kill is ignored; any other bad
-    line is a LogError naming the file and the line."""
-    path = Path(path)
+def _text(path: Path, *, first_line: bool = False) -> str:
+    """The log's text, or its first line alone; LogError where it cannot be read."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        with open(path, encoding="utf-8") as lines:
+            return lines.readline() if first_line else lines.read()
     except FileNotFoundError:
         raise LogError(f"{path}: no such results log") from None
     except OSError as err:
         raise LogError(f"{path}: cannot read: {err.strerror}") from None
     except UnicodeDecodeError:
         raise LogError(f"{path}: not a results log (not UTF-8 text)") from None
+
+
+def read(path: str | Path) -> list[Record]:
+    """Every record of the log at ``path``, in order. A last line cut short by a kill is ignored; any other bad
+    line is a LogError naming the file and the line."""
+    path = Path(path)
+    lines = _text(path).splitlines()
     records = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -235,15 +241,7 @@ def read_plan(path: str | Path) -> Plan | None:
     """The shard's plan at the start of the log at ``path`` (None: not a shard's log); LogError for a log that
     cannot be read or a plan line that is not one."""
     path = Path(path)
-    try:
-        with open(path, encoding="utf-8") as lines:
-            first = lines.readline()
-    except FileNotFoundError:
-        raise LogError(f"{path}: no such results log") from None
-    except OSError as err:
-        raise LogError(f"{path}: cannot read: {err.strerror}") from None
-    except UnicodeDecodeError:
-        raise LogError(f"{path}: not a results log (not UTF-8 text)") from None
+    first = _text(path, first_line=True)
     try:
         data = json.loads(first) if first.strip() else None
     except ValueError:

@@ -154,9 +154,7 @@ def gate_table(rows: Sequence[Row], tablefmt: str = "simple") -> str:
         "work",
         "verdict",
     ]
-    if tablefmt == "github":
-        table = [[md_escape(cell) for cell in line] for line in table]
-    return tabulate(table, headers=headers, disable_numparse=True, stralign="right", tablefmt=tablefmt)
+    return _tabulated(table, headers, tablefmt)
 
 
 def convergence_table(rows: Sequence[Row], tablefmt: str = "simple") -> str:
@@ -197,20 +195,19 @@ def convergence_table(rows: Sequence[Row], tablefmt: str = "simple") -> str:
         "tok/s",
         "verdict",
     ]
-    if tablefmt == "github":
-        table = [[md_escape(cell) for cell in line] for line in table]
-    return tabulate(table, headers=headers, disable_numparse=True, stralign="right", tablefmt=tablefmt)
+    return _tabulated(table, headers, tablefmt)
 
 
 def expectations_table(outcomes: Sequence[EffectResult], tablefmt: str = "simple") -> str:
     """One line per expectation judged: the model, the claim, the case against its reference, the bound (with the
     estimate's prediction for memory) and the status."""
     rows = [[o.model, o.claim, o.measured, o.expected, o.status] for o in outcomes]
+    return _tabulated(rows, ["model", "expected effect", "measured", "bound", "status"], tablefmt, stralign="left")
+
+
+def _tabulated(table: list[list[str]], headers: list[str], tablefmt: str, stralign: str = "right") -> str:
+    """A table of text cells, as written (no number parsing), in ``tablefmt``: "github" escapes each cell's
+    markdown."""
     if tablefmt == "github":
-        rows = [[md_escape(cell) for cell in row] for row in rows]
-    return tabulate(
-        rows,
-        headers=["model", "expected effect", "measured", "bound", "status"],
-        disable_numparse=True,
-        tablefmt=tablefmt,
-    )
+        table = [[md_escape(cell) for cell in line] for line in table]
+    return tabulate(table, headers=headers, disable_numparse=True, stralign=stralign, tablefmt=tablefmt)

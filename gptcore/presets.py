@@ -163,6 +163,15 @@ _LADDER = _ladder()
 _FITTED = _LADDER["ladder-9"].value
 _LIGER = dataclasses.replace(_FITTED, kernels=dataclasses.replace(_FITTED.kernels, loss="liger"))
 _BESIDE_LADDER = {
+    # The matmuls ran at 734-745 TFLOP/s in ladder-8's and 9's traced steps on an H200 (counted FLOPs over matmul
+    # kernel time), 95-97% of the measured 771 peak: autotuning them has little left to win. Inductor's generated
+    # kernels (norms, GELU, casts, the loss) were 29% of ladder-9's busy time; coordinate descent tunes their launch
+    # configurations, keeping a candidate only where it ran faster. Beside the top rung until measured.
+    "ladder-10-coordinate-descent": Preset(
+        dataclasses.replace(_LADDER["ladder-10"].value, compile_mode="max-autotune-gemm-coordinate-descent"),
+        "ladder-10 + inductor's generated kernels tuned by coordinate descent (coordinate_descent_tuning): beside "
+        "the ladder until measured, the top rung if it pays",
+    ),
     "ladder-9-liger": Preset(
         _LIGER,
         "ladder-9 + liger-kernel's fused linear cross-entropy, refitted: beside the ladder, since it saves memory, "

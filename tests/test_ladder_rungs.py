@@ -203,6 +203,10 @@ def test_the_gpu_grid_skips_at_collection_what_the_gpu_cannot_run(monkeypatch, r
         ("default", {"mode": None}),
         ("max-autotune", {"mode": "max-autotune"}),
         ("max-autotune-gemm", {"options": {"max_autotune_gemm": True}}),  # no torch mode: inductor's option
+        (
+            "max-autotune-gemm-coordinate-descent",
+            {"options": {"max_autotune_gemm": True, "coordinate_descent_tuning": True}},
+        ),
     ],
 )
 def test_the_compile_mode_reaches_torch_compile(monkeypatch, mode, passed):

@@ -22,7 +22,14 @@ Optimizer = Literal["adamw", "sgd"]
 AdamWImpl = Literal["foreach", "fused", "for-loop"]
 LRSchedule = Literal["constant", "cosine"]
 CompileScope = Literal["model", "blocks"]
-CompileMode = Literal["default", "max-autotune-gemm", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead"]
+CompileMode = Literal[
+    "default",
+    "max-autotune-gemm",
+    "max-autotune-gemm-coordinate-descent",
+    "max-autotune-no-cudagraphs",
+    "max-autotune",
+    "reduce-overhead",
+]
 LossKernel = Literal["torch", "liger"]
 
 _RANGES = {"beta1": 1, "beta2": 1, "weight_decay": math.inf, "momentum": math.inf, "seed": math.inf}  # [0, bound)
@@ -92,7 +99,9 @@ class Recipe:
     """What compile wraps: the whole model, or each block (regional: one graph shared by the blocks)."""
     compile_mode: CompileMode = "default"
     """torch.compile's mode: default; autotuned matmuls alone (max-autotune-gemm: inductor's max_autotune_gemm
-    option, each matmul's Triton templates benchmarked against cuBLAS); every kernel autotuned
+    option, each matmul's Triton templates benchmarked against cuBLAS); those and each generated kernel's launch
+    configuration tuned by coordinate descent (max-autotune-gemm-coordinate-descent: inductor's
+    coordinate_descent_tuning option too, no pointwise autotuning); every kernel autotuned
     (max-autotune-no-cudagraphs: the matmuls, and each Triton kernel by coordinate descent), with CUDA graphs too
     (max-autotune); or CUDA graphs alone (reduce-overhead)."""
     memory_budget: float | None = None

@@ -129,6 +129,14 @@ EXPECTATIONS: tuple[Expectation, ...] = (
     Expectation("ddp-bucket-view", "ddp", "peak memory", "not higher", "gradients are views of the buckets"),
     _lower_memory("fsdp2-bf16", "fsdp2", "bf16 gathered parameters and activations"),
     *_ladder(),
+    Expectation(
+        "ladder-10-coordinate-descent",
+        "ladder-10",
+        "tokens/s",
+        "not lower",
+        "coordinate descent keeps a kernel's tuned launch configuration only where it ran faster than inductor's own",
+        GPU_ONLY,
+    ),
     Expectation(  # no claim on tokens/s: outside the compiled graph it ran 0.963x ladder-9 on an H200
         "ladder-9-liger",
         "ladder-9",

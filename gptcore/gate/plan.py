@@ -44,6 +44,10 @@ configurations, forward and backward; CUDA graphs are recorded during the warm-u
 H200 the FP8 rung under max-autotune-no-cudagraphs (FP8's scaled matmuls bring candidates of their own) was still
 running 346 s after it started, where the same rung without autotuning took 88 s whole (tests/data/gpu-h200-fitted).
 An autotuned rung therefore runs in a job of its own, whatever its plan says (docs/gpu.md)."""
+COORDINATE_DESCENT_SECONDS = 120.0
+"""What tuning each generated kernel by coordinate descent adds, unmeasured: ladder-8's step has 37 distinct
+generated kernels (tests/data/gpu-h200-detached-logits/profile-ladder-8.txt), and coordinate descent compiles and
+times a few candidate launch configurations of each, about a second a candidate."""
 PLAN_MEMORY_BYTES = 150_121_545_728
 """The device memory a fitted batch (Recipe.fit_memory) is planned for: an H200's, the largest lent GPU, so that
 the plan is not short on either."""
@@ -52,10 +56,11 @@ the plan is not short on either."""
 def compile_seconds(cfg: GPTConfig, recipe: Recipe) -> float:
     """Assumed cold-compile time: 30 s, and 1 s a block for the whole model (the blocks' kernels are alike, so
     inductor's code cache serves most of them); regional compilation compiles one block; an autotuning mode adds
-    :data:`AUTOTUNE_SECONDS`."""
+    :data:`AUTOTUNE_SECONDS`, coordinate descent :data:`COORDINATE_DESCENT_SECONDS` more."""
     if not recipe.compile:
         return 0.0
     autotune = AUTOTUNE_SECONDS if "autotune" in recipe.compile_mode else 0.0
+    autotune += COORDINATE_DESCENT_SECONDS if "coordinate-descent" in recipe.compile_mode else 0.0
     return 30.0 + (1.0 if recipe.compile_scope == "blocks" else 1.0 * cfg.n_layer) + autotune
 
 

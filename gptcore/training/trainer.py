@@ -97,11 +97,19 @@ def compile_cache_per_isa(env: MutableMapping[str, str] = os.environ) -> str | N
     return env["TORCHINDUCTOR_CACHE_DIR"]
 
 
+_INDUCTOR_OPTIONS: dict[str, dict[str, bool]] = {
+    "max-autotune-gemm": {"max_autotune_gemm": True},
+    "max-autotune-gemm-coordinate-descent": {"max_autotune_gemm": True, "coordinate_descent_tuning": True},
+}
+"""The compile modes that are no torch mode but inductor's options (torch.compile takes a mode or options, not
+both)."""
+
+
 def _compile_kwargs(mode: str) -> dict:
-    """torch.compile's arguments for a recipe's compile_mode: max-autotune-gemm is no torch mode but inductor's
-    max_autotune_gemm option (torch.compile takes a mode or options, not both); the others are torch's modes."""
-    if mode == "max-autotune-gemm":
-        return {"options": {"max_autotune_gemm": True}}
+    """torch.compile's arguments for a recipe's compile_mode: inductor's options for :data:`_INDUCTOR_OPTIONS`' modes,
+    torch's own mode for the others."""
+    if mode in _INDUCTOR_OPTIONS:
+        return {"options": dict(_INDUCTOR_OPTIONS[mode])}
     return {"mode": None if mode == "default" else mode}
 
 

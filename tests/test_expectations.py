@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from gptcore.gate import expectations
 from gptcore.gate.expectations import EXPECTATIONS, Expectation, Figures, Session, judge_effect
+from gptcore.gate.schema import Entry
 from gptcore.presets import RECIPES, STUDIES
 from gptcore.training import model
 from tests.helpers import run_pytest
@@ -129,6 +131,43 @@ def test_a_ladder_rung_is_slower_only_beyond_the_sum_of_iqrs() -> None:
         judge_effect(RUNG_3, "gpt2", speed(97_000, 0), speed(100_000, 0)).status == "FAIL"
     )  # tight runs: the 2% floor
     assert judge_effect(RUNG_3, "gpt2", speed(150_000, 0), speed(100_000, 0)).status == "ok"
+
+
+def loss(value: float, step: int = 40) -> Figures:
+    return Figures(None, None, None, None, None, value, step)
+
+
+def test_a_switch_of_kernels_alone_keeps_the_loss_of_its_reference_within_the_slack() -> None:
+    """ladder-10 (autotuned matmuls) and coordinate descent over it choose kernels, not arithmetic: on the same
+    batches from the same weights each reads its reference's loss at the same step within LOSS_SLACK (1e-3 nats;
+    the H200 measured at most 2.9e-6 between liger's case and the autotuned matmuls over it, tests/test_noise.py). A
+    kernel that computed something else (planted: 2e-3 off), or a NaN, fails; losses read at different steps are
+    not compared."""
+    same = [e for e in EXPECTATIONS if e.metric == "loss"]
+    assert [(e.recipe, e.reference, e.direction) for e in same] == [
+        ("ladder-10", "ladder-9", "same"),
+        ("ladder-10-coordinate-descent", "ladder-10", "same"),
+    ]
+    assert expectations.LOSS_SLACK == 1e-3
+    rung = same[0]
+    ok = judge_effect(rung, "gpt2", loss(10.838370), loss(10.838367))
+    assert ok.status == "ok" and ok.measured == "10.838370 vs 10.838367 at step 40 (+3.0e-06)" and ok.line == ""
+    assert judge_effect(rung, "gpt2", loss(10.8473), loss(10.8464)).status == "ok"  # 9e-4: inside
+    off = judge_effect(rung, "gpt2", loss(10.8484), loss(10.8464))
+    assert off.status == "FAIL" and off.line == (
+        "ladder-10: loss 10.848400 is +2.0e-03 from ladder-9's 10.846400, beyond ±0.001"
+    )
+    assert judge_effect(rung, "gpt2", loss(float("nan")), loss(10.8464)).status == "FAIL"
+    apart = judge_effect(rung, "gpt2", loss(10.8464, step=8), loss(10.8464))
+    assert apart.status == "not measured" and apart.line == "ladder-10: the loss of ladder-9 read at different steps"
+    logged_before = judge_effect(rung, "gpt2", Figures(None, None, None, None), loss(10.8464))
+    assert logged_before.status == "not measured"
+    # a measured case's figures carry its loss and the step it was read at, as the gate hands them over
+    entry = Entry(
+        tokens_per_s=1.0, tokens_per_s_iqr=0.0, peak_allocated_bytes=10, peak_reserved_bytes=10, loss=10.8, loss_step=40
+    )
+    figures = Figures.of(entry, None, 1)
+    assert (figures.loss, figures.loss_step) == (10.8, 40)
 
 
 def test_the_session_judges_a_pair_when_its_second_case_runs_and_names_what_it_could_not_check() -> None:

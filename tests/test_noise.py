@@ -699,3 +699,25 @@ def test_between_hosts_the_rule_would_give_wider_tolerances_than_one_hosts_runs(
     committed = json.loads((ROOT / "baselines" / "nvidia-h200.json").read_text())["tolerances_by_test"]
     assert (committed["test_ladder"]["speed"], committed["test_memory_recipes"]["speed"]) == (0.034, 0.17)
     assert max(-c.speed_change for c in cases if c.name.startswith("test_ladder[")) == pytest.approx(0.0071, abs=5e-5)
+
+
+def test_the_autotuned_matmuls_kept_the_loss_of_the_case_under_them_in_every_h200_run():
+    """The loss expectation of a kernels-only switch (ladder-10 against ladder-9, coordinate descent against ladder-10:
+    LOSS_SLACK) on the H200's evidence: in the three runs of the autotuned matmuls over liger's loss beside liger's
+    case, on the same batches, the losses at step 40 differed by at most 2.9e-6 nats, inside 1e-3 by a factor of
+    over 300. Judged with the expectation's own code."""
+    from gptcore.gate.expectations import EXPECTATIONS, Figures, judge_effect
+
+    rung = next(e for e in EXPECTATIONS if e.metric == "loss" and e.recipe == "ladder-10")
+    runs = [WHOLE / "ladder-10-11.jsonl", WHOLE / "verify-10-11.jsonl", DETACHED / "ladder-10-11.jsonl"]
+    apart = []
+    for path in runs:
+        logged = measured([path])
+        under, tuned = logged["test_ladder[gpt2-ladder-10]"], logged[LIGER_AUTOTUNED]
+        assert under["setup"]["recipe.compile_mode"] == "default"
+        assert tuned["setup"]["recipe.compile_mode"] == "max-autotune-gemm"
+        figures = [Figures(None, None, None, None, None, e["loss"]["value"], e["loss"]["step"]) for e in (tuned, under)]
+        judged = judge_effect(rung, "gpt2", *figures)
+        assert judged.status == "ok", judged.line
+        apart.append(abs(figures[0].loss - figures[1].loss))
+    assert max(apart) == pytest.approx(2.86e-6, abs=1e-8)

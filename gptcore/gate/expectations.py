@@ -24,6 +24,8 @@ Bounds:
 * tokens/s, ``not lower``: not below the reference by more than the noise of the two medians: the sum of their
   IQRs, at least ``SPEED_FLOOR`` of the reference (the ladder's rule).
 * tokens/s, ``higher``: the median above the reference's.
+* loss, ``same``: within ``LOSS_SLACK`` of the reference's, read at the same step, for a switch that changes which
+  kernels run and not the arithmetic (autotuned configurations), on the same batches from the same weights.
 
 Speed expectations apply on a GPU only: CPU tokens/s is reported, not gated (a shared 2-core machine's timings
 move by 1.5-2x). A peak that is not measured (a case that failed) is reported as such. Gradient accumulation's
@@ -42,9 +44,13 @@ from gptcore.units import format_bytes, unit_for
 
 MEMORY_SLACK = 0.02
 SPEED_FLOOR = 0.02
+LOSS_SLACK = 1e-3
+"""How far a case's loss may be from its reference's where only the kernels differ: each kernel's rounding moves,
+and the steps carry it. On an H200 the autotuned matmuls over liger's loss read liger's case's loss at step 40 within
+2.9e-6 in three runs (tests/test_noise.py); the same case run again moves bf16 losses by at most 3.24e-5."""
 
-Metric = Literal["peak memory", "peak memory per token", "tokens/s"]
-Direction = Literal["lower", "not higher", "higher", "not lower"]
+Metric = Literal["peak memory", "peak memory per token", "tokens/s", "loss"]
+Direction = Literal["lower", "not higher", "higher", "not lower", "same"]
 GPU_ONLY = ("cuda",)
 
 
@@ -62,6 +68,10 @@ class Expectation:
 
 def _lower_memory(recipe: str, reference: str, why: str) -> Expectation:
     return Expectation(recipe, reference, "peak memory", "lower", why)
+
+
+def _same_loss(recipe: str, reference: str, why: str) -> Expectation:
+    return Expectation(recipe, reference, "loss", "same", why, GPU_ONLY)
 
 
 def _ladder() -> list[Expectation]:
@@ -129,6 +139,8 @@ EXPECTATIONS: tuple[Expectation, ...] = (
     Expectation("ddp-bucket-view", "ddp", "peak memory", "not higher", "gradients are views of the buckets"),
     _lower_memory("fsdp2-bf16", "fsdp2", "bf16 gathered parameters and activations"),
     *_ladder(),
+    _same_loss("ladder-10", "ladder-9", "autotuning chooses among kernels that compute the same thing"),
+    _same_loss("ladder-10-coordinate-descent", "ladder-10", "it tunes a kernel's launch configuration, not its math"),
     Expectation(
         "ladder-10-coordinate-descent",
         "ladder-10",
@@ -163,20 +175,23 @@ if _UNKNOWN:  # a typo here would silently check nothing
 @dataclass(frozen=True)
 class Figures:
     """What a case measured, for an expectation: its peak (None where not measured), tokens/s and its IQR, the
-    memory estimate (an int, or None / 'err' without one), and the tokens of one step (None in figures logged before
-    they were kept)."""
+    memory estimate (an int, or None / 'err' without one), the tokens of one step, and its loss and the step it was
+    read at (None in figures logged before they were kept)."""
 
     peak: int | None
     tokens_per_s: float | None
     tokens_per_s_iqr: float | None
     estimate: int | str | None
     tokens_per_step: int | None = None
+    loss: float | None = None
+    loss_step: int | None = None
 
     @classmethod
     def of(cls, entry: Entry, estimate: int | str | None, tokens_per_step: int | None) -> Figures:
         """A measured case's figures as the gate judges them: its peak without the matmul kernels' scratch, which
         the estimate leaves out and the CPU model moves (``Entry.kernel_free_peak``)."""
-        return cls(entry.kernel_free_peak(), entry.tokens_per_s, entry.tokens_per_s_iqr, estimate, tokens_per_step)
+        peak, speed, iqr = entry.kernel_free_peak(), entry.tokens_per_s, entry.tokens_per_s_iqr
+        return cls(peak, speed, iqr, estimate, tokens_per_step, entry.loss, entry.loss_step)
 
     def per_token(self) -> Figures | None:
         """The peak and the estimate per token of a step (None without the step's tokens)."""
@@ -223,6 +238,8 @@ def judge_effect(e: Expectation, model: str, now: Figures, ref: Figures) -> Effe
         return _judge_memory(e, model, per_now, per_ref, " a token")
     if e.metric == "peak memory":
         return _judge_memory(e, model, now, ref)
+    if e.metric == "loss":
+        return _judge_loss(e, model, now, ref)
     return _judge_speed(e, model, now, ref)
 
 
@@ -293,6 +310,18 @@ def _judge_speed(e: Expectation, model: str, now: Figures, ref: Figures) -> Effe
             f"{e.recipe}: {now.tokens_per_s:,.0f} tok/s is below {e.reference}'s {ref.tokens_per_s:,.0f} by "
             f"more than the noise bound {noise:,.0f} (sum of IQRs, floor {SPEED_FLOOR:.0%})"
         )
+    return EffectResult(e, model, "FAIL" if failed else "ok", measured, expected, line if failed else "")
+
+
+def _judge_loss(e: Expectation, model: str, now: Figures, ref: Figures) -> EffectResult:
+    if now.loss is None or ref.loss is None or now.loss_step != ref.loss_step:
+        why = "not measured" if now.loss is None or ref.loss is None else "read at different steps"
+        return EffectResult(e, model, "not measured", "—", "—", f"{e.recipe}: the loss of {e.reference} {why}")
+    d = now.loss - ref.loss
+    measured = f"{now.loss:.6f} vs {ref.loss:.6f} at step {now.loss_step} ({d:+.1e})"
+    failed = not abs(d) <= LOSS_SLACK  # a NaN fails too
+    line = f"{e.recipe}: loss {now.loss:.6f} is {d:+.1e} from {e.reference}'s {ref.loss:.6f}, beyond ±{LOSS_SLACK:g}"
+    expected = f"within ±{LOSS_SLACK:g} nats"
     return EffectResult(e, model, "FAIL" if failed else "ok", measured, expected, line if failed else "")
 
 

@@ -6,11 +6,11 @@ A round is flagged when a thermal or hardware slowdown reason was set while it r
 :data:`SLOW_CLOCK` of the default application clock with nothing of the work's own holding it there. The software
 power cap is the work's own: it is the steady state of a GPU busy at its power limit, and the clock it leaves follows
 the work's power draw. An H200 at 700 W held GPT-2's compiled steps at 1830-1965 MHz of its 1980 at a batch of 16,
-and at a median of 1515-1620 MHz (77-82%) at the batch that fills the device, 146, over four runs, one round of
-seven below 75% in two of them; the power-cap bit is set in every such round. So a round at the power cap is never
-flagged for its clock (it would leave a heavier step's speed unrecorded as "machine unfit", and the median biased
-to the faster rounds): the clock is recorded, and a run whose clock is below its baseline's is not compared for
-speed (gptcore.gate.checks.clocks_moved).
+the power-cap bit set in every round, and at a median of 1515-1620 MHz (77-82%) at 691-695 W at the batch that
+fills the device, 146, over four runs, one round of seven below 75% in two of them (its reasons were not logged then;
+the results log keeps every round's now). So a round at the power cap is never flagged for its clock (it would leave
+a heavier step's speed unrecorded as "machine unfit", and the median biased to the faster rounds): the clock is
+recorded, and a run whose clock is below its baseline's is not compared for speed (gptcore.gate.checks.clocks_moved).
 gptcore.measure.runner samples each round while its work is still running (after the steps are queued, before the
 round's one sync), leaves flagged rounds out of the tokens/s median, and calls the case "machine unfit" when more
 than half were flagged. Without NVML (no GPU, no package, no permission) nothing is sampled and nothing changes.

@@ -147,8 +147,9 @@ class Entry:
     speed_note: str | None = None
     """CPU: why tokens/s was not recorded ('speed not recorded: machine busy (share 0.33)'); its median is null."""
     clocks: dict[str, Any] | None = None
-    """GPU only: the clocks the timed rounds ran at (gptcore.measure.clocks.summary), to tell a run at other clocks
-    from a code change."""
+    """GPU only: the clocks the timed rounds ran at (gptcore.measure.clocks.summary), and ``traced_sm_mhz``, the SM
+    clock of the step traced for the busy time (absent before it was sampled), to tell a run at other clocks from a
+    code change."""
     gpu_busy_seconds: float | None = None
     """GPU only: the device's busy time over one step (gptcore.measure.trace); absent from older baseline files."""
     gpu_kernel_seconds: dict[str, float] | None = None

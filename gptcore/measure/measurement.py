@@ -62,7 +62,8 @@ class Measurement:
     flagged_rounds: list[int] | None = None
     """GPU only: the rounds run below the GPU's clocks (throttled); the tokens/s median leaves them out."""
     clocks: dict | None = None
-    """GPU only: the clocks of the unflagged rounds (gptcore.measure.clocks.summary), recorded with a baseline."""
+    """GPU only: the clocks of the unflagged rounds (gptcore.measure.clocks.summary) and ``traced_sm_mhz``, the SM
+    clock of the step traced for the busy time; recorded with a baseline."""
     unfit: str | None = None
     """Set when more than half of the rounds were flagged: the machine could not run the case at its clocks."""
     allocated_before: int | None = None

@@ -20,7 +20,13 @@
 #                  starts that would end after $GPTCORE_JOB_END (the job's start + the limit - 60 s, unless given)
 #   --resume-from  a folder of an earlier job's STAGE.jsonl logs, where OUT_DIR starts empty on each job
 #   --pack FILE    OUT_DIR as one .tar.gz, rewritten every 15 s and at the end (replaced whole, never half
-#                  written), for a job that can hand back only a file or a few: a kill keeps the last 15 s
+#                  written), for a job that can hand back only a file or a few: a kill keeps the last 15 s; at the
+#                  end the inductor cache too, beside FILE (below)
+# The inductor cache travels between jobs on machines that start bare: with --pack, a job that ends (not one killed)
+# writes its cache beside FILE, without Triton's binaries, as inductor.tar.gz.part-00, -01, ... of 15 MiB each (a
+# lent GPU machine hands back files of 16 MiB at most), none where it is over $GPTCORE_CACHE_MAX_BYTES (45 MiB: a
+# carried tree holds 64 MiB, the checkout and the wheels about 9 of them). Parts found in .inductor/
+# ($GPTCORE_INDUCTOR_CARRY) are unpacked into an empty $TORCHINDUCTOR_CACHE_DIR before the first stage.
 #   -k EXPR        the pytest stages run (and plan) only the cases EXPR matches (pytest's -k; and-ed with a stage's
 #                  own), e.g. `memory,verify -k budget`: record the memory recipes left out, then the budgets again
 # A failed smoke stops the rest.
@@ -74,6 +80,30 @@ if [ -z "${GPTCORE_JOB_END:-}" ]; then
   GPTCORE_JOB_END=$("$py" scripts/gpu_stage.py job-end ${limit:+--time-limit "$limit"}) || exit 2
 fi
 export GPTCORE_JOB_END
+
+carry=${GPTCORE_INDUCTOR_CARRY:-.inductor}
+unpack_cache() {  # a carried cache into an empty one (a warm machine's own is newer)
+  compgen -G "$carry/inductor.tar.gz.part-*" >/dev/null || return 0
+  [ -z "$(ls -A "$TORCHINDUCTOR_CACHE_DIR" 2>/dev/null)" ] || return 0
+  mkdir -p "$TORCHINDUCTOR_CACHE_DIR" && cat "$carry"/inductor.tar.gz.part-* | tar xzf - -C "$TORCHINDUCTOR_CACHE_DIR" &&
+    echo "inductor cache: unpacked $carry/inductor.tar.gz.part-* into $TORCHINDUCTOR_CACHE_DIR"
+}
+
+pack_cache() {  # the cache beside the archive, in parts; none where it is missing or too large to travel back
+  [ -d "$TORCHINDUCTOR_CACHE_DIR" ] || return 0
+  local dir whole size max=${GPTCORE_CACHE_MAX_BYTES:-47185920}
+  dir=$(dirname "$pack") whole="$(dirname "$pack")/inductor.tar.gz"
+  rm -f "$whole".part-*
+  tar czf "$whole" --exclude=./triton -C "$TORCHINDUCTOR_CACHE_DIR" . 2>/dev/null
+  [ $? -le 1 ] || { rm -f "$whole"; return 0; }
+  size=$(stat -c %s "$whole")
+  if [ "$size" -gt "$max" ]; then
+    echo "inductor cache: $size B packed, over $max: not handed back" >&2
+  else
+    split -b 15M -d "$whole" "$whole.part-" && echo "inductor cache: $size B in $(ls "$whole".part-* | wc -l) part(s) in $dir"
+  fi
+  rm -f "$whole"
+}
 
 setup() {  # gptcore from this checkout, for the scripts too (the GPU image has every dependency but the gpu extra's)
   mkdir -p "$out"
@@ -135,7 +165,7 @@ profile() {
 pack_now() {  # OUT_DIR into the archive: written beside it, then renamed over it. tar's exit 1 is "a file changed
   # as it was read" (a log being appended): the archive holds it as read, and stands
   mkdir -p "$out" || return
-  tar czf "$pack.part" --exclude="./$(basename "$pack")*" -C "$out" . 2>/dev/null
+  tar czf "$pack.part" --exclude="./$(basename "$pack")*" --exclude="./inductor.tar.gz*" -C "$out" . 2>/dev/null
   [ $? -le 1 ] && mv -f "$pack.part" "$pack"
 }
 if [ -n "$pack" ] && [ "$stages" != plan ]; then
@@ -146,11 +176,12 @@ if [ -n "$pack" ] && [ "$stages" != plan ]; then
   every=${GPTCORE_PACK_EVERY:-15}  # seconds between packs (a test packs every second)
   ( n=0; while [ ! -e "$pack.stop" ]; do sleep 1; n=$((n + 1)); if [ "$n" -ge "$every" ]; then n=0; pack_now; fi; done ) &
   packer=$!
-  trap 'touch "$pack.stop"; wait "$packer"; rm -f "$pack.stop"; pack_now' EXIT
+  trap 'touch "$pack.stop"; wait "$packer"; rm -f "$pack.stop"; pack_now; pack_cache' EXIT
   trap 'exit 143' TERM
 fi
 
 rc=0
+[ "$stages" = plan ] || unpack_cache
 for stage in ${stages//,/ }; do
   case "$stage" in
     plan) "$py" scripts/gpu_stage.py plan ${limit:+--time-limit "$limit"} ${device:+--device "$device"} \

@@ -152,7 +152,10 @@ def test_stages_named_together_share_the_job_and_a_failed_smoke_stops_the_rest(t
 
     # packed every second while it runs, as every 15 s in a longer job: the last pack, at the end, still stands
     pack = ["--pack", str(tmp_path / "b" / "all.tar.gz")]
-    stopped = gpu_session(["smoke,ladder", str(tmp_path / "b"), *pack], GPTCORE_PACK_EVERY="1")
+    no_cache = str(tmp_path / "no-cache")  # no inductor cache: nothing beside the pack
+    stopped = gpu_session(
+        ["smoke,ladder", str(tmp_path / "b"), *pack], GPTCORE_PACK_EVERY="1", TORCHINDUCTOR_CACHE_DIR=no_cache
+    )
     assert stopped.returncode == 4, stopped.stdout + stopped.stderr
     assert "smoke failed (exit 4): the stages after it are not run" in stopped.stderr
     assert (tmp_path / "b" / "smoke.log").exists() and not (tmp_path / "b" / "ladder.log").exists()
@@ -171,6 +174,45 @@ def test_stages_named_together_share_the_job_and_a_failed_smoke_stops_the_rest(t
     assert unknown.stderr.strip().splitlines() == [
         "unknown stage ladr: plan, smoke, ladder, memory, char, convergence, verify, budget or profile"
     ]
+
+
+def test_the_inductor_cache_comes_back_beside_the_pack_in_parts_and_a_carried_one_is_unpacked(tmp_path):
+    """A lent GPU machine starts bare and hands back files of 16 MiB at most, so the compiles of one session are lost
+    to the next unless the cache travels. Parts carried in (.inductor/) are unpacked into an empty cache before the
+    first stage; at the end the cache, without Triton's binaries, is written beside the pack in parts of 15 MiB; a
+    cache over GPTCORE_CACHE_MAX_BYTES is said and not written; a cache already there is not overwritten."""
+    import io
+
+    made = io.BytesIO()
+    with tarfile.open(fileobj=made, mode="w:gz") as tar:
+        for name, data in (("./fxgraph/entry", b"graph" * 1000), ("./triton/kernel.cubin", b"binary")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    carried = tmp_path / "carried"
+    carried.mkdir()
+    half = len(made.getvalue()) // 2  # two parts, joined in order as split writes them
+    (carried / "inductor.tar.gz.part-00").write_bytes(made.getvalue()[:half])
+    (carried / "inductor.tar.gz.part-01").write_bytes(made.getvalue()[half:])
+    cache, back = tmp_path / "cache", tmp_path / "back"
+    env = dict(TORCHINDUCTOR_CACHE_DIR=str(cache), GPTCORE_INDUCTOR_CARRY=str(carried))
+    done = gpu_session(["ladder", str(tmp_path / "out"), "--pack", str(back / "s.tar.gz")], **env)
+    assert done.returncode == 4, done.stdout + done.stderr  # no GPU: the stage refuses, the cache still travels
+    assert (cache / "fxgraph" / "entry").read_bytes() == b"graph" * 1000
+    assert f"inductor cache: unpacked {carried}/inductor.tar.gz.part-* into {cache}" in done.stdout
+    assert sorted(p.name for p in back.iterdir()) == ["inductor.tar.gz.part-00", "s.tar.gz"]
+    with tarfile.open(back / "inductor.tar.gz.part-00") as packed:  # one part: a whole archive
+        assert "./fxgraph/entry" in packed.getnames() and not any("triton" in n for n in packed.getnames())
+    with tarfile.open(back / "s.tar.gz") as packed:
+        assert not any("inductor" in n for n in packed.getnames())
+
+    (cache / "fxgraph" / "entry").write_bytes(b"newer")  # a warm machine's own cache stays as it is
+    big = gpu_session(
+        ["ladder", str(tmp_path / "out2"), "--pack", str(back / "s.tar.gz")], **env, GPTCORE_CACHE_MAX_BYTES="10"
+    )
+    assert (cache / "fxgraph" / "entry").read_bytes() == b"newer" and "unpacked" not in big.stdout
+    assert "inductor cache: " in big.stderr and "B packed, over 10: not handed back" in big.stderr
+    assert sorted(p.name for p in back.iterdir()) == ["s.tar.gz"]
 
 
 def test_an_interpreter_without_the_projects_dependencies_is_one_line_and_exit_2(tmp_path):

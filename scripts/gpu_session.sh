@@ -92,7 +92,8 @@ unpack_cache() {  # a carried cache into an empty one (a warm machine's own is n
 pack_cache() {  # the cache beside the archive, in parts; none where it is missing or too large to travel back
   [ -d "$TORCHINDUCTOR_CACHE_DIR" ] || return 0
   local dir whole size max=${GPTCORE_CACHE_MAX_BYTES:-47185920}
-  dir=$(dirname "$pack") whole="$(dirname "$pack")/inductor.tar.gz"
+  dir=$(dirname "$pack")
+  whole=$dir/inductor.tar.gz
   rm -f "$whole".part-*
   tar czf "$whole" --exclude=./triton -C "$TORCHINDUCTOR_CACHE_DIR" . 2>/dev/null
   [ $? -le 1 ] || { rm -f "$whole"; return 0; }

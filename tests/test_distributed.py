@@ -21,6 +21,7 @@ import torch
 from torch.testing import assert_close
 
 from gptcore.config import PARALLELS, DDPOptions, FSDP2Options, Parallel, Recipe
+from gptcore.measure.launch import LOG_DIR
 from gptcore.memory import resolve
 from gptcore.memory.parallel import estimate_per_rank
 from gptcore.presets import MODELS, RECIPES
@@ -43,20 +44,24 @@ F64 = dict(rtol=1e-12, atol=1e-14)
 F32 = dict(rtol=1e-5, atol=1e-6)
 
 
-def torchrun(*args: str, timeout: float = LAUNCH_TIMEOUT_S, world: int = WORLD) -> subprocess.CompletedProcess:
-    """``python -m torch.distributed.run --nproc-per-node=2 ARGS`` from the repository root, with a timeout."""
+def torchrun(
+    mode: str, out: Path, timeout: float = LAUNCH_TIMEOUT_S, world: int = WORLD
+) -> subprocess.CompletedProcess:
+    """``python -m torch.distributed.run --nproc-per-node=2 tests/distributed_worker.py MODE OUT`` from the
+    repository root, with a timeout, torchrun's log folder under OUT as gptcore's launch keeps it."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", *args]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}"]
+    cmd += [f"--log-dir={out / LOG_DIR}", str(ROOT / "tests" / "distributed_worker.py"), mode, str(out)]
     with subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     ) as proc:
         try:
-            out, err = proc.communicate(timeout=timeout)
+            out_text, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its workers: a hang must not outlive the test
             proc.communicate()
             raise
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out_text, err)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +70,7 @@ def proofs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     reference of the two-node job, the memory of a planted regression, and the launch's output, which ends with
     `gptcore train` on both ranks (tests/distributed_worker.py)."""
     out = tmp_path_factory.mktemp("distributed")
-    done = torchrun(str(ROOT / "tests" / "distributed_worker.py"), "proofs", str(out))
+    done = torchrun("proofs", out)
     assert done.returncode == 0, done.stderr[-4000:]
     (out / "stdout.txt").write_text(done.stdout)
     return out
@@ -102,6 +107,7 @@ def test_two_torchrun_agents_meeting_at_a_c10d_rendezvous_train_as_one_node_does
                 "-m",
                 "torch.distributed.run",
                 *Launcher(nnodes=2, node_rank=k, rdzv_endpoint=endpoint, rdzv_id="two-nodes").args(WORLD),
+                f"--log-dir={tmp_path / LOG_DIR}",
                 worker,
                 "nodes",
                 str(two),
@@ -234,7 +240,7 @@ def test_per_rank_estimate_matches_the_tracked_peak(proofs, name: str):
 def hsdp_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     """DDP, FSDP2 and HSDP (2 replicas x 2 shards) on 4 gloo ranks: each rank's results."""
     out = tmp_path_factory.mktemp("hsdp")
-    done = torchrun(str(ROOT / "tests" / "distributed_worker.py"), "hsdp", str(out), world=4)
+    done = torchrun("hsdp", out, world=4)
     assert done.returncode == 0, done.stderr[-4000:]
     return [torch.load(out / f"hsdp-{r}.pt") for r in range(4)]
 
@@ -288,11 +294,50 @@ def test_a_planted_always_reshard_is_caught(proofs_dir):
 
 
 @pytest.mark.slow
-def test_a_rank_that_raises_ends_the_job_with_its_error(tmp_path):
+def test_a_rank_that_raises_ends_the_job_with_its_error_and_leaves_nothing_in_the_temporary_directory(
+    tmp_path, monkeypatch
+):
     # rank 0 waits in an all-reduce: torchrun must stop it (a hang would end in the timeout's TimeoutExpired)
-    done = torchrun(str(ROOT / "tests" / "distributed_worker.py"), "raise", str(tmp_path), timeout=120)
+    temp = tmp_path / "temp"  # the job's TMPDIR: without --log-dir, torchrun leaves a torchelastic_* folder in it
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    done = torchrun("raise", tmp_path, timeout=120)
     assert done.returncode != 0
     assert "planted failure on rank 1" in done.stdout + done.stderr
+    assert sorted(p.name for p in temp.iterdir()) == []
+    assert (tmp_path / LOG_DIR).is_dir()  # where its logs went instead
+
+
+def test_the_launch_gives_torchrun_a_log_folder_under_the_jobs_own(tmp_path, monkeypatch):
+    """gptcore's launch, read by torchrun's own parser: its log folder is the job's, not a new torchelastic_*
+    folder in the system's temporary directory for every job."""
+    from torch.distributed.run import get_args_parser
+
+    from gptcore.measure import launch as launching
+
+    seen: list[list[str]] = []
+
+    class Done:  # torchrun exits 0 at once, having written no rank's figures
+        returncode = 0
+
+        def __init__(self, cmd: list[str], **_: object) -> None:
+            seen.append(cmd)
+
+        def __enter__(self) -> Done:
+            return self
+
+        def __exit__(self, *_: object) -> None:
+            pass
+
+        def communicate(self, timeout: float | None = None) -> tuple[str, None]:
+            return "", None
+
+    monkeypatch.setattr(launching.subprocess, "Popen", Done)
+    assert launching.launch("cpu-small", ["ddp"], WORLD, "cpu", tmp_path, (1, 1, 1)) == {"ddp": []}
+    (cmd,) = seen
+    args = get_args_parser().parse_args(cmd[cmd.index("torch.distributed.run") + 1 :])
+    assert Path(args.log_dir) == tmp_path / LOG_DIR
+    assert args.module and args.training_script == "gptcore.measure.worker"
 
 
 def test_torchrun_train_prints_once_with_the_world_size(proofs_dir):

@@ -24,6 +24,9 @@ from gptcore.measure.measurement import Measurement
 ROOT = Path(__file__).resolve().parents[2]
 """The checkout (or site-packages) that holds this gptcore: the ranks run with it first on PYTHONPATH."""
 LAUNCH_TIMEOUT_S = 300
+LOG_DIR = "torchrun-logs"
+"""torchrun's log folder, under the job's ``out``: left to itself, torchrun makes a ``torchelastic_*`` folder in the
+system's temporary directory for every job and never removes it."""
 
 
 class _Words(argparse.ArgumentParser):
@@ -112,6 +115,7 @@ def launch(
         "-m",
         "torch.distributed.run",
         *launcher.args(world),
+        f"--log-dir={out / LOG_DIR}",
         "-m",
         "gptcore.measure.worker",
         "--model",

@@ -216,6 +216,23 @@ def test_the_compile_mode_reaches_torch_compile(monkeypatch, mode, passed):
     assert seen == [passed]
 
 
+@pytest.mark.parametrize(
+    "mode, marks",
+    [("reduce-overhead", 4), ("max-autotune", 4), ("max-autotune-no-cudagraphs", 0), ("max-autotune-gemm", 0)],
+)
+def test_a_mode_with_cuda_graphs_begins_a_new_graph_iteration_before_every_micro_batch(monkeypatch, mode, marks):
+    """CUDA graph trees reuse a replay's output memory at the next iteration: the step tells them where one begins,
+    before each micro-batch's forward (2 steps of 2 micro-batches: 4), and only under a mode that captures graphs.
+    The graphs themselves are CUDA's: tests/test_graphs_gpu.py holds their losses to eager's on a GPU."""
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: seen.append(1))
+    trainer = Trainer(TINY, Recipe(compile=True, compile_mode=mode, grad_accum_steps=2), "cpu")
+    for _ in range(2):
+        trainer.step()
+    assert len(seen) == marks
+
+
 def test_a_compile_mode_without_compile_is_refused():
     with pytest.raises(ValueError, match="^compile_mode: a compile mode needs compile=True"):
         Recipe(compile_mode="max-autotune")

@@ -113,6 +113,16 @@ def _compile_kwargs(mode: str) -> dict:
     return {"mode": None if mode == "default" else mode}
 
 
+def _replays_cuda_graphs(mode: str) -> bool:
+    """Whether a compile mode captures CUDA graphs (inductor's ``triton.cudagraphs``: reduce-overhead, max-autotune)."""
+    options = _INDUCTOR_OPTIONS.get(mode)
+    if options is None:
+        import torch._inductor
+
+        options = torch._inductor.list_mode_options(None if mode == "default" else mode)
+    return bool(options.get("triton.cudagraphs"))
+
+
 def check_runnable(recipe: Recipe, device: torch.device | str, cfg: GPTConfig | None = None) -> None:
     """Raise UnsupportedRecipe with the reason when ``recipe`` cannot run on ``device`` (for model ``cfg``)."""
     reason = unsupported_reason(recipe, device, cfg)
@@ -192,6 +202,7 @@ class Trainer:
                 block.compile(**how)  # in place; Dynamo inlines nn.Module calls, so the blocks share one graph
         elif recipe.compile:
             self.forward = torch.compile(self.model, **how)
+        self._graphs = recipe.compile and _replays_cuda_graphs(recipe.compile_mode)
         self.autocast_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(recipe.precision)
         self.scaler = torch.amp.GradScaler(self.device.type) if recipe.precision == "fp16" else None
         groups = param_groups(self.model, recipe.weight_decay)
@@ -229,6 +240,8 @@ class Trainer:
         with self.numerics():
             for i, (x, y) in enumerate(micro):
                 x, y = x.to(self.device, non_blocking=self._pin), y.to(self.device, non_blocking=self._pin)
+                if self._graphs:  # CUDA graph trees: a new iteration, whose replay may reuse the last one's outputs
+                    torch.compiler.cudagraph_mark_step_begin()
                 # gradients are reduced over ranks on the last micro-batch only (DDP reads its flag in forward)
                 with self.gradient_sync(last=i == self.accum - 1), self.autocast():
                     loss = self.forward(x, y)[1]  # drop the logits now: backward does not need them

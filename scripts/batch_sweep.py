@@ -29,9 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
+from gptcore.measure.measurement import Measurement
 from gptcore.measure.runner import run_case
 from gptcore.presets import get_model, get_recipe
-from gptcore.training.trainer import UnsupportedRecipe, resolve_device
+from gptcore.training.trainer import UnsupportedRecipe, check_runnable, resolve_device
 
 
 def batches(text: str) -> list[int]:
@@ -45,7 +46,7 @@ def batches(text: str) -> list[int]:
     return values
 
 
-def row_of(batch: int, m) -> dict:
+def row_of(batch: int, m: Measurement) -> dict:
     """One batch's figures from its Measurement (None where the device has none)."""
     clocks = m.clocks or {}
     busy, traced = m.gpu_busy_seconds, clocks.get("traced_sm_mhz")
@@ -101,8 +102,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, "batch_sweep.py: --warmup, --rounds and --steps must be at least 1\n")
     try:
         cfg, recipe, device = get_model(args.model), get_recipe(args.recipe), resolve_device(args.device)
+        check_runnable(recipe, device, cfg)
     except (ValueError, UnsupportedRecipe) as err:
         parser.exit(2, f"batch_sweep.py: {err}\n")
+    if recipe.parallel.mode != "none":  # one process, one device
+        parser.exit(2, f"batch_sweep.py: {args.recipe} runs under torchrun; the sweep takes a one-process recipe\n")
     recipe = dataclasses.replace(recipe, fit_memory=None)  # the batch is this sweep's
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     record = {"device": name, "torch": torch.__version__, "model": args.model, "recipe": args.recipe, "rows": []}

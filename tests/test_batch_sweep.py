@@ -35,6 +35,8 @@ def test_each_batch_is_measured_at_that_batch_in_order_and_written(tmp_path, cap
         (["--batches", "a"], "expected batches such as 32,64,96"),
         (["--batches", "4", "--recipe", "nope"], "recipe: unknown 'nope'"),
         (["--batches", "4", "--rounds", "0"], "--rounds and --steps must be at least 1"),
+        (["--batches", "4", "--recipe", "ddp"], "ddp runs under torchrun"),
+        (["--batches", "4", "--recipe", "ladder-9-liger"], "liger's fused linear cross-entropy: kernels for a CUDA"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, args, says):

@@ -111,14 +111,17 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     record = {"device": name, "torch": torch.__version__, "model": args.model, "recipe": args.recipe, "rows": []}
     for batch in args.batches:
-        m = run_case(
-            dataclasses.replace(cfg, batch_size=batch),
-            recipe,
-            device,
-            warmup=args.warmup,
-            rounds=args.rounds,
-            steps_per_round=args.steps,
-        )
+        try:  # an out-of-memory is the row's error (run_case); a batch the recipe cannot split is the sweep's end
+            m = run_case(
+                dataclasses.replace(cfg, batch_size=batch),
+                recipe,
+                device,
+                warmup=args.warmup,
+                rounds=args.rounds,
+                steps_per_round=args.steps,
+            )
+        except (ValueError, UnsupportedRecipe) as err:
+            parser.exit(2, f"batch_sweep.py: batch {batch}: {err}\n")
         record["rows"].append(row_of(batch, m))
         print(table(record["rows"][-1:]).splitlines()[-1], flush=True)
         if args.json:

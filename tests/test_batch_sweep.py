@@ -36,6 +36,7 @@ def test_each_batch_is_measured_at_that_batch_in_order_and_written(tmp_path, cap
         (["--batches", "4", "--recipe", "nope"], "recipe: unknown 'nope'"),
         (["--batches", "4", "--rounds", "0"], "--rounds and --steps must be at least 1"),
         (["--batches", "4", "--recipe", "ddp"], "ddp runs under torchrun"),
+        (["--batches", "3", "--recipe", "grad-accum-2"], "batch 3: "),  # 3 rows do not split into 2 micro-batches
         (["--batches", "4", "--recipe", "ladder-9-liger"], "liger's fused linear cross-entropy: kernels for a CUDA"),
     ],
 )

@@ -49,15 +49,16 @@ def test_bad_input_is_one_line_and_exit_2(capsys, args, says):
 
 
 def test_a_gpu_row_gives_the_device_cycles_a_token_at_the_traced_steps_clock():
-    """ladder-9's figures as its H200 entry holds them (B=146, T=1024: 149,504 tokens a step; busy 271.15 ms in a step
-    traced at 1,620 MHz): 2,938 device cycles a token, the figure docs/gpu.md compares with ladder-8's 3,632."""
+    """ladder-9's H200 entry (B=146, T=1024: 149,504 tokens a step; busy 0.2711474 s; the rounds at 1,620 MHz and
+    695.3 W; its peak), with the traced step taken to run at the rounds' clock, as docs/gpu.md's figure takes it (the
+    entry predates ``traced_sm_mhz``): 2,938 device cycles a token, which that doc compares with ladder-8's 3,632."""
     from gptcore.measure.measurement import Measurement
 
-    m = Measurement(device="cuda", tokens_per_step=149_504, steps_per_round=5, tokens_per_s=524_930.0)
-    m.gpu_busy_seconds, m.peak_allocated_bytes, m.flagged_rounds = 0.27115, 82_354_000_000, []
-    m.clocks = {"sm_mhz": 1605, "power_w_median": 694.0, "traced_sm_mhz": 1620}
+    m = Measurement(device="cuda", tokens_per_step=149_504, steps_per_round=5, tokens_per_s=524_929.67)
+    m.gpu_busy_seconds, m.peak_allocated_bytes, m.flagged_rounds = 0.2711474, 82_351_640_064, [3]
+    m.clocks = {"sm_mhz": 1620.0, "power_w_median": 695.3, "traced_sm_mhz": 1620}
     row = batch_sweep.row_of(146, m)
     assert round(row["cycles_per_token"]) == 2_938
-    assert (row["sm_mhz"], row["power_w"], row["traced_sm_mhz"]) == (1605, 694.0, 1620)
-    assert row["busy_ms"] == pytest.approx(271.15)
-    assert "2,938" in batch_sweep.table([row])
+    assert (row["sm_mhz"], row["power_w"], row["traced_sm_mhz"], row["flagged_rounds"]) == (1620.0, 695.3, 1620, [3])
+    assert row["busy_ms"] == pytest.approx(271.1474)
+    assert "2,938" in batch_sweep.table([row]) and "76.70" in batch_sweep.table([row])  # GiB, as docs/gpu.md says

@@ -1,6 +1,7 @@
 """What every benchmark case shares: the study's grid with readable ids, a RunIf-style skip helper,
 ``benchmark_case`` (skip what the device cannot run, time the case with benchmark.pedantic, gate it against
-baselines) and ``converge_case`` (a whole training run of the convergence tier, gated on what it learned)."""
+baselines), ``replay_rounds`` (rounds timed elsewhere, as pytest-benchmark's own) and ``converge_case`` (a whole
+training run of the convergence tier, gated on what it learned)."""
 
 from __future__ import annotations
 
@@ -134,6 +135,28 @@ def benchmark_case(
     return m
 
 
+class RoundsTimedElsewhere:
+    """A clock for pytest-benchmark that reads 0 at each round's start and that round's recorded time at its end:
+    rounds timed where pytest-benchmark cannot time them (a torchrun job's ranks, each round synced) become its rounds,
+    median and history as they were measured. pytest-benchmark has no public way to take outside timings; pedantic
+    mode reads the fixture's timer (what ``--benchmark-timer`` names) once before and once after each round."""
+
+    def __init__(self, seconds: list[float], timed_by: str) -> None:
+        self._reads = iter([read for s in seconds for read in (0.0, s)])
+        self.__name__ = f"rounds timed by {timed_by}"  # what pytest-benchmark's JSON names as the timer
+
+    def __call__(self) -> float:
+        return next(self._reads)
+
+
+def replay_rounds(benchmark, seconds: list[float], timed_by: str) -> None:
+    """Give ``benchmark`` the rounds ``seconds``, which ``timed_by`` timed (nothing when there are none: a case that
+    failed before its rounds has no time)."""
+    if seconds:
+        benchmark._timer = RoundsTimedElsewhere(seconds, timed_by)
+        benchmark.pedantic(lambda: None, rounds=len(seconds), iterations=1, warmup_rounds=0)
+
+
 def converge_case(
     benchmark,
     gate,
@@ -143,22 +166,20 @@ def converge_case(
     recipe_name: str,
     schedule: Schedule | None = None,
 ) -> Convergence | None:
-    """Train one case of ``study`` for its whole schedule (or ``schedule``) as one pytest-benchmark round and gate
-    what it learned (gptcore.measure.convergence); skip what the device cannot run. On CPU each case runs on one thread:
-    bit-identical whatever else runs beside it, so that its time-to-loss can be gated exactly."""
+    """Train one case of ``study`` for its whole schedule (or ``schedule``) and gate what it learned
+    (gptcore.measure.convergence); skip what the device cannot run. pytest-benchmark gets one round: the run's training
+    seconds, synced, evaluations excluded (the figure its time-to-loss reports), not the building of the Trainer or the
+    evaluations. On CPU each case runs on one thread: bit-identical whatever else runs beside it, so that its
+    time-to-loss can be gated exactly."""
     recipe, device, cfg = RECIPES[recipe_name], study.device, MODELS[model]
     schedule = schedule or study.schedule
     reason = unsupported_reason(recipe, device, cfg)
     if reason:
         pytest.skip(reason)
-    out: dict[str, Convergence] = {}
-    error = None
-
-    def whole_run() -> None:
-        out["run"] = converge(cfg, recipe, schedule, device, threads=1 if device == "cpu" else None)
-
+    run, error = None, None
     try:
-        benchmark.pedantic(whole_run, rounds=1, iterations=1, warmup_rounds=0)
+        run = converge(cfg, recipe, schedule, device, threads=1 if device == "cpu" else None)
+        replay_rounds(benchmark, [run.seconds[-1]], "the training run, evaluations excluded")
     except Exception as err:  # an OOM (also one raised while compiling) is a failed case with its
         if out_of_memory_in(err) is None:  # numbers, and the rest of the suite goes on; anything else is raised
             raise
@@ -166,7 +187,6 @@ def converge_case(
         error = f"out of memory (peak allocated {peak:,} B)"
         if device == "cuda":
             torch.cuda.empty_cache()
-    run = out.get("run")
     outcome = gate.judge_convergence(request.node, run, device=device, precision=recipe.precision, error=error)
     benchmark.extra_info.update(
         model=model,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness import conclude, needs_of, run_if
+from bench.harness import conclude, needs_of, replay_rounds, run_if
 from gptcore.config import Timing
 from gptcore.measure.launch import Launcher, Launches, LaunchFailed, combine
 from gptcore.memory import resolve
@@ -103,16 +103,10 @@ def test_distributed(benchmark, gate, request, tmp_path, model: str, recipe: str
         estimate: int | str = estimate_per_rank(resolve(cfg, r, device=device), world).total_bytes
     except Exception:  # (an estimate column never fails a case)
         estimate = "err"
-    # pytest-benchmark times the launch in the case that makes it (torchrun's start and every case it holds) and
-    # the reading of the results in the others; the gate reads the ranks' own timings
-    ranks = benchmark.pedantic(
-        ranks_of,
-        args=(request, tmp_path, model, recipe, world, device, counts),
-        rounds=1,
-        iterations=1,
-        warmup_rounds=0,
-    )
+    ranks = ranks_of(request, tmp_path, model, recipe, world, device, counts)
     m = combine(ranks)
+    # pytest-benchmark's rounds are the job's own (each the slowest rank's, synced), not the launch or a file read
+    replay_rounds(benchmark, m.round_seconds, "the ranks, the slowest each round")
     outcome = gate.judge(
         request.node, m, model=model, recipe=recipe, precision=r.precision, estimate=estimate, world=world
     )

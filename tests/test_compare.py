@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 import json
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from gptcore.cli import main
-from gptcore.gate.checks import loss_check, memory_check
+from gptcore.gate.checks import Check, loss_check, memory_check
 from gptcore.gate.schema import Tolerances
 from gptcore.hunt.compare import (
     CompareError,
@@ -166,20 +167,52 @@ def test_too_few_rounds_give_no_interval_and_no_verdict():
 
 
 def test_memory_and_loss_are_judged_as_the_gate_judges_them():
+    """compare's ``decide`` judges B's peak and loss against A's with the gate's CPU tolerances, plus one thing the
+    gate does not do: a peak that moved within tolerance is reported as 'changed'. Each probe sits where two
+    readings of the rules part ways. A peak 1% above A's is inside the 2% memory tolerance, so it reads 'ok'
+    unless moves are reported; it must read 'changed'. 3% above fails; 10% below is 'better'. The loss is absolute
+    (nats) and compare runs both sides on this CPU: fp32 allows 1e-6, not the 1e-4 allowed against another CPU
+    model, so 5e-7 passes and 5e-5 must fail (it would pass at 1e-4). bf16 allows 5e-4, not the 2e-2 allowed
+    against another CPU, so 4e-4 passes and 1e-3 must fail (it would pass at 2e-2). Every loss probe is at least
+    5e-7 nats from the bound it tests, nine orders beyond float64's rounding of 4.0 + d (about 4e-16); every peak
+    probe at least 1,000 bytes from its bound, and integer bytes are exact."""
+    from gptcore.hunt.compare import CaseResult, decide
+
     tol = Tolerances.default_for("cpu")
-    changed = dict(report_change=True)  # compare reports a move within tolerance; the gate does not
-    assert memory_check(1000, 1000, tol, **changed).status == "ok"
-    assert memory_check(1010, 1000, tol, **changed).status == "changed"  # reported, within +2%
-    assert memory_check(1010, 1000, tol).status == "ok"
-    assert memory_check(1030, 1000, tol, **changed).failed
-    assert memory_check(900, 1000, tol, **changed).status == "better"
-    loss = lambda b, a, precision: loss_check(b, a, tol.loss_tolerance(precision, other_cpu=False))  # noqa: E731
-    assert not loss(3.0 + 5e-7, 3.0, "fp32").failed
-    assert loss(3.0 + 5e-6, 3.0, "fp32").failed
-    assert not loss(3.0 + 4e-4, 3.0, "bf16").failed
+
+    def judged(precision: str, b: list[dict]) -> CaseResult:
+        return decide(CaseResult("c", "m", "r", precision, driver_rounds(), b), 0.05, tol)
+
+    def peak(bytes_b: int) -> str:
+        return judged("fp32", driver_rounds(peak=bytes_b)).memory.status
+
+    assert peak(100_000) == "ok"
+    assert peak(101_000) == "changed"  # within +2%, reported
+    assert memory_check(101_000, 100_000, tol).status == "ok"  # where the gate, which does not report it, says ok
+    assert peak(103_000) == "FAIL" and judged("fp32", driver_rounds(peak=103_000)).failed
+    assert peak(90_000) == "better"
+
+    def loss(precision: str, value: float) -> str:
+        return judged(precision, driver_rounds(loss=value)).loss.status
+
+    assert loss("fp32", 4.0 + 5e-7) == "ok"
+    assert loss("fp32", 4.0 + 5e-5) == "FAIL" and loss("fp32", 4.0 - 5e-5) == "FAIL"  # two-sided
+
+    def other_cpu(value: float, precision: str) -> Check:  # the gate's loss check against another CPU's baseline
+        return loss_check(value, 4.0, tol.loss_tolerance(precision, other_cpu=True))
+
+    assert other_cpu(4.0 + 5e-5, "fp32").status == "ok"  # the probe tells the two tolerances apart
+    assert loss("bf16", 4.0 + 4e-4) == "ok"
+    assert loss("bf16", 4.0 + 1e-3) == "FAIL"
+    assert other_cpu(4.0 + 1e-3, "bf16").status == "ok"
 
 
 def test_k_selects_cases_like_pytest():
+    """-k is pytest's expression on the case ids. A malformed expression is an error with pytest's own message (its
+    parser's SyntaxError), not an expression that matches nothing: both raise CompareError, so each is told apart
+    by its text."""
+    from _pytest.mark.expression import Expression
+
     assert keyword_match("cpu-small and not (bf16 or sgd)", "cpu-small-ckpt-fp32")
     assert not keyword_match("cpu-small and not (bf16 or sgd)", "cpu-small-ckpt-bf16")
     assert [f"{m}-{r}" for m, r in select_cases("cpu-small-ckpt", "cpu")] == [
@@ -190,8 +223,12 @@ def test_k_selects_cases_like_pytest():
         "cpu-small-ckpt-bf16",
     ]
     assert all(m.startswith("char") for m, _ in select_cases("char", "cuda"))
-    for bad in ("char", "cpu-small and", "(cpu-small"):
-        with pytest.raises(CompareError):
+    with pytest.raises(CompareError, match=r"^-k 'char': no CPU case matches \(ids are like cpu-small-ckpt-fp32\)$"):
+        select_cases("char", "cpu")  # well formed, matching only GPU ids
+    for bad in ("cpu-small and", "(cpu-small"):
+        with pytest.raises(SyntaxError) as parsed:
+            Expression.compile(bad)
+        with pytest.raises(CompareError, match=f"^{re.escape(f'-k {bad!r}: {parsed.value.msg}')}$"):
             select_cases(bad, "cpu")
 
 
@@ -583,8 +620,10 @@ def driver_rounds(tokens: float = 1000.0, loss: float = 4.0, peak: int = 100_000
 
 
 def test_compare_judges_b_against_a_with_the_tolerances_of_the_cases_precision():
-    """B is the change, A its reference: B hungrier fails, B leaner does not; a loss 1e-4 away (relative) is within a
-    bf16 case's tolerance (5e-4) and beyond an fp32 case's (1e-6); an infinite speed is as broken as a NaN one."""
+    """B is the change, A its reference: B hungrier fails, B leaner does not; an infinite speed is as broken as a NaN
+    one. The loss tolerance is absolute (nats) and the same CPU's, both sides run here: a loss 5e-5 away is within a
+    bf16 case's 5e-4 and beyond an fp32 case's 1e-6, and it would pass the fp32 tolerance against another CPU model
+    (1e-4), so an fp32 failure shows that compare did not pick that one. 4.0 + 5e-5 is exact to about 4e-16."""
     from gptcore.gate.schema import Tolerances
     from gptcore.hunt.compare import CaseResult, decide
 
@@ -594,9 +633,8 @@ def test_compare_judges_b_against_a_with_the_tolerances_of_the_cases_precision()
     hungrier, leaner = judged("fp32", driver_rounds(peak=120_000)), judged("fp32", driver_rounds(peak=80_000))
     assert hungrier.failed and hungrier.memory.delta == pytest.approx(0.2)
     assert not leaner.failed and leaner.memory.delta == pytest.approx(-0.2)
-    assert (
-        judged("fp32", driver_rounds(loss=4.0004)).loss.failed and not judged("bf16", driver_rounds(loss=4.0004)).failed
-    )
+    assert judged("fp32", driver_rounds(loss=4.0 + 5e-5)).loss.failed
+    assert not judged("bf16", driver_rounds(loss=4.0 + 5e-5)).failed
     assert (
         judged("fp32", driver_rounds(tokens=float("inf"))).error
         == "tokens/s not finite in B's rounds (the timing broke)"

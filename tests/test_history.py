@@ -131,7 +131,10 @@ def test_a_creeps_slope_weighs_each_commit_by_its_runs():
 def test_a_3pct_step_with_8_points_after_is_found_at_cv_0_6pct_in_its_commit_range():
     # CV 0.6%: a quiet GPU runner; a 3% drop is 5 noise sigmas, and the two segments' means differ by
     # 3% / (0.6% x sqrt(1/16 + 1/8)) = 11 standard errors: Welch's p is far below P_MAX. Measured 1,000 of 1,000
-    # (docs/history.md, seeds 1000-1999), 3 of them with a creep: a line through 7 commits fits them better.
+    # (docs/history.md, seeds 1000-1999), 3 of them with a creep: a line through 7 commits fits them better, so 997
+    # as a step. A miss rate of 0.3% (the steps' measured one, and the most that 0 misses in 1,000 leaves likely
+    # for finding the drop at all: the rule of three) gives 0.3 misses in 100 series on average, and 3 or more with
+    # probability 0.35% (binomial): at most 2 of each. These 100 seeds measured 100 and 100.
     found = steps = 0
     for seed in range(100):
         changes = everything(series(24, 0.006, step_at=16, step=-0.03, seed=seed))
@@ -140,7 +143,7 @@ def test_a_3pct_step_with_8_points_after_is_found_at_cv_0_6pct_in_its_commit_ran
         steps += any(f.kind == "step" for f in hits)
         assert len(hits) <= 1  # each change once
         assert all(f.status in ("regression", "creeping") and f.relative < 0 and f.p < changepoints.P_MAX for f in hits)
-    assert found >= 95 and steps >= 95
+    assert found >= 98 and steps >= 98
 
 
 def test_a_significant_step_below_min_step_is_not_a_change_point():
@@ -204,14 +207,16 @@ def test_a_creep_of_1pct_a_commit_over_6_commits_is_reported_with_its_window():
 
 def test_the_issues_creep_2pct_a_merge_three_merges_in_a_row_is_reported():
     # no single merge crosses the 5% tolerance; 6% in all. As a creep or as a step within it: measured 1,000 of
-    # 1,000 (docs/history.md, seeds 1000-1999), so a miss in 100 would be news
+    # 1,000 (docs/history.md, seeds 1000-1999). No miss in 1,000 leaves a miss rate of at most 0.3% likely (the
+    # rule of three: 95% upper bound), which gives 0.3 misses in 100 series on average and 3 or more with
+    # probability 0.35% (binomial): at most 2. These 100 seeds measured 100.
     reported = 0
     for seed in range(100):
         found = everything(series(24, 0.006, creep=(12, -0.02, 3), seed=seed))
         reported += any(
             int(f.before[1:]) < 15 and int(f.after[1:]) >= 12 and f.status in ("regression", "creeping") for f in found
         )
-    assert reported >= 95
+    assert reported >= 98
 
 
 def test_a_flat_series_or_a_creep_the_better_way_is_no_creep():

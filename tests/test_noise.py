@@ -7,6 +7,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -500,9 +501,14 @@ def test_liger_passes_a_third_time_but_no_longer_pays_over_the_fitted_batch_with
 
 def test_the_autotuned_matmuls_were_not_slower_over_ligers_loss():
     """ladder-11 as the whole ladder's run recorded it (tests/data/gpu-h200-whole-ladder): max-autotune-gemm over
-    liger's loss at its fitted batch of 356, 498,006 tokens/s against 496,612 in the same run (1.003x; its
-    expectation passed), the same peak within 0.01%; both GPU-bound, their busy times within 1% of the step their
-    tokens/s give. The switch is the top rung's now, over ladder-9, where it has not run yet."""
+    liger's loss at its fitted batch of 356, 498,006 tokens/s against 496,612 in the same run (1.003x). The switch is
+    the top rung's now (ladder-10), over ladder-9, where it has not run yet: the claims that rung makes, judged by
+    the gate's own judge_effect on these two logged entries (their figures as the gate takes them,
+    Figures.of), hold of the pair: not slower, and the same loss at step 40 (the matmuls' kernels differ, not their
+    arithmetic). The rest reads the committed evidence, not code: the two setups differ in the compile mode alone,
+    the same peak within 0.01%, and both GPU-bound, their busy times within 1% of the step their tokens/s give."""
+    from gptcore.gate.expectations import EXPECTATIONS, Figures, judge_effect
+    from gptcore.gate.schema import Entry
     from gptcore.presets import RECIPES
 
     logged = renamed(measured([WHOLE / "ladder-10-11.jsonl"]))
@@ -513,11 +519,58 @@ def test_the_autotuned_matmuls_were_not_slower_over_ligers_loss():
         k: v for k, v in below["setup"].items() if k != "recipe.compile_mode"
     }
     assert top["setup"]["model.batch_size"] == 356
-    assert round(top["tokens_per_s"]["median"]) == 498_006 and round(below["tokens_per_s"]["median"]) == 496_612
+    now, ref = (
+        Figures.of(Entry.from_json(e, name), None, e["setup"]["model.batch_size"] * 1024)
+        for name, e in ((LIGER_AUTOTUNED, top), (LIGER, below))
+    )
+    claims = {e.metric: e for e in EXPECTATIONS if e.recipe == "ladder-10"}
+    assert {(e.reference, e.direction) for e in claims.values()} == {("ladder-9", "not lower"), ("ladder-9", "same")}
+    judged = {metric: judge_effect(e, "gpt2", now, ref) for metric, e in claims.items()}
+    assert [(metric, j.status) for metric, j in judged.items()] == [("tokens/s", "ok"), ("loss", "ok")], judged
+    assert judged["tokens/s"].measured == "498,006 vs 496,612 tok/s (1.003x)"
+    assert judged["loss"].measured == "10.838368 vs 10.838367 at step 40 (+9.5e-07)"
     assert abs(top["peak_allocated_bytes"] / below["peak_allocated_bytes"] - 1) < 1e-4
     for e in (top, below):
         step = e["setup"]["model.batch_size"] * 1024 / e["tokens_per_s"]["median"]
         assert abs(e["gpu_busy_seconds"] / step - 1) < 0.01
+
+
+def replay_versus_nanogpt(got: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
+    """scripts/versus_nanogpt.py's own main() run again here, on CPU, over a committed record ``got``: the GPU, both
+    steps and the batch sizes stubbed, and each timed round answered with the rate the record holds for that step
+    and round, in the order main asks for them (the warm-ups' answers are not kept). What main writes to --json."""
+    import torch
+
+    from scripts import versus_nanogpt as script
+
+    left = {name: iter(rates) for name, rates in got["rates"].items()}
+    randint = torch.randint
+
+    def theirs(x, y):  # nanoGPT's step, as nanogpt_step returns it
+        raise AssertionError("a step runs only inside timed")
+
+    class Trainer:  # gptcore's, as much of it as main uses
+        def __init__(self, cfg, recipe, device):
+            self.micro_batch, self.accum = cfg.batch_size, 1
+
+    def timed(step, batches, steps):
+        warmup = steps == 5  # main warms each step up with 5 steps; the rounds here take 10
+        return 0.0 if warmup else next(left["nanoGPT" if step is theirs else "gptcore"])
+
+    monkeypatch.setattr(script, "Trainer", Trainer)
+    monkeypatch.setattr(script, "nanogpt_step", lambda folder: theirs)
+    monkeypatch.setattr(script, "timed", timed)
+    monkeypatch.setattr(script, "batch_sizes", lambda recipe: tuple(got["batches"]))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch, "randint", lambda *args, device=None: randint(*args))  # the batches on CPU
+    out = tmp_path / "versus.json"
+    args = [str(tmp_path), "--recipe", got["recipe"], "--rounds", str(got["rounds"]), "--steps", "10"]
+    monkeypatch.setattr(sys, "argv", ["versus_nanogpt.py", *args, "--json", str(out)])
+    assert script.main() == 0
+    assert all(next(rates, None) is None for rates in left.values())  # every round replayed, none twice
+    return json.loads(out.read_text())
 
 
 @pytest.mark.parametrize(
@@ -529,20 +582,24 @@ def test_the_autotuned_matmuls_were_not_slower_over_ligers_loss():
         ("logits detached", "ladder-9", 6, 1.0237, 0),
     ],
 )
-def test_nanogpts_step_side_by_side_is_what_its_rounds_give(session, recipe, rounds, ratio, behind):
-    """scripts/versus_nanogpt.py on one H200 (torch 2.11.0+cu130): the ratio it printed is the median of gptcore's
-    rounds over the median of nanoGPT's, and the rounds say who led. In tests/data/gpu-h200-whole-ladder gptcore
-    trailed in nearly every round: at B=16 (ladder-8) 0.987x, behind in 29 of 30; at the fitted batch of 146
-    (ladder-9) 0.984x, in all 10. Once the compiled model returned its logits detached
-    (tests/data/gpu-h200-detached-logits), it led: 1.010x at B=16, behind in 3 of 30; 1.024x at 146, in none of the
-    6 rounds the call's time left (the JSON is written round by round)."""
-    import statistics
-
+def test_nanogpts_step_side_by_side_is_what_its_rounds_give(
+    session, recipe, rounds, ratio, behind, tmp_path, monkeypatch
+):
+    """scripts/versus_nanogpt.py on one H200 (torch 2.11.0+cu130): the ratio it wrote is what its own code makes of
+    the rounds it wrote. Its main() is replayed here over the committed rounds (replay_versus_nanogpt) and must
+    write the same rates and, to the bit, the same ratio: the same floats in the same order give the same medians
+    and the same quotient. The rest reads the committed evidence, not code: the rounds say who led. In
+    tests/data/gpu-h200-whole-ladder gptcore trailed in nearly every round: at B=16 (ladder-8) 0.987x, behind in 29
+    of 30; at the fitted batch of 146 (ladder-9) 0.984x, in all 10. Once the compiled model returned its logits
+    detached (tests/data/gpu-h200-detached-logits), it led: 1.010x at B=16, behind in 3 of 30; 1.024x at 146, in
+    none of the 6 rounds the call's time left (the JSON is written round by round)."""
     folder = WHOLE if session == "whole ladder" else DETACHED
     got = json.loads((folder / f"versus-{recipe}.json").read_text())
     ours, theirs = got["rates"]["gptcore"], got["rates"]["nanoGPT"]
-    assert got["recipe"] == recipe and len(ours) == len(theirs) == rounds
-    assert got["ratio"] == pytest.approx(statistics.median(ours) / statistics.median(theirs), rel=1e-12)
+    assert got["recipe"] == recipe and got["rounds"] == len(ours) == len(theirs) == rounds
+    again = replay_versus_nanogpt(got, tmp_path, monkeypatch)
+    assert (again["rates"], again["batches"], again["rounds"]) == (got["rates"], got["batches"], got["rounds"])
+    assert again["ratio"] == got["ratio"]
     assert got["ratio"] == pytest.approx(ratio, abs=5e-5)
     assert sum(a < b for a, b in zip(ours, theirs)) == behind
 

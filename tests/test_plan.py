@@ -9,12 +9,13 @@ import os
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
 
 from gptcore.gate import plan
-from gptcore.gate.stages import CONVERGENCE_SHORT, ORDER, STAGES
+from gptcore.gate.stages import CONVERGENCE_SHORT, MARGIN_SECONDS, ORDER, STAGES
 from gptcore.presets import MEMORY_RECIPES, MODELS, RECIPES
 from tests import test_kernels_gpu
 from tests.test_gate import ROOT, child_env
@@ -140,14 +141,35 @@ def test_a_second_job_of_a_stage_in_the_same_folder_keeps_the_first_jobs_benchma
 
 
 def test_stages_named_together_share_the_job_and_a_failed_smoke_stops_the_rest(tmp_path):
-    # ladder then budget in a job of 220 s: 160 s for the stages after the margin; ladder's pytest gets that as its
-    # deadline (and refuses: no GPU); the budget stage, planned at 420 s, is not started; the run ends with
-    # ladder's exit status
-    done = gpu_session(["ladder,budget", str(tmp_path / "a"), "--time-limit", "220"])
+    # A job's end is fixed once, as the session starts: its start + the limit - 60 s of margin, in whole seconds
+    # (truncated). Started between `before` and `after`, a job of 220 s ends in [before + 159, after + 160]: bounds
+    # that hold however long the start takes
+    before = time.time()
+    end = subprocess.run(
+        [sys.executable, "scripts/gpu_stage.py", "job-end", "--time-limit", "220"],
+        cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    after = time.time()
+    assert end.returncode == 0, end.stderr
+    assert before + 220 - MARGIN_SECONDS - 1 <= int(end.stdout) <= after + 220 - MARGIN_SECONDS
+
+    # ladder then budget in one job whose end is given (it wins over --time-limit, which would give 160 s): each
+    # stage gets what is left of that one end when it starts. Ladder's pytest gets it as its deadline (and refuses:
+    # no GPU); the budget stage, planned at 420 s, is not started, with what ladder left; the run ends with ladder's
+    # exit status. Both stages start between `before` and `after`, so each figure, printed to the second (0.5 s),
+    # lies within 0.5 s of [end - after, end - before], however long the stages take; and budget, started after
+    # ladder, has no more left than ladder had, where a job of its own would give it about 160 s (end - before is
+    # at most 150)
+    before = time.time()
+    job_end = int(before) + 150
+    args = ["ladder,budget", str(tmp_path / "a"), "--time-limit", "220"]
+    done = gpu_session(args, GPTCORE_JOB_END=str(job_end))
+    after = time.time()
     assert done.returncode == 4, done.stdout + done.stderr
     deadline = float(done.stdout.split("--deadline ", 1)[1].split()[0])
-    assert 140 <= deadline <= 160
-    assert "stage budget not started: planned at 420 s" in done.stdout
+    budget = done.stdout.split("stage budget not started: planned at 420 s, ", 1)[1]
+    left = float(budget.split(" s left of this job", 1)[0])
+    assert job_end - after - 0.5 <= left <= deadline <= job_end - before + 0.5
     assert (tmp_path / "a" / "ladder.log").exists() and not (tmp_path / "a" / "budget.log").exists()
 
     # packed every second while it runs, as every 15 s in a longer job: the last pack, at the end, still stands

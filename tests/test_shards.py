@@ -3,6 +3,7 @@ the cases of one torchrun job together, and every case in exactly one shard."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 from pathlib import Path
@@ -382,29 +383,40 @@ at 2607fdd (AMD EPYC family 25 model 1, torch 2.13.0+cpu: docs/gate.md), with th
 EXACT = ("peak_allocated_bytes", "peak_by_category", "loss", "loss_step", "work")
 
 
+def exact(entry) -> dict:
+    """An entry's figures that two runs of one commit on one machine give alike: the EXACT ones, and a convergence
+    run's every loss (its wall clock apart)."""
+    figures = {k: getattr(entry, k) for k in EXACT}
+    figures["convergence"] = entry.convergence and dataclasses.replace(entry.convergence, seconds=None)
+    return figures
+
+
 def test_the_whole_cpu_tier_as_three_shards_merges_into_the_one_runs_verdicts_and_exact_figures(tmp_path):
+    """What merge makes of the three shards' logs is held against the one run: its end table's rows (merge's own, in
+    process) are the one run's 37 cases, each once, with the one run's verdict and exact figures; the command's end
+    table gives each case the same verdict."""
     from gptcore.gate import results
+    from gptcore.gate.merge import merge
+    from gptcore.gate.schema import Entry
 
     shutil.copy(WHOLE / "cpu.json", tmp_path / "cpu.json")
     logs = [str(WHOLE / f"shard-{k}.jsonl") for k in (1, 2, 3)]
+    run = merge(logs, tmp_path)  # before the command, which records into tmp_path what the shards recorded
+    assert not run.failed, run.problems + run.gate.failures
     merged = merge_cli(*logs, "--baselines-dir", str(tmp_path))
     assert merged.returncode == 0, merged.stdout + merged.stderr
     assert "merged 3 of 3 shard(s): 37 case(s)" in merged.stdout
     single = results.latest(results.read(WHOLE / "one.jsonl"))
-    shards_: dict[str, results.Record] = {}
-    for log in logs:
-        shards_.update(results.latest(results.read(log)))
-    assert set(shards_) == set(single) and len(single) == 37  # every case of the tier, once
+    rows = {row.case: row for row in run.gate.rows}
+    assert len(single) == 37 and len(run.gate.rows) == len(rows) == 37  # every case of the tier, once
+    assert set(rows) == {one.name for one in single.values()}
     for log in logs:  # the torchrun job's three cases in one shard
         assert sum("test_distributed" in n for n in results.latest(results.read(log))) in (0, 3)
     for nodeid, one in single.items():
-        part = shards_[nodeid]
-        assert part.verdict == one.verdict, nodeid
-        assert {k: part.entry.get(k) for k in EXACT} == {k: one.entry.get(k) for k in EXACT}, nodeid
-        if one.entry.get("convergence"):  # a whole training run: every loss the same, its wall clock apart
-            a, b = dict(one.entry["convergence"]), dict(part.entry["convergence"])
-            a.pop("seconds"), b.pop("seconds")
-            assert a == b, nodeid
+        row = rows[one.name]
+        assert row.verdict == one.verdict, nodeid
+        assert one.entry and row.measured, nodeid  # every case of the one run measured, and merged with a figure
+        assert exact(row.measured) == exact(Entry.from_json(one.entry, nodeid)), nodeid
         line = next(line for line in merged.stdout.splitlines() if line.strip().startswith(one.name + " "))
         assert line.rstrip().endswith(one.verdict), line
     # the expected effects judged again over the shards, as the one run judged them: the recipe study's 9, three

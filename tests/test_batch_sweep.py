@@ -9,6 +9,8 @@ import pytest
 
 from scripts import batch_sweep
 
+pytestmark = pytest.mark.cpu
+
 
 def test_each_batch_is_measured_at_that_batch_in_order_and_written(tmp_path, capsys):
     out = tmp_path / "sweep.json"
@@ -36,7 +38,10 @@ def test_each_batch_is_measured_at_that_batch_in_order_and_written(tmp_path, cap
         (["--batches", "4", "--recipe", "nope"], "recipe: unknown 'nope'"),
         (["--batches", "4", "--rounds", "0"], "--rounds and --steps must be at least 1"),
         (["--batches", "4", "--recipe", "ddp"], "ddp runs under torchrun"),
-        (["--batches", "3", "--recipe", "grad-accum-2"], "batch 3: "),  # 3 rows do not split into 2 micro-batches
+        (  # 3 rows do not split into 2 micro-batches: the recipe's own reason, named for the batch
+            ["--batches", "3", "--recipe", "grad-accum-2"],
+            "batch_sweep.py: batch 3: grad_accum_steps: 2 does not divide the batch of 3",
+        ),
         (["--batches", "4", "--recipe", "ladder-9-liger"], "liger's fused linear cross-entropy: kernels for a CUDA"),
     ],
 )
@@ -46,6 +51,24 @@ def test_bad_input_is_one_line_and_exit_2(capsys, args, says):
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err
+
+
+def test_a_batch_the_recipe_cannot_split_ends_the_sweep_and_keeps_the_rows_before_it(tmp_path, capsys):
+    """The script writes each batch's row to --json as it ends, so a sweep cut short keeps what it measured: batch 4
+    splits into grad-accum-2's two micro-batches of 2 and is measured; batch 3 does not split, and ends the sweep
+    with exit 2 and one line. The file still holds batch 4's row, and only it (one round of one step: kept cheap)."""
+    out = tmp_path / "sweep.json"
+    args = ["--model", "cpu-small", "--recipe", "grad-accum-2", "--device", "cpu", "--batches", "4,3"]
+    with pytest.raises(SystemExit) as stop:
+        batch_sweep.main([*args, "--warmup", "1", "--rounds", "1", "--steps", "1", "--json", str(out)])
+    assert stop.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.err == "batch_sweep.py: batch 3: grad_accum_steps: 2 does not divide the batch of 3\n"
+    record = json.loads(out.read_text())
+    assert record["recipe"] == "grad-accum-2" and [row["batch"] for row in record["rows"]] == [4]
+    (four,) = record["rows"]
+    assert four["error"] is None and four["tokens_per_s"] > 0 and four["peak_allocated_bytes"] > 0
+    assert len(captured.out.splitlines()) == 1  # batch 4's row, printed as it ended; no end table
 
 
 def test_a_gpu_row_gives_the_device_cycles_a_token_at_the_traced_steps_clock():

@@ -3,7 +3,9 @@ costs seconds on 2 cores). ``python -m torch.distributed.run --nproc-per-node=2 
 {proofs,nodes,hsdp,raise} OUT`` (``hsdp`` on 4 ranks): writes OUT/<name>.pt (rank 0, or per rank) for the test process
 to compare. ``proofs`` ends with the memory of a planted regression (every FSDP2 module reshards after forward,
 whatever the recipe says), patched in after every other figure is taken and undone after, for the test that proves
-the check catches it, and then with ``gptcore train`` of a DDP recipe, whose output the test reads."""
+the check catches it, and then with ``gptcore train`` of a DDP recipe, whose output the test reads. Each training
+records its initial parameters (to tell that it trained) and the total gradient norm clipping saw before it clipped,
+each step (to compare the gradients' scale, which AdamW's update and a clip that acts on every step both hide)."""
 
 from __future__ import annotations
 
@@ -51,11 +53,42 @@ def full_params(t: Trainer) -> list[torch.Tensor]:
     return out
 
 
+@contextlib.contextmanager
+def recording_grad_norms() -> Iterator[list[float]]:
+    """The total gradient norm that each of the Trainer's ``nn.utils.clip_grad_norm_`` calls returns (the norm before
+    clipping), as a float on every rank, until the block ends. The Trainer looks the function up on each call. Under
+    FSDP2 and HSDP the gradients are DTensor shards and the norm comes back as a DTensor whose ranks hold partial
+    norms: ``full_tensor()`` combines them into the global norm, a collective that every rank reaches, since every
+    rank clips on every step."""
+    norms: list[float] = []
+    original = torch.nn.utils.clip_grad_norm_
+
+    def recording(*args, **kwargs):
+        total = original(*args, **kwargs)
+        norms.append((total.full_tensor() if hasattr(total, "full_tensor") else total).item())
+        return total
+
+    torch.nn.utils.clip_grad_norm_ = recording
+    try:
+        yield norms
+    finally:
+        torch.nn.utils.clip_grad_norm_ = original
+
+
 def train(recipe: Recipe, dtype: torch.dtype = torch.float32) -> dict:
-    """STEPS steps from the Trainer's own data path: the global loss of each step and the final parameters."""
+    """STEPS steps from the Trainer's own data path: the initial parameters, the global loss of each step, the
+    total gradient norm before clipping of each step (none without clipping), and the final parameters."""
     t = Trainer(TINY, recipe, "cpu", dtype=dtype)
-    losses = [t.mean_loss(t.step()).item() for _ in range(STEPS)]
-    return {"losses": losses, "params": full_params(t), "micro_batch": t.micro_batch}
+    initial = full_params(t)
+    with recording_grad_norms() as norms:
+        losses = [t.mean_loss(t.step()).item() for _ in range(STEPS)]
+    return {
+        "initial": initial,
+        "losses": losses,
+        "grad_norms": norms,
+        "params": full_params(t),
+        "micro_batch": t.micro_batch,
+    }
 
 
 def states(recipe: Recipe) -> dict:
@@ -86,7 +119,10 @@ def states(recipe: Recipe) -> dict:
 
 def proofs(out: Path) -> None:
     results = {}
-    f64 = dataclasses.replace(BASE, grad_clip=None)  # DDP vs one process in float64 (clipping: see the fp32 proofs)
+    # DDP vs one process in float64. A clip far above every gradient norm here: clip_grad_norm_ runs and returns the
+    # norm, which is recorded, but scales the gradients by min(1, 1e9 / norm) = 1 exactly (clipping that acts: see
+    # the fp32 proofs)
+    f64 = dataclasses.replace(BASE, grad_clip=1e9)
     results["ddp-f64"] = train(dataclasses.replace(f64, parallel=DDP), torch.float64)
     rank = dist.get_rank()
     if rank == 0:  # one process with the whole batch: no collective, so only rank 0 runs it

@@ -35,13 +35,41 @@ LAUNCH_TIMEOUT_S = 240
 
 # DDP over 2 ranks vs one process, float64: the all-reduce sums the two ranks' partial gradients and divides by 2,
 # a different summation order than one process's mean over the whole batch; the difference is rounding of a few
-# ulps (measured: losses 2e-16, parameters 2e-15 relative after 4 AdamW steps). 1e-12 is 1000x that and 10^9 below
-# a real bug (a missing average over ranks would be off by a factor of 2).
+# ulps (measured: losses 2e-16, parameters 2e-15 relative after 4 AdamW steps, gradient norms 2e-16). 1e-12 is 1000x
+# that. A missing average over ranks doubles every gradient: the recorded gradient norm shows the factor 2 itself,
+# while AdamW's update g / (sqrt(v) + eps) cancels it but for its eps (1e-8) term, which matters only where a
+# gradient is near eps (measured in float64, every gradient doubled: parameters up to 8e-5 apart, losses 3e-8
+# relative, after 4 steps; still 10^4 and more above these bounds).
 F64 = dict(rtol=1e-12, atol=1e-14)
 # FSDP2 vs DDP, float32: reduce-scatter vs all-reduce and a global norm over DTensor shards change the order of
 # float32 sums; measured: parameters within 6e-8 absolute (1 ulp of values ~0.5), losses within 1.1e-7 relative
-# after 4 steps. 1e-5 relative / 1e-6 absolute bounds that with margin.
+# after 4 steps. 1e-5 relative / 1e-6 absolute bounds that with margin. Neither sees the gradients' scale: the
+# proofs clip on every step (worker.BASE), and a clipped gradient is rescaled to the clip whatever its scale.
 F32 = dict(rtol=1e-5, atol=1e-6)
+# What does see it: the total gradient norm before clipping, each step, FSDP2 and HSDP vs DDP, float32. On step 1
+# the gradients are the same sums (on 2 ranks to the bit: a + b = b + a, and halving is exact); only the order of
+# the norm's float32 sum of squares differs (DDP: one norm per parameter, of at most 4,096 squares, then the norm of
+# the 15 norms; FSDP2 and HSDP: per shard, then over ranks). torch's float32 norm of 4,096 values is within ~1 eps
+# of the float64 norm (50 random draws; ~3 eps at 27,712 values, all of TINY's), so two orders differ by a few eps;
+# later steps start from parameters 1 ulp apart, which move the norm by about as much again. Measured: within 1 ulp
+# (0.9 eps) on every step, on 2 ranks and on 4. 16 eps (1.9e-6) relative bounds that; doubled gradients, or
+# gradients summed over ranks and not averaged, multiply the norm by 2 (by the world size).
+F32_NORM = dict(rtol=16 * torch.finfo(torch.float32).eps, atol=0.0)
+
+
+def trained(run: dict, tolerance: dict) -> bool:
+    """Every parameter moved from its initial value by more than ``tolerance`` (the one the proof compares runs
+    with): an equivalence of trained parameters within it is no equivalence of two untrained copies."""
+    return all(
+        not torch.allclose(final, first, **tolerance)
+        for final, first in zip(run["params"], run["initial"], strict=True)
+    )
+
+
+def clipped_every_step(run: dict) -> bool:
+    """The gradient norm before clipping, recorded on each step, is above the recipe's clip: clipping acted on each
+    (and the recorded norms are the ones the clip divided by)."""
+    return len(run["grad_norms"]) == worker.STEPS and min(run["grad_norms"]) > worker.BASE.grad_clip
 
 
 def torchrun(
@@ -134,7 +162,8 @@ def test_two_torchrun_agents_meeting_at_a_c10d_rendezvous_train_as_one_node_does
         for name in ("ddp", "fsdp2"):
             assert alone[name]["losses"] == apart[name]["losses"]
             assert all(torch.equal(a, b) for a, b in zip(alone[name]["params"], apart[name]["params"], strict=True))
-        assert alone["ddp"]["losses"][0] != alone["ddp"]["losses"][-1]  # it trained
+            assert alone[name]["grad_norms"] == apart[name]["grad_norms"]
+            assert trained(apart[name], dict(rtol=0.0, atol=0.0))  # bit-identical trained parameters, not initial ones
 
 
 def test_a_launcher_is_torchruns_own_words_and_bad_words_are_one_line():
@@ -167,7 +196,9 @@ def test_ddp_over_two_ranks_equals_one_process_with_the_whole_batch(proofs):
     assert (ddp["micro_batch"], single["micro_batch"]) == (4, 8)  # b per rank = 2b in one process
     assert_close(torch.tensor(ddp["losses"]), torch.tensor(single["losses"]), **F64)
     assert_close(ddp["params"], single["params"], **F64)
-    assert ddp["params"][0].abs().sum() > 0 and ddp["losses"][0] != ddp["losses"][-1]  # it trained
+    assert len(ddp["grad_norms"]) == worker.STEPS  # the gradients' scale, which AdamW's update nearly cancels
+    assert_close(torch.tensor(ddp["grad_norms"]), torch.tensor(single["grad_norms"]), **F64)
+    assert trained(ddp, F64) and trained(single, F64)
 
 
 @pytest.mark.parametrize("variant", ["", "-ckpt", "-accum"])
@@ -177,6 +208,9 @@ def test_fsdp2_equals_ddp_within_float32_rounding(proofs, fsdp: str, variant: st
     a, b = results[fsdp + variant], results["ddp" + variant]
     assert_close(torch.tensor(a["losses"]), torch.tensor(b["losses"]), **F32)
     assert_close(a["params"], b["params"], **F32)
+    assert clipped_every_step(a) and clipped_every_step(b)
+    assert_close(torch.tensor(a["grad_norms"]), torch.tensor(b["grad_norms"]), **F32_NORM)
+    assert trained(a, F32) and trained(b, F32)
     if variant == "-accum":  # set_requires_gradient_sync / no_sync: 2 micro-batches of 2 per rank
         assert a["micro_batch"] == 2
         assert not torch.allclose(torch.tensor(a["losses"]), torch.tensor(results[fsdp]["losses"]))
@@ -251,7 +285,9 @@ def test_hsdp_equals_ddp_and_fsdp2_within_float32_rounding(hsdp_ranks):
         for other in ("ddp", "fsdp2"):
             assert_close(torch.tensor(rank["hsdp"]["losses"]), torch.tensor(rank[other]["losses"]), **F32)
             assert_close(rank["hsdp"]["params"], rank[other]["params"], **F32)
-        assert rank["hsdp"]["losses"][0] != rank["hsdp"]["losses"][-1]  # it trained
+            assert clipped_every_step(rank["hsdp"]) and clipped_every_step(rank[other])
+            assert_close(torch.tensor(rank["hsdp"]["grad_norms"]), torch.tensor(rank[other]["grad_norms"]), **F32_NORM)
+        assert trained(rank["hsdp"], F32)
 
 
 @pytest.mark.slow  # the same 4-rank launch

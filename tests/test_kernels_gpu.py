@@ -112,12 +112,36 @@ def test_the_autotuned_compile_trains_like_eager():
     assert losses["autotuned"] == pytest.approx(losses["eager"], rel=1e-2)
 
 
+def _warm_library_workspaces() -> None:
+    """Make the CUDA libraries allocate the workspaces they keep for the process's life: cuBLAS's (and cuBLASLt's),
+    68-80 MB, is taken through the caching allocator at the first matmul on a stream and never given back, so it
+    counts in ``memory_allocated()`` from then on. A bf16 and a float32 matmul, forward and backward, under autocast
+    and not, through a Linear with a bias (addmm, cuBLASLt's epilogue) and without (mm), and one causal sdpa call
+    forward and backward: each kind of call a training step of ``BF16`` makes. The tensors made here are freed on
+    return; only what the libraries keep stays allocated."""
+    x = torch.randn(16, 64, device="cuda", requires_grad=True)
+    for dtype in (torch.float32, torch.bfloat16):
+        linear = torch.nn.Linear(64, 64, device="cuda", dtype=dtype)
+        (linear(x.to(dtype)) @ linear.weight).sum().backward()
+    linear = torch.nn.Linear(64, 64, device="cuda")
+    q = torch.randn(1, 2, 16, 32, device="cuda", dtype=torch.bfloat16, requires_grad=True)  # SHAPE's heads: 32 wide
+    with torch.autocast("cuda", dtype=torch.bfloat16):  # the backward runs outside autocast, as a step's does
+        out = linear(x).float().sum() + torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).sum()
+    out.backward()
+    torch.cuda.synchronize()
+
+
 def test_the_fitted_batch_fits_the_device():
     """fit_memory on the real device: the fitted batch's step peaks within its budget (the estimate is the eager
-    step's; measured peaks were within 0.5% of it, docs/memory.md), and one more sequence's estimate would not."""
+    step's; measured peaks were within 0.5% of it, docs/memory.md), and one more sequence's estimate would not.
+    The CUDA libraries' workspaces sit outside the estimate (docs/memory.md) and, on this 1% budget (~1.5 GB on an
+    H200), are 5% of it: they are allocated before ``base`` is read (``_warm_library_workspaces``), as an earlier test
+    of this module has allocated them when the module runs whole, so that run alone this test measures the same step
+    (without the warm-up, its first matmul's workspace would count in the step's peak)."""
     recipe = dataclasses.replace(BF16, fit_memory=0.01)
     capacity = torch.cuda.get_device_properties(0).total_memory
     fit = fit_batch(SHAPE, recipe, "cuda", capacity)
+    _warm_library_workspaces()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()

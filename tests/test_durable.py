@@ -262,6 +262,28 @@ def test_a_log_cut_off_in_its_last_line_reads_up_to_it(tmp_path):
     assert [r.name for r in results.read(log)] == NAMES[:2]
 
 
+def test_a_log_written_again_after_a_line_cut_short_keeps_every_record_written_after_it(tmp_path):
+    """A kill cut the log's last line short, and a resumed run writes to the same log: the cut line is cut off
+    before the next record. Glued onto it, that record would be one unreadable last line, dropped as the cut line
+    is, and every later resume would run its case again. A whole record that only lacks its newline keeps its line."""
+    log = tmp_path / "results.jsonl"
+    sink = results.ResultsLog(log)
+
+    def record(name: str) -> results.Record:
+        return results.Record(nodeid=f"x::{name}", name=name, outcome="passed", seconds=1.0)
+
+    sink.write(record(NAMES[0]))
+    with open(log, "a") as out:
+        out.write('{"nodeid": "x::cut", "na')  # the kill came in the middle of a write
+    sink.write(record(NAMES[1]))
+    assert [r.name for r in results.read(log)] == NAMES[:2]
+    assert "x::cut" not in log.read_text() and log.read_text().endswith("\n")
+    with open(log, "a") as out:
+        out.write(json.dumps(record(NAMES[2]).to_json()))  # whole, but for its newline
+    sink.write(record(NAMES[3]))
+    assert [r.name for r in results.read(log)] == NAMES[:4]
+
+
 def test_a_case_run_again_is_read_as_its_last_line(tmp_path):
     """A stage resumed, or verify after record, writes the case again: its later line is the case's result."""
     sink = results.ResultsLog(tmp_path / "results.jsonl")

@@ -166,11 +166,22 @@ class ResultsLog:
     def _append(self, line: str) -> None:
         """The line and its newline in one write to the end of the file, then fsynced: a reader of a run in
         progress sees whole lines (a buffered file writes a record of a few KiB in two, and a run killed between
-        them left half a line)."""
+        them left half a line). A line cut short at the end of the file (a kill, a full disk), which no record can be
+        read from, is cut off first."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         data = (line + "\n").encode("utf-8")
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":  # a last line without its newline: appended after it, a
+                # record would be glued onto it, and read() drops a last line it cannot read
+                text = os.pread(fd, size, 0)
+                whole = text.rfind(b"\n") + 1
+                try:  # a whole record that only lacks its newline keeps its line; a line cut short is cut off
+                    json.loads(text[whole:])
+                    data = b"\n" + data
+                except ValueError:
+                    os.ftruncate(fd, whole)
             while data:  # a regular file takes it in one write; the loop is for a short write
                 data = data[os.write(fd, data) :]
             os.fsync(fd)

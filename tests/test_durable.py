@@ -192,6 +192,28 @@ def test_a_resumed_failure_fails_the_run_and_a_bad_log_is_one_line(tmp_path):
     assert f"--resume: {log}: line 1:" in bad.stderr.str()
 
 
+def test_a_log_of_another_device_or_another_shard_is_not_resumed_and_says_which(tmp_path):
+    """Resumed, another device's finished case would stand in this run's end table as this device's, unrun (a CPU
+    case's line edited to an H200's slug: once shown 'ok' from it); another shard's log would keep its own plan over
+    this shard's cases. Each is refused before anything runs, in one line naming the mismatch."""
+    log = tmp_path / "results.jsonl"
+    elsewhere = results.Record(
+        nodeid=f"bench/test_cpu_shape.py::{NAMES[0]}", name=NAMES[0], outcome="passed", seconds=1.0, slug="nvidia-h200"
+    )
+    results.ResultsLog(log).write(elsewhere)
+    run = run_pytest(tmp_path, *cases("cpu-small-ckpt-fp32"), "--resume", str(log))
+    assert run.ret == 4 and "Traceback" not in run.stdout.str() + run.stderr.str()
+    said = run.stderr.str()
+    assert f"--resume: {log}: its cases ran on nvidia-h200, and this run is on cpu: resume a log of cpu" in said
+    log.unlink()
+    results.ResultsLog(log).write_plan(results.Plan((2, 2), [], "cpu", "0" * 40))
+    run = run_pytest(tmp_path, *cases("cpu-small-ckpt-fp32"), "--shard", "1/2", "--resume", str(log))
+    assert run.ret == 4 and "Traceback" not in run.stdout.str() + run.stderr.str()
+    assert f"--resume: {log}: the log of --shard 2/2, and this run is --shard 1/2: resume it with 2/2" in (
+        run.stderr.str()
+    )
+
+
 def test_a_log_that_cannot_be_read_is_one_line_naming_the_file_and_its_line_and_blank_lines_are_no_records(tmp_path):
     """Missing, not UTF-8, a line that is not JSON (except a last line cut short by a kill), a JSON line that is no
     record: each one LogError line naming the file, and the line where there is one. Blank lines and a shard's plan

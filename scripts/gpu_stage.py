@@ -253,6 +253,17 @@ def run(name: str, out: Path, resume: Path | None, select: str | None = None) ->
     """Run a pytest stage with its deadline, results log and baselines under ``out``, on the cases ``select``
     matches (all where None); 1-line diagnoses at the end."""
     stage = STAGES[name]
+    if out.exists() and not out.is_dir():
+        print(f"gpu_stage.py: --out {out}: a file; give a folder", file=sys.stderr)
+        return 2
+    if resume is not None and resume.exists():
+        try:  # before it is copied in: a log pytest refuses would stay behind and stop every later job
+            results.read(resume)
+        except results.LogError as err:
+            print(f"gpu_stage.py: --resume: {err}", file=sys.stderr)
+            return 2
+    elif resume is not None:  # gpu_session.sh --resume-from names every stage's log, run or not
+        print(f"stage {name}: no earlier log at {resume}: it starts afresh", flush=True)
     start, deadline = seconds_left(stage)
     if not start:
         return 0
@@ -291,7 +302,12 @@ def run(name: str, out: Path, resume: Path | None, select: str | None = None) ->
             tee.write(line)
             tee.flush()
         code = child.wait()
-    failed = [r for r in results.latest(results.read(log)).values() if r.outcome == "failed"] if log.exists() else []
+    failed = []
+    try:
+        finished = results.latest(results.read(log)).values() if log.exists() else []
+        failed = [r for r in finished if r.outcome == "failed"]
+    except results.LogError as err:  # pytest has said why in its own line
+        print(f"gpu_stage.py: {err}", file=sys.stderr)
     for r in failed:
         print(
             f"FAILED {r.name}: {r.reason or '; '.join(r.failures)}; rerun just that: "

@@ -140,6 +140,41 @@ def test_a_second_job_of_a_stage_in_the_same_folder_keeps_the_first_jobs_benchma
     assert given[1:] == [str(out / "ladder-2.json"), str(out / "ladder-3.json")]
 
 
+def test_a_stages_bad_out_or_resume_is_one_line_before_pytest_starts_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+    """--out that is a file, or --resume of a log pytest cannot read: one line and exit 2, before pytest starts and
+    before the log is copied in (a copied bad log stayed in the folder and stopped every later job of the stage). A
+    --resume log that does not exist is a stage never run before (gpu_session.sh --resume-from names every stage's
+    log): it starts afresh, and says so."""
+    from scripts import gpu_stage
+
+    started = []
+
+    class Child:  # pytest as the stage starts it, without running it
+        def __init__(self, args, **_):
+            started.append(args)
+            self.stdout = iter(())
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(gpu_stage.subprocess, "Popen", Child)
+    monkeypatch.delenv("GPTCORE_JOB_END", raising=False)
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    assert gpu_stage.run("ladder", a_file, None) == 2
+    assert capsys.readouterr().err == f"gpu_stage.py: --out {a_file}: a file; give a folder\n"
+    corrupt = tmp_path / "earlier.jsonl"
+    corrupt.write_bytes(b"\xff not a log\n{}\n")
+    out = tmp_path / "job"
+    assert gpu_stage.run("ladder", out, corrupt) == 2
+    said = capsys.readouterr().err
+    assert said == f"gpu_stage.py: --resume: {corrupt}: not a results log (not UTF-8 text)\n"
+    assert not started and not out.exists()
+    assert gpu_stage.run("ladder", out, tmp_path / "never.jsonl") == 0 and len(started) == 1
+    assert f"stage ladder: no earlier log at {tmp_path / 'never.jsonl'}: it starts afresh" in capsys.readouterr().out
+    assert "--resume" not in started[0]
+
+
 def test_stages_named_together_share_the_job_and_a_failed_smoke_stops_the_rest(tmp_path):
     # A job's end is fixed once, as the session starts: its start + the limit - 60 s of margin, in whole seconds
     # (truncated). Started between `before` and `after`, a job of 220 s ends in [before + 159, after + 160]: bounds

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
+from gptcore.gate.results import unwritable
 from gptcore.measure.measurement import Measurement
 from gptcore.measure.runner import run_case
 from gptcore.presets import get_model, get_recipe
@@ -100,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if min(args.warmup, args.rounds, args.steps) < 1:
         parser.exit(2, "batch_sweep.py: --warmup, --rounds and --steps must be at least 1\n")
+    why = unwritable(args.json) if args.json else None
+    if why:  # before the first batch: each row is written as it ends
+        parser.exit(2, f"batch_sweep.py: --json {args.json}: {why}\n")
     try:
         cfg, recipe, device = get_model(args.model), get_recipe(args.recipe), resolve_device(args.device)
         check_runnable(recipe, device, cfg)

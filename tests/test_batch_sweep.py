@@ -38,6 +38,8 @@ def test_each_batch_is_measured_at_that_batch_in_order_and_written(tmp_path, cap
         (["--batches", "4", "--recipe", "nope"], "recipe: unknown 'nope'"),
         (["--batches", "4", "--rounds", "0"], "--rounds and --steps must be at least 1"),
         (["--batches", "4", "--recipe", "ddp"], "ddp runs under torchrun"),
+        (["--batches", "4", "--device", "tpu"], "device: only cpu and cuda are supported, got 'tpu'"),
+        (["--batches", "4", "--json", "/"], "--json /: is a folder; give a file this run can write"),
         (  # 3 rows do not split into 2 micro-batches: the recipe's own reason, named for the batch
             ["--batches", "3", "--recipe", "grad-accum-2"],
             "batch_sweep.py: batch 3: grad_accum_steps: 2 does not divide the batch of 3",

@@ -38,7 +38,10 @@ def resolve_device(name: str | None = None) -> torch.device:
     """The one place a device is chosen: ``name`` if given, else CUDA when present, else CPU."""
     if name is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:  # torch's own message lists every device type it knows, in several lines
+        raise UnsupportedRecipe(f"device: only cpu and cuda are supported, got {name!r}") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UnsupportedRecipe("device: CUDA was asked for but torch.cuda.is_available() is False")
     if device.type not in ("cpu", "cuda"):

@@ -418,6 +418,10 @@ def test_cli_html_and_its_bad_input(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["report", str(CPU_RUN), "--html", str(out), "--history", str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "nowhere: no such directory" in err
+    # a baselines folder named and not there: refused, where the page would have shown no baseline without a word
+    assert main(["report", str(CPU_RUN), "--html", str(out), "--baselines", str(tmp_path / "nobase")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--baselines {tmp_path / 'nobase'}: no such directory" in err
 
 
 def browser() -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from gptcore.cli.arguments import UsageError, check_output
 
@@ -26,7 +27,7 @@ def setup_arguments(parser: argparse.ArgumentParser) -> None:
         "breakdown, the ladder, the history (needs matplotlib)",
     )
     parser.add_argument(
-        "--baselines", metavar="DIR", default="baselines", help="baseline files for --html (default baselines)"
+        "--baselines", metavar="DIR", default=None, help="baseline files for --html (default ./baselines, if there)"
     )
     parser.add_argument(
         "--history", metavar="DIR", default=None, help="pytest-benchmark saved runs for --html, e.g. .benchmarks/cpu"
@@ -46,6 +47,9 @@ def run(args: argparse.Namespace) -> int:
                 ) from None
     check_output("--plot", args.plot, folder=True)
     check_output("--html", args.html)
+    if args.baselines is not None and not Path(args.baselines).is_dir():  # a page without them would not say why
+        what = "not a directory" if Path(args.baselines).exists() else "no such directory"
+        raise UsageError(f"--baselines {args.baselines}: {what}")
     records = load_run(args.run)
     print(render(records))
     try:
@@ -55,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
         if args.html is not None:
             from gptcore.report.html import write_html
 
-            print(f"wrote {write_html(args.run, args.html, baselines_dir=args.baselines, history=args.history)}")
+            page = write_html(args.run, args.html, baselines_dir=args.baselines or "baselines", history=args.history)
+            print(f"wrote {page}")
     except OSError as err:
         raise UsageError(f"cannot write {err.filename or 'the report'}: {err.strerror or err}") from None
     return 0

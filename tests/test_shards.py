@@ -326,6 +326,7 @@ def test_merge_checks_where_it_writes_before_it_records_anything(tmp_path):
         ("--gate-markdown", log / "verdict.md", "cannot create its folder", ()),
         ("--benchmark-storage", log, "not a folder", saving),
         ("--benchmark-storage", log / "storage", f"cannot create it under {log}", saving),
+        ("--benchmark-json", tmp_path / "bench.json", "no such file", ()),  # read only after recording: checked first
     ):
         merged = merge_cli(str(log), "--baselines-dir", str(tmp_path), option, str(target), *more)
         assert merged.returncode == 2 and f"{option} {target}: {message}" in merged.stderr, merged.stderr

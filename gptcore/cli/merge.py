@@ -51,6 +51,9 @@ def run(args: argparse.Namespace) -> int:
     check_output("--gate-markdown", args.gate_markdown)  # before anything is recorded
     if args.benchmark_json:
         check_output("--benchmark-storage", args.benchmark_storage, folder=True)
+        for path in map(Path, args.benchmark_json):  # read after the baselines are recorded: checked before
+            if not path.is_file():
+                raise UsageError(f"--benchmark-json {path}: {'not a file' if path.exists() else 'no such file'}")
     try:
         merged = merge(args.logs, args.baselines_dir)
     except (MergeError, BaselineError) as err:

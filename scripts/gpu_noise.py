@@ -92,6 +92,11 @@ def measured(paths: list[Path]) -> dict[str, dict | None]:
     return out
 
 
+def devices(paths: list[Path]) -> set[str]:
+    """The devices (baseline-file slugs) the logs at ``paths`` name for their cases."""
+    return {r.slug for path in paths for r in results.read(path) if r.slug}
+
+
 def not_compared(first: dict[str, dict | None], second: dict[str, dict | None]) -> list[str]:
     """The cases left out of the comparison, each with why."""
     out = []
@@ -269,8 +274,13 @@ def main(argv: list[str] | None = None) -> int:
     void_busy = tuple(args.void_busy)
     try:
         first, second = measured(args.first), measured(args.against)
+        ran_on = [devices(args.first), devices(args.against)]
     except results.LogError as err:
         print(f"gpu_noise: {err}", file=sys.stderr)
+        return 2
+    if ran_on[0] != ran_on[1]:  # two hosts of one device type are noise; two devices are not
+        on = [", ".join(sorted(slugs)) or "no device named" for slugs in ran_on]
+        print(f"gpu_noise: the runs are of different devices: {on[0]}, against {on[1]}", file=sys.stderr)
         return 2
     cases = compare(first, second, void_busy)
     if not cases:

@@ -28,10 +28,12 @@ def entry(tokens: float, iqr: float, peak: int, loss: float, precision: str = "b
     }
 
 
-def write(path, entries: dict[str, dict | None], outcome: str = "passed") -> None:
+def write(path, entries: dict[str, dict | None], outcome: str = "passed", slug: str | None = None) -> None:
     log = results.ResultsLog(path)
     for name, e in entries.items():
-        log.write(results.Record(nodeid=f"bench/x.py::{name}", name=name, outcome=outcome, seconds=1.0, entry=e))
+        record = results.Record(nodeid=f"bench/x.py::{name}", name=name, outcome=outcome, seconds=1.0, entry=e)
+        record.slug = slug
+        log.write(record)
 
 
 FIRST = {
@@ -118,6 +120,20 @@ def test_the_script_writes_the_evidence_and_a_bad_log_is_one_line(tmp_path):
     assert bad.stderr.strip() == (
         f"gpu_noise: {tmp_path / 'bad.jsonl'}: line 1: not a JSON line (Expecting value: line 1 column 1 (char 0))"
     )
+
+
+def test_runs_of_two_devices_are_refused_in_one_line(tmp_path, capsys):
+    """Two hosts of one device type give the noise a tolerance must hold; a CPU run against an H200's gives none."""
+    from scripts import gpu_noise
+
+    write(tmp_path / "one.jsonl", FIRST, slug="cpu")
+    write(tmp_path / "two.jsonl", SECOND, slug="nvidia-h200")
+    assert gpu_noise.main([str(tmp_path / "one.jsonl"), "--against", str(tmp_path / "two.jsonl")]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == "gpu_noise: the runs are of different devices: cpu, against nvidia-h200\n"
+    assert captured.out == ""
+    write(tmp_path / "three.jsonl", SECOND, slug="cpu")
+    assert gpu_noise.main([str(tmp_path / "one.jsonl"), "--against", str(tmp_path / "three.jsonl")]) == 0
 
 
 def test_the_verify_stage_ends_with_the_noise_of_the_recording_run_and_itself(tmp_path):

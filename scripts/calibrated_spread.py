@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gptcore.cli.arguments import positive  # noqa: E402
+from gptcore.gate.results import unwritable  # noqa: E402
 from gptcore.measure.runner import run_case  # noqa: E402
 from gptcore.presets import get_model, get_recipe  # noqa: E402
 
@@ -39,15 +40,22 @@ def cv(values: list[float]) -> float:
     return statistics.stdev(values) / statistics.mean(values)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=positive, default=5, help="runs per load (two at least: a spread)")
     parser.add_argument("--model", default="cpu-small")
     parser.add_argument("--recipe", default="ckpt-fp32")
     parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.runs < 2:
         parser.error(f"--runs: a spread needs 2 runs at least, got {args.runs}")
+    try:
+        get_model(args.model), get_recipe(args.recipe)
+    except ValueError as err:
+        parser.exit(2, f"calibrated_spread.py: {err}\n")
+    why = unwritable(args.json) if args.json else None
+    if why:
+        parser.exit(2, f"calibrated_spread.py: --json {args.json}: {why}\n")
     idle = runs(args.model, args.recipe, args.runs)
     loops = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(2)]
     try:

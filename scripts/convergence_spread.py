@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))  # this checkout's gptcore, installed or not
 
 from gptcore.cli.arguments import positive  # noqa: E402
 from gptcore.config import Schedule  # noqa: E402
+from gptcore.gate.results import unwritable  # noqa: E402
 from gptcore.presets import CPU_SHAPE_SHORT, STUDIES, get_model, get_recipe  # noqa: E402
 
 SEEDS = (1337, 1, 2)
@@ -47,11 +48,14 @@ def run_one(job: tuple[str, str, str, Schedule, int]) -> dict:
     return {"schedule": schedule_name, "model": model, "recipe": recipe, "seed": seed, **result.to_json()}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--jobs", type=positive, default=2, help="runs side by side (one thread each)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    why = unwritable(Path(args.out))
+    if why:
+        parser.exit(2, f"convergence_spread.py: --out {args.out}: {why}\n")
     jobs = [(s, m, r, sch, seed) for s, m, r, sch in CASES for seed in SEEDS]
     jobs.sort(key=lambda j: j[3].steps, reverse=True)  # the long runs first
     with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:

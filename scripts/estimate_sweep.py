@@ -87,12 +87,14 @@ def differences(question: Question) -> tuple[int, str, str, dict[str, int]]:
     return sim.peak_bytes - est.total_bytes, sim.phase, est.phase, moved
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", type=int, default=300, help="how many configurations (default 300)")
     parser.add_argument("--seed", type=int, default=1, help="the draw's seed (default 1)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="the device estimated (default cpu)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.configs < 1:
+        parser.exit(2, f"estimate_sweep.py: --configs must be at least 1, got {args.configs}\n")
     torch.set_num_threads(1)  # tiny tensors: threads only cost
     start, exact, same_bytes, worst = time.time(), 0, 0, 0.0
     for cfg, switches, question in configurations(args.seed, args.configs, args.device):

@@ -28,7 +28,7 @@ from gptcore.presets import get_model, get_recipe  # noqa: E402
 from gptcore.training.trainer import Trainer, resolve_device  # noqa: E402
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gpt2")
     parser.add_argument("--recipe", default="ladder-8")
@@ -37,7 +37,9 @@ def main() -> int:
     parser.add_argument("--steps", type=positive, default=5)
     parser.add_argument("--device", default=None)
     parser.add_argument("--out", default=".")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.warmup < 0:
+        parser.exit(2, f"profile_step: --warmup must be 0 or more, got {args.warmup}\n")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         parser.error(f"--out {args.out}: not a folder")
     try:

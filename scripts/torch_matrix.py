@@ -129,6 +129,32 @@ def check_version(text: str) -> str:
     return text
 
 
+def check_folder(option: str, path: Path) -> Path:
+    """``path``, a folder this run can write into (made here where missing); MatrixError otherwise."""
+    if path.exists() and not path.is_dir():
+        raise MatrixError(f"{option} {path}: not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise MatrixError(f"{option} {path}: cannot create it: {err.strerror or err}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise MatrixError(f"{option} {path}: not writable")
+    return path
+
+
+def check_expression(expr: str) -> str:
+    """A -k expression pytest's own parser takes; MatrixError otherwise (unjudged where pytest is not at hand)."""
+    try:
+        from _pytest.mark.expression import Expression
+    except ImportError:
+        return expr
+    try:
+        Expression.compile(expr)
+    except SyntaxError as err:
+        raise MatrixError(f"-k {expr!r}: not a pytest -k expression: {err.msg}") from None
+    return expr
+
+
 # -- the venvs and the runs ----------------------------------------------------------------------------------------
 
 
@@ -236,10 +262,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         versions = [check_version(v) for v in dict.fromkeys(args.torch)]
-        pythons = {v: venv_for(v, args.venvs.expanduser()) for v in versions}
+        check_expression(args.expr)
+        venvs = check_folder("--venvs", args.venvs.expanduser())
+        if args.json_dir:
+            check_folder("--json-dir", args.json_dir)
+        pythons = {v: venv_for(v, venvs) for v in versions}
         runs = {v: run_cases(python, args.expr, v) for v, python in pythons.items()}
         if args.json_dir:
-            args.json_dir.mkdir(parents=True, exist_ok=True)
             for v, run in runs.items():
                 (args.json_dir / f"torch-{v}.json").write_text(json.dumps(run, indent=1))
     except (MatrixError, OSError, subprocess.SubprocessError) as err:

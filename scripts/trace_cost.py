@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recipe", default="fp32")
     parser.add_argument("--pairs", type=int, default=10)
     args = parser.parse_args(argv)
+    if args.pairs < 1:
+        print("trace_cost: --pairs must be at least 1", file=sys.stderr)
+        return 2
     try:
         trainer = Trainer(get_model(args.model), get_recipe(args.recipe), "cpu")
     except (KeyError, ValueError) as err:

@@ -82,6 +82,17 @@ def test_the_val_loss_tolerance_is_three_standard_deviations_of_a_reseed_as_meas
     assert baselines.load(ROOT / "baselines" / "cpu.json").tolerances.val_loss == schema.VAL_LOSS_TOLERANCE
 
 
+def test_the_spread_script_refuses_an_out_it_cannot_write_before_any_run(tmp_path, capsys):
+    """scripts/convergence_spread.py writes --out after every run: a folder is one line and exit 2, up front."""
+    from scripts import convergence_spread
+
+    with pytest.raises(SystemExit) as stop:
+        convergence_spread.main(["--out", str(tmp_path)])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err == f"convergence_spread.py: --out {tmp_path}: is a folder; give a file this run can write\n"
+
+
 def test_time_to_loss_is_the_first_evaluation_at_or_below_the_target():
     c = run([4.3, 2.5, 2.0, 1.9])
     assert c.time_to_loss() == (200, 200 * 768, 2.0)  # 2.0 <= 2.0: reached at the evaluation that equals it

@@ -185,6 +185,16 @@ def test_the_estimate_is_the_simulations_peak_on_random_small_models(seed):
         assert (delta, moved, est_phase) == (0, {}, sim_phase), (cfg, switches)
 
 
+@pytest.mark.parametrize("count", ["0", "-3"])
+def test_the_sweep_refuses_fewer_than_one_configuration(capsys, count):
+    from scripts import estimate_sweep
+
+    with pytest.raises(SystemExit) as stop:
+        estimate_sweep.main(["--configs", count])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == f"estimate_sweep.py: --configs must be at least 1, got {int(count)}\n"
+
+
 def test_checkpointing_lowers_activations():
     plain, ckpt = get_recipe("fp32"), get_recipe("checkpoint")
     a, b = analytic(CPU_SMALL, plain, device="cpu"), analytic(CPU_SMALL, ckpt, device="cpu")

@@ -91,11 +91,27 @@ def test_the_same_op_calls_say_same_and_a_case_missing_in_one_version_says_na() 
     assert second.splitlines()[2].split()[-2:] == ["n/a", "2.15.0+cu130"]
 
 
-def test_bad_input_is_one_line_and_exit_code_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert matrix.main(["--torch", "2.x", "--venvs", str(tmp_path)]) == 2
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--torch", "2.x"], "--torch '2.x': not a torch version (like 2.13.0)"),
+        (["--torch", "2.13.0", "--json-dir", "{file}"], "--json-dir {file}: not a folder"),
+        (["--torch", "2.13.0", "--json-dir", "{file}/sub"], "--json-dir {file}/sub: cannot create it: Not a directory"),
+        (["--torch", "2.13.0", "--venvs", "{file}"], "--venvs {file}: not a folder"),
+        (["--torch", "2.13.0", "-k", "cpu-small and ("], "-k 'cpu-small and (': not a pytest -k expression: expected"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], says: str
+) -> None:
+    """Refused before any venv is made or any case runs (a venv folder or --json-dir that is a file among them)."""
+    venvs, file = tmp_path / "venvs", tmp_path / "a-file"
+    file.write_text("")
+    args = [arg.format(file=file) for arg in args]
+    assert matrix.main(["--venvs", str(venvs), *args]) == 2
     err = capsys.readouterr().err
-    assert err == "torch_matrix: --torch '2.x': not a torch version (like 2.13.0)\n"
-    assert not list(tmp_path.iterdir())  # nothing made
+    assert err.startswith(f"torch_matrix: {says.format(file=file)}") and err.count("\n") == 1
+    assert not venvs.exists() or not list(venvs.iterdir())  # no venv made
 
 
 def test_a_version_pip_cannot_install_is_pips_error_line(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -110,46 +110,14 @@ def test_a_stage_gets_what_is_left_of_its_job_and_none_below_a_minute(monkeypatc
         gpu_stage.time_limit("an hour")
 
 
-def test_a_second_job_of_a_stage_in_the_same_folder_keeps_the_first_jobs_benchmark_json(tmp_path, monkeypatch):
-    """GPU session 2 ran ``ladder -k 'ladder-8 or ... 11'`` then ``ladder -k ladder-12`` into one folder: the second
-    pytest opened ``ladder.json`` as it started and was killed, which left the first job's benchmarks empty. Each job
-    now writes a JSON of its own (an empty one, a killed job's, is taken again)."""
+def pytest_not_run(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """gpu_stage.py's pytest as a stage starts it, without running it, and with no job end set: the argument list
+    of each start, for the test to check."""
     from scripts import gpu_stage
 
-    given = []
+    started: list[list[str]] = []
 
-    class Child:  # pytest as the stage starts it, without running it: the arguments are what is checked
-        def __init__(self, args, **_):
-            given.append(args[args.index("--benchmark-json") + 1])
-            self.stdout = iter(())
-
-        def wait(self):
-            return 0
-
-    monkeypatch.setattr(gpu_stage.subprocess, "Popen", Child)
-    monkeypatch.delenv("GPTCORE_JOB_END", raising=False)
-    out = tmp_path / "s2"
-    out.mkdir()
-    (out / "ladder.json").write_text('{"benchmarks": ["the first job\'s"]}')
-    assert gpu_stage.run("ladder", out, None, "ladder-12") == 0
-    assert given == [str(out / "ladder-2.json")] and "the first job's" in (out / "ladder.json").read_text()
-    (out / "ladder-2.json").touch()  # that job was killed before pytest-benchmark wrote anything: taken again
-    gpu_stage.run("ladder", out, None, "ladder-12")
-    (out / "ladder-2.json").write_text("{}")
-    gpu_stage.run("ladder", out, None, "ladder-12")
-    assert given[1:] == [str(out / "ladder-2.json"), str(out / "ladder-3.json")]
-
-
-def test_a_stages_bad_out_or_resume_is_one_line_before_pytest_starts_and_leaves_nothing(tmp_path, monkeypatch, capsys):
-    """--out that is a file, or --resume of a log pytest cannot read: one line and exit 2, before pytest starts and
-    before the log is copied in (a copied bad log stayed in the folder and stopped every later job of the stage). A
-    --resume log that does not exist is a stage never run before (gpu_session.sh --resume-from names every stage's
-    log): it starts afresh, and says so."""
-    from scripts import gpu_stage
-
-    started = []
-
-    class Child:  # pytest as the stage starts it, without running it
+    class Child:
         def __init__(self, args, **_):
             started.append(args)
             self.stdout = iter(())
@@ -159,6 +127,40 @@ def test_a_stages_bad_out_or_resume_is_one_line_before_pytest_starts_and_leaves_
 
     monkeypatch.setattr(gpu_stage.subprocess, "Popen", Child)
     monkeypatch.delenv("GPTCORE_JOB_END", raising=False)
+    return started
+
+
+def test_a_second_job_of_a_stage_in_the_same_folder_keeps_the_first_jobs_benchmark_json(tmp_path, monkeypatch):
+    """GPU session 2 ran ``ladder -k 'ladder-8 or ... 11'`` then ``ladder -k ladder-12`` into one folder: the second
+    pytest opened ``ladder.json`` as it started and was killed, which left the first job's benchmarks empty. Each job
+    now writes a JSON of its own (an empty one, a killed job's, is taken again)."""
+    from scripts import gpu_stage
+
+    started = pytest_not_run(monkeypatch)
+    out = tmp_path / "s2"
+    out.mkdir()
+    (out / "ladder.json").write_text('{"benchmarks": ["the first job\'s"]}')
+    assert gpu_stage.run("ladder", out, None, "ladder-12") == 0
+
+    def given() -> list[str]:  # the JSON each start was given
+        return [args[args.index("--benchmark-json") + 1] for args in started]
+
+    assert given() == [str(out / "ladder-2.json")] and "the first job's" in (out / "ladder.json").read_text()
+    (out / "ladder-2.json").touch()  # that job was killed before pytest-benchmark wrote anything: taken again
+    gpu_stage.run("ladder", out, None, "ladder-12")
+    (out / "ladder-2.json").write_text("{}")
+    gpu_stage.run("ladder", out, None, "ladder-12")
+    assert given()[1:] == [str(out / "ladder-2.json"), str(out / "ladder-3.json")]
+
+
+def test_a_stages_bad_out_or_resume_is_one_line_before_pytest_starts_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+    """--out that is a file, or --resume of a log pytest cannot read: one line and exit 2, before pytest starts and
+    before the log is copied in (a copied bad log stayed in the folder and stopped every later job of the stage). A
+    --resume log that does not exist is a stage never run before (gpu_session.sh --resume-from names every stage's
+    log): it starts afresh, and says so."""
+    from scripts import gpu_stage
+
+    started = pytest_not_run(monkeypatch)
     a_file = tmp_path / "file"
     a_file.write_text("")
     assert gpu_stage.run("ladder", a_file, None) == 2

@@ -125,7 +125,7 @@ def preload(config: pytest.Config, items: list[pytest.Item]) -> None:
             records = results.read(resume)
             _check_resumable(config, Path(resume), records, results.read_plan(resume))
             done = _resume(gate, records, Path(resume))
-        except (results.LogError, BaselineError, ValueError) as err:
+        except (results.LogError, BaselineError) as err:
             raise pytest.UsageError(f"--resume: {err}") from None
         _deselect(config, items, done)
         bench = [item for item in bench if item.nodeid not in done]
@@ -200,18 +200,17 @@ def _baseline_entry(gate: Gate, item: pytest.Item) -> tuple[bool, Entry | None]:
 def _check_resumable(config: pytest.Config, log: Path, records: list[Record], planned: Plan | None) -> None:
     """A log is resumed only by a run of its device and, for a shard's log, of its shard: another device's finished
     cases would stand in this run's end table as this device's, and another shard's plan would be kept for this
-    shard's cases. ValueError naming the mismatch."""
+    shard's cases. LogError naming the mismatch."""
     here = identity.session_slug()
-    foreign = sorted({r.slug for r in records if r.slug not in (None, "cpu", here)})
-    if planned is not None and planned.slug not in ("cpu", here):
-        foreign = sorted({*foreign, planned.slug})
+    named = {r.slug for r in records} | ({planned.slug} if planned is not None else set())
+    foreign = ", ".join(sorted(named - {None, "cpu", here}))
     if foreign:
-        ran = ", ".join(foreign)
-        raise ValueError(f"{log}: its cases ran on {ran}, and this run is on {here}: resume a log of {here}")
+        raise results.LogError(f"{log}: its cases ran on {foreign}, and this run is on {here}: resume a log of {here}")
     asked = config.getoption("shard")
     if planned is not None and asked and planned.shard != shards.parse(asked):
-        k, n = planned.shard
-        raise ValueError(f"{log}: the log of --shard {k}/{n}, and this run is --shard {asked}: resume it with {k}/{n}")
+        ran = "{}/{}".format(*planned.shard)
+        said = f"the log of --shard {ran}, and this run is --shard {asked}: resume it with {ran}"
+        raise results.LogError(f"{log}: {said}")
 
 
 def _resume(gate: Gate, records: list[Record], log: Path) -> set[str]:

@@ -239,13 +239,16 @@ def test_a_log_that_cannot_be_read_is_one_line_naming_the_file_and_its_line_and_
             read(log)
 
 
-def test_a_results_log_that_cannot_be_written_mid_run_is_one_note_and_the_run_goes_on(tmp_path, monkeypatch):
+def test_a_results_log_that_cannot_be_written_mid_run_is_one_note_the_run_goes_on_and_fails_at_its_end(
+    tmp_path, monkeypatch
+):
     """A full disk while a case's line is written: the note under the table names the log and the error, the log is
-    let go (no second note for the next case, no error), and the cases go on."""
+    let go (no second note for the next case, no error), the cases go on, and the run whose tests all passed fails
+    at its end (the lines not written would be lost to --resume)."""
     from types import SimpleNamespace
 
     from gptcore.plugin.cases import CaseHooks
-    from tests.test_gate import disk_full, new_gate
+    from tests.test_gate import disk_full, ended, new_gate
 
     log = results.ResultsLog(tmp_path / "results.jsonl")
     gate = new_gate(tmp_path, log=log)
@@ -258,6 +261,8 @@ def test_a_results_log_that_cannot_be_written_mid_run_is_one_note_and_the_run_go
         hooks.pytest_runtest_logfinish(nodeid)
     assert gate.notes == [f"results log: NOT written to {log.path}: [Errno 28] No space left on device"]
     assert gate.log is None
+    assert ended(gate, pytest.ExitCode.OK) == pytest.ExitCode.TESTS_FAILED
+    assert ended(new_gate(tmp_path, log=log), pytest.ExitCode.OK) == pytest.ExitCode.OK  # a log that was written
 
 
 def test_each_line_of_the_log_is_one_write_so_a_kill_or_a_reader_never_splits_it(tmp_path, monkeypatch):

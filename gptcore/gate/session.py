@@ -108,6 +108,7 @@ class Gate:
     resumed: list[str] = field(default_factory=list)
     """--resume: the cases a log had finished, shown from it and not run again (gptcore.plugin)."""
     resumed_failed: bool = False
+    log_lost: bool = False  # the results log could not be written mid-run: the cases went on; the run fails
     cpu_speed: bool = False
     """--cpu-speed: time a CPU study's full ``speed_rounds`` (the default times only what the exact checks need)."""
     leaner: list[str] = field(default_factory=list)

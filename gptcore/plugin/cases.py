@@ -97,7 +97,7 @@ class CaseHooks:
             self.gate.log.write(record)
         except OSError as err:
             self.gate.notes.append(f"results log: NOT written to {self.gate.log.path}: {err}")
-            self.gate.log = None
+            self.gate.log, self.gate.log_lost = None, True
 
 
 def _first_line(text: str) -> str:

@@ -19,11 +19,12 @@ SECTION = "gptcore benchmark gate"
 
 def finish(session: pytest.Session) -> None:
     """Write the recorded baselines and collect --benchmark-compare-fail's regressions; either failing fails the
-    run. Runs after pytest-benchmark's own session finish, which compares with the saved run."""
+    run, as a results log that could not be written mid-run does (its cases would be run again by --resume). Runs
+    after pytest-benchmark's own session finish, which compares with the saved run."""
     gate = session.config.stash.get(GATE, None)
     if gate is None:
         return
-    failed = gate.resumed_failed
+    failed = gate.resumed_failed or gate.log_lost
     if gate.pending:  # each case is written as it ends; anything left is written now
         try:
             gate.write_updates()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -215,7 +216,11 @@ def test_a_run_on_its_own_thread_count_gives_the_callers_back():
         ("train_loss", [None, 2.5, 2.0], "differ in length"),
         ("tokens_per_step", 0, "convergence.tokens_per_step: expected an integer >= 1, got 0"),
         ("tokens_per_step", True, "convergence.tokens_per_step"),
-        ("target_loss", "2.0", "convergence.target_loss: expected a number or null"),
+        ("target_loss", "2.0", "convergence.target_loss: expected a finite number >= 0 or null"),
+        ("target_loss", float("nan"), "convergence.target_loss: expected a finite number >= 0 or null, got nan"),
+        ("steps", [0, -1, 2, 3], "convergence.steps: expected a non-empty list of finite numbers >= 0"),
+        ("seconds", [0.0, 1.0, float("inf"), 3.0], "convergence.seconds: expected a non-empty list of finite"),
+        ("val_loss", [4.3, -2.5, 2.0, 1.9], r"convergence.val_loss: expected a non-empty list of numbers >= 0 \(NaN"),
     ],
 )
 def test_a_broken_recorded_run_is_named_by_its_field(field, value, match):
@@ -223,6 +228,16 @@ def test_a_broken_recorded_run_is_named_by_its_field(field, value, match):
     data["convergence"][field] = value
     with pytest.raises(BaselineError, match=match):
         Entry.from_json(data, "here")
+
+
+def test_a_diverged_run_reads_back_with_its_nan_losses():
+    """A run whose loss went NaN keeps its curve (the report draws it up to where it diverged); only a loss below
+    zero, which cross-entropy cannot give, is refused."""
+    data = entry(run([4.3, 2.5, 2.0, 1.9])).to_json()
+    data["convergence"]["val_loss"][2:] = [float("nan")] * 2
+    data["convergence"]["train_loss"][3] = float("nan")
+    read = Entry.from_json(data, "here").convergence
+    assert read.val_loss[:2] == [4.3, 2.5] and all(math.isnan(v) for v in read.val_loss[2:] + read.train_loss[3:])
 
 
 def test_a_recorded_integer_target_is_a_number():

@@ -274,16 +274,16 @@ class Entry:
                     f"{where}: {path}: expected {' or '.join(t.__name__ for t in types)}"
                     f"{' or null' if nullable else ''}, got {value!r}"
                 )
+            if isinstance(value, (int, float)) and not _figure(value):  # NaN, infinity or below 0: no figure
+                raise BaselineError(f"{where}: {path}: must be a finite number >= 0, got {value!r}")
             return value
 
         num = (int, float)
         speed = get(data, "tokens_per_s", (dict,), "tokens_per_s", nullable=False)
         loss = get(data, "loss", (dict,), "loss", nullable=False)
         by_cpu = loss.get("by_cpu", {})
-        if not isinstance(by_cpu, dict) or not all(
-            isinstance(k, str) and isinstance(v, num) and not isinstance(v, bool) for k, v in by_cpu.items()
-        ):
-            raise BaselineError(f"{where}: loss.by_cpu: expected an object of CPU model -> number, got {by_cpu!r}")
+        if not isinstance(by_cpu, dict) or not all(isinstance(k, str) and _figure(v) for k, v in by_cpu.items()):
+            raise BaselineError(f"{where}: loss.by_cpu: expected an object of CPU model -> loss, got {by_cpu!r}")
         return cls(
             tokens_per_s=get(speed, "median", num, "tokens_per_s.median"),
             tokens_per_s_iqr=get(speed, "iqr", num, "tokens_per_s.iqr"),
@@ -319,7 +319,7 @@ class Entry:
             if "gpu_busy_seconds" in data
             else None,
             gpu_kernel_seconds=_named(
-                data.get("gpu_kernel_seconds"), where, "gpu_kernel_seconds", "kind -> seconds", _seconds
+                data.get("gpu_kernel_seconds"), where, "gpu_kernel_seconds", "kind -> seconds", _figure
             ),
             setup=_setup(data.get("setup"), where),
         )
@@ -367,12 +367,13 @@ def _named(value: Any, where: str, path: str, what: str, valid: Callable[[Any], 
     return dict(value)
 
 
-def _bytes(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _seconds(v: Any) -> bool:
+def _figure(v: Any) -> bool:
+    """A figure an entry can hold: a number, finite and not negative (bytes, seconds, losses, counts, tokens/s)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < math.inf
+
+
+def _bytes(v: Any) -> bool:
+    return isinstance(v, int) and _figure(v)
 
 
 def _setup(value: Any, where: str) -> dict[str, Any] | None:
@@ -391,5 +392,7 @@ def _work(data: Any, where: str) -> WorkLedger | None:
         return None
     try:
         return WorkLedger.from_json(data)
+    except ValueError as err:
+        raise BaselineError(f"{where}: {err}") from None
     except (KeyError, TypeError, AttributeError) as err:
         raise BaselineError(f"{where}: work: not a work ledger ({type(err).__name__}: {err})") from None

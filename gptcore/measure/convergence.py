@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -68,26 +69,29 @@ class Convergence:
     def from_json(cls, data: Any, where: str) -> Convergence:
         """A recorded run; ValueError naming ``where`` and the field when the data is not one."""
 
-        def numbers(key: str, types: tuple, nullable_first: bool = False) -> list:
+        def numbers(key: str, types: tuple, nullable_first: bool = False, loss: bool = False) -> list:
+            """A non-empty list of numbers >= 0; finite, except a loss, which a diverged run leaves NaN."""
             value = data.get(key) if isinstance(data, dict) else None
             ok = (
                 isinstance(value, list)
                 and value
                 and all(
-                    (v is None and nullable_first and i == 0) or (isinstance(v, types) and not isinstance(v, bool))
+                    (v is None and nullable_first and i == 0)
+                    or (isinstance(v, types) and not isinstance(v, bool) and not v < 0 and (loss or v < math.inf))
                     for i, v in enumerate(value)
                 )
             )
             if not ok:
-                raise ValueError(f"{where}: convergence.{key}: expected a non-empty list of numbers, got {value!r}")
+                what = "numbers >= 0 (NaN where the run diverged)" if loss else "finite numbers >= 0"
+                raise ValueError(f"{where}: convergence.{key}: expected a non-empty list of {what}, got {value!r}")
             return list(value)
 
         if not isinstance(data, dict):
             raise ValueError(f"{where}: convergence: must be an object")
         steps = numbers("steps", (int,))
         curves = [
-            numbers("val_loss", (int, float)),
-            numbers("train_loss", (int, float), nullable_first=True),
+            numbers("val_loss", (int, float), loss=True),
+            numbers("train_loss", (int, float), nullable_first=True, loss=True),
             numbers("seconds", (int, float)),
         ]
         if any(len(c) != len(steps) for c in curves):
@@ -95,8 +99,10 @@ class Convergence:
         per_step, target = data.get("tokens_per_step"), data.get("target_loss")
         if not isinstance(per_step, int) or isinstance(per_step, bool) or per_step < 1:
             raise ValueError(f"{where}: convergence.tokens_per_step: expected an integer >= 1, got {per_step!r}")
-        if target is not None and (not isinstance(target, (int, float)) or isinstance(target, bool)):
-            raise ValueError(f"{where}: convergence.target_loss: expected a number or null, got {target!r}")
+        if target is not None and (
+            isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 <= target < math.inf
+        ):
+            raise ValueError(f"{where}: convergence.target_loss: expected a finite number >= 0 or null, got {target!r}")
         return cls(steps, *curves, tokens_per_step=per_step, target_loss=target)
 
 

@@ -133,20 +133,43 @@ class WorkLedger:
 
     @classmethod
     def from_json(cls, data: dict) -> WorkLedger:
+        """A recorded ledger: ValueError naming the field where a count is not an integer >= 0, KeyError where a
+        figure is missing."""
+        if not isinstance(data, dict):
+            raise ValueError(f"work: expected an object, got {data!r}")
         compile_stats = data.get("compile")
+        by_op = ("allocations_by_op", "flops_by_op")
         return cls(
-            flops=dict(data["flops"]),
-            op_calls=dict(data["op_calls"]),
-            syncs=data["syncs"],
-            allocations=data["allocations"],
-            allocated_bytes=data["allocated_bytes"],
-            top_ops=[tuple(pair) for pair in data.get("top_ops", [])],
-            compile=CompileStats(**compile_stats) if compile_stats else None,
-            ops={phase: dict(counts) for phase, counts in data["ops"].items()} if "ops" in data else None,
-            allocations_by_op=dict(data["allocations_by_op"]) if "allocations_by_op" in data else None,
-            flops_by_op=dict(data["flops_by_op"]) if "flops_by_op" in data else None,
-            uncounted_flops_by_op=dict(data.get("uncounted_flops_by_op", {})),
+            flops=_counts(data["flops"], "flops"),
+            op_calls=_counts(data["op_calls"], "op_calls"),
+            syncs=_count(data["syncs"], "syncs"),
+            allocations=_count(data["allocations"], "allocations"),
+            allocated_bytes=_count(data["allocated_bytes"], "allocated_bytes"),
+            top_ops=[(str(name), _count(n, "top_ops")) for name, n in data.get("top_ops", [])],
+            compile=CompileStats(**_counts(compile_stats, "compile")) if compile_stats else None,
+            ops={phase: _counts(counts, f"ops.{phase}") for phase, counts in _items(data["ops"], "ops")}
+            if "ops" in data
+            else None,
+            **{key: _counts(data[key], key) if key in data else None for key in by_op},
+            uncounted_flops_by_op=_counts(data.get("uncounted_flops_by_op", {}), "uncounted_flops_by_op"),
         )
+
+
+def _count(value: object, path: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"work.{path}: expected an integer >= 0, got {value!r}")
+    return value
+
+
+def _items(value: object, path: str) -> list[tuple[str, object]]:
+    if not isinstance(value, dict):
+        raise ValueError(f"work.{path}: expected an object, got {value!r}")
+    return [(str(name), v) for name, v in value.items()]
+
+
+def _counts(value: object, path: str) -> dict[str, int]:
+    """``value`` as an object of name -> count (ValueError naming ``path`` otherwise)."""
+    return {name: _count(n, f"{path}.{name}") for name, n in _items(value, path)}
 
 
 def _nonzero(counts: dict[str, int]) -> dict[str, int]:

@@ -89,3 +89,24 @@ def test_a_named_figure_out_of_range_is_one_line_naming_its_field(recorded, path
 def test_the_recorded_entry_reads_back_whole(recorded) -> None:
     """The checks refuse nothing a measurement recorded: the entry round-trips unchanged."""
     assert Entry.from_json(copy.deepcopy(recorded), "cpu.json").to_json() == recorded
+
+
+def test_a_diverged_case_in_a_results_log_reads_back_and_a_baseline_file_refuses_it(recorded, tmp_path) -> None:
+    """A run's own figures as its results log keeps them may be NaN or infinite (a diverged run: the gate failed
+    it and recorded nothing), so --resume and a merge of shards read its line; a figure below zero is no
+    measurement anywhere. The same entry in a baseline file is refused."""
+    from gptcore.gate.results import Record
+    from tests.test_gate import new_gate
+
+    diverged = copy.deepcopy(recorded)
+    diverged["loss"]["value"], diverged["tokens_per_s"]["median"] = math.nan, math.inf
+    record = Record(nodeid=f"bench/x.py::{CASE}", name=CASE, outcome="failed", seconds=1.0, entry=diverged)
+    gate = new_gate(tmp_path)
+    measured = gate.take_record(record, "log: line 3")
+    assert math.isnan(measured.loss) and measured.tokens_per_s == math.inf and gate.rows[0].case == CASE
+    refused = r"^cpu\.json: benchmarks\['x'\]: tokens_per_s\.median: must be a finite number >= 0, got inf$"
+    with pytest.raises(BaselineError, match=refused):
+        Entry.from_json(diverged, "cpu.json: benchmarks['x']")
+    diverged["loss"]["value"] = -1.0
+    with pytest.raises(BaselineError, match=r"^log: line 3: loss\.value: must be a number >= 0, got -1\.0$"):
+        gate.take_record(record, "log: line 3")

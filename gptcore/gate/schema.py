@@ -260,7 +260,10 @@ class Entry:
         }
 
     @classmethod
-    def from_json(cls, data: Any, where: str) -> Entry:
+    def from_json(cls, data: Any, where: str, *, measured: bool = False) -> Entry:
+        """A baseline entry; ``measured``: a run's own figures as its results log keeps them, where a diverged run's
+        loss and tokens/s may be NaN or infinite (the gate fails that case: it is never recorded)."""
+
         def get(obj: Any, key: str, types: tuple, path: str, nullable: bool = True) -> Any:
             if not isinstance(obj, dict):
                 raise BaselineError(f"{where}: {path.rsplit('.', 1)[0]}: must be an object")
@@ -274,9 +277,14 @@ class Entry:
                     f"{where}: {path}: expected {' or '.join(t.__name__ for t in types)}"
                     f"{' or null' if nullable else ''}, got {value!r}"
                 )
-            if isinstance(value, (int, float)) and not _figure(value):  # NaN, infinity or below 0: no figure
-                raise BaselineError(f"{where}: {path}: must be a finite number >= 0, got {value!r}")
+            if isinstance(value, (int, float)) and not (_figure(value) or (measured and not value < 0)):
+                raise BaselineError(
+                    f"{where}: {path}: must be a {'' if measured else 'finite '}number >= 0, got {value!r}"
+                )
             return value
+
+        def opt(key: str, types: tuple, obj: Any = data, path: str = "") -> Any:  # None where absent
+            return get(obj, key, types, path or key) if key in obj else None
 
         num = (int, float)
         speed = get(data, "tokens_per_s", (dict,), "tokens_per_s", nullable=False)
@@ -287,9 +295,7 @@ class Entry:
         return cls(
             tokens_per_s=get(speed, "median", num, "tokens_per_s.median"),
             tokens_per_s_iqr=get(speed, "iqr", num, "tokens_per_s.iqr"),
-            speed_note=get(speed, "not_recorded", (str,), "tokens_per_s.not_recorded")
-            if "not_recorded" in speed
-            else None,
+            speed_note=opt("not_recorded", (str,), speed, "tokens_per_s.not_recorded"),
             peak_allocated_bytes=get(data, "peak_allocated_bytes", (int,), "peak_allocated_bytes"),
             peak_reserved_bytes=get(data, "peak_reserved_bytes", (int,), "peak_reserved_bytes"),
             loss=get(loss, "value", num, "loss.value"),
@@ -300,7 +306,7 @@ class Entry:
             work=_work(data.get("work"), where),
             recorded_at=data.get("recorded_at"),
             commit=data.get("commit"),
-            torch=get(data, "torch", (str,), "torch") if "torch" in data else None,
+            torch=opt("torch", (str,)),
             loss_by_cpu=dict(by_cpu),
             peak_by_category=_named(
                 data.get("peak_by_category"), where, "peak_by_category", "category -> bytes", _bytes
@@ -308,16 +314,12 @@ class Entry:
             estimate_by_category=_named(
                 data.get("estimate_by_category"), where, "estimate_by_category", "category -> bytes", _bytes
             ),
-            kernel_scratch_bytes=get(data, "kernel_scratch_bytes", (int,), "kernel_scratch_bytes")
-            if "kernel_scratch_bytes" in data
-            else None,
-            kept_bytes=get(data, "kept_bytes", (int,), "kept_bytes") if "kept_bytes" in data else None,
+            kernel_scratch_bytes=opt("kernel_scratch_bytes", (int,)),
+            kept_bytes=opt("kept_bytes", (int,)),
             convergence=_convergence(data.get("convergence"), where),
-            seconds=get(data, "seconds", num, "seconds") if "seconds" in data else None,
-            clocks=get(data, "clocks", (dict,), "clocks") if "clocks" in data else None,
-            gpu_busy_seconds=get(data, "gpu_busy_seconds", num, "gpu_busy_seconds")
-            if "gpu_busy_seconds" in data
-            else None,
+            seconds=opt("seconds", num),
+            clocks=opt("clocks", (dict,)),
+            gpu_busy_seconds=opt("gpu_busy_seconds", num),
             gpu_kernel_seconds=_named(
                 data.get("gpu_kernel_seconds"), where, "gpu_kernel_seconds", "kind -> seconds", _figure
             ),

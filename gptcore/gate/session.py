@@ -352,7 +352,7 @@ class Gate:
         judged against this gate's baseline file; returns its measured entry."""
         file = self.load(r.slug) if r.slug else None
         baseline = file.entry(r.name) if file else None
-        measured = Entry.from_json(r.entry, where) if r.entry else None
+        measured = Entry.from_json(r.entry, where, measured=True) if r.entry else None
         operators.count_torches(self.torches, baseline and baseline.torch, measured and measured.torch)
         cells = r.row or {"verdict": r.verdict or r.outcome, "error": r.reason}
         self.rows.append(Row(r.name, measured, baseline, **cells))

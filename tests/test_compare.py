@@ -777,6 +777,45 @@ def test_bisect_prints_the_first_bad_commit_and_its_figures_or_why_there_is_none
     assert main(["bisect", "v1", "v2", "-k", "cpu-small"]) == 130
 
 
+CHILD = """
+import sys, time
+from pathlib import Path
+from gptcore.cli import main
+from gptcore.hunt import bisection
+from gptcore.hunt.revisions import worktree
+
+def holding(*args, **kwargs):  # the measuring, inside a worktree as bisect's is, until it is stopped
+    with worktree(Path(sys.argv[1]), "HEAD", Path.cwd()) as tree:
+        print(tree, flush=True)
+        time.sleep(120)
+
+bisection.bisect = holding
+sys.exit(main(["bisect", "v1", "v2", "-k", "cpu-small"]))
+"""
+
+
+def test_sigterm_stops_a_bisect_as_ctrl_c_does_and_its_worktree_is_removed(repo, tmp_path):
+    """A CI job's time-out sends SIGTERM: Python's default would end the process with no ``finally`` run, leaving
+    the worktree checked out and registered in the user's repository."""
+    import os
+    import signal
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's gptcore, not the repository's copy
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(repo)], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        tree = Path(child.stdout.readline().decode().strip())
+        assert tree.is_dir() and len(git(repo, "worktree", "list").splitlines()) == 2
+        child.send_signal(signal.SIGTERM)
+        _, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == 130, err.decode()
+    assert err.decode().strip() == "gptcore: interrupted (temporary worktrees removed)"
+    assert not tree.exists() and len(git(repo, "worktree", "list").splitlines()) == 1
+
+
 # -- bisect's judgement and its search (the measuring faked) ----------------------------------------------------------
 
 TWO_CASES = [["cpu-small", "fp32"], ["cpu-small", "ckpt-fp32"]]

@@ -3,13 +3,17 @@
 One module per command (as asv keeps its commands): each has its ``NAME``, ``HELP``, ``setup_arguments(parser)`` and
 ``run(args) -> exit code``. Every command's arguments are parsed with no torch imported until a command runs
 (``--help`` and ``list`` stay fast). Bad input is one line on stderr and exit code 2; an out-of-memory run is one
-line and exit code 1.
+line and exit code 1. SIGTERM (a CI job's time-out, ``kill``) is taken as Ctrl-C, so that compare and bisect remove
+their temporary worktrees on either.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+import threading
 import warnings
 from collections.abc import Sequence
 
@@ -38,12 +42,31 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:  #
     return f"gptcore: warning: {message}\n"
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """SIGTERM raises KeyboardInterrupt while a command runs: Python's default ends the process at once, and no
+    ``finally`` (a worktree's removal) runs. Only the main thread can set a handler; elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit code."""
     warnings.formatwarning = _one_line_warning  # a deprecated recipe name: one line, not a source excerpt
     try:
         args = _parser().parse_args(argv)
-        return next(c for c in COMMANDS if c.NAME == args.command).run(args)
+        with _terminate_as_interrupt():
+            return next(c for c in COMMANDS if c.NAME == args.command).run(args)
     except (UsageError, ValueError) as err:  # UnsupportedRecipe is a ValueError
         print(f"gptcore: error: {err}", file=sys.stderr)
         return 2

@@ -73,6 +73,24 @@ def test_a_bad_shard_stops_the_run_before_anything_runs(tmp_path):
     assert "--shard 4/3: expected K/N with 1 <= K <= N, e.g. 2/4" in bad.stderr.str()
 
 
+def test_a_resumed_shard_runs_what_its_plan_left_not_a_new_split_of_what_every_shard_left(tmp_path):
+    """A shard's job killed at its limit and resumed: the cases it finished leave the selection, so a new split of
+    what is left would take other shards' cases and drop some of its own, and the merge, which reads the plan, would
+    not see a case that no shard ran. Its log: shard 1/2's plan, the first four cases finished."""
+    import json
+
+    quick = ("-m", "cpu and not convergence")  # (the one convergence case alone would fill shard 1 of 2)
+    mine = sorted(nodeids(collect(tmp_path, *quick, "--shard", "1/2").stdout.str()))
+    log = tmp_path / "shard-1.jsonl"
+    lines = [{"plan": {"shard": [1, 2], "cases": mine, "slug": "cpu", "commit": "c0"}}]
+    lines += [{"nodeid": c, "name": c.rsplit("::", 1)[1], "outcome": "passed", "seconds": 1.0} for c in mine[:4]]
+    log.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    resumed = collect(tmp_path, *quick, "--shard", "1/2", "--resume", str(log))
+    assert resumed.ret == 0, resumed.stdout.str()[-2000:] + resumed.stderr.str()
+    assert nodeids(resumed.stdout.str()) == set(mine[4:]) and len(mine) > 8
+
+
 # -- merge ---------------------------------------------------------------------------------------------------------
 
 FOUR = "cpu-small-fp32 or cpu-small-checkpoint or cpu-small-ckpt-fp32 or cpu-small-ckpt-half-batch"

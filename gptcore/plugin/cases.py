@@ -27,6 +27,7 @@ class CaseHooks:
         self.started = time.monotonic()
         self.bench: set[str] = set()
         self.history: dict[str, float] = {}
+        self.resumed_plan: Plan | None = None  # --resume of a shard's log: the plan that shard began with
         self.reports: dict[str, list[pytest.TestReport]] = {}
 
     @pytest.hookimpl(trylast=True)
@@ -122,8 +123,8 @@ def preload(config: pytest.Config, items: list[pytest.Item]) -> None:
     resume = config.getoption("resume")
     if resume:
         try:
-            records = results.read(resume)
-            _check_resumable(config, Path(resume), records, results.read_plan(resume))
+            records, planned = results.read(resume), results.read_plan(resume)
+            _check_resumable(config, Path(resume), records, planned)
             done = _resume(gate, records, Path(resume))
         except (results.LogError, BaselineError) as err:
             raise pytest.UsageError(f"--resume: {err}") from None
@@ -131,6 +132,7 @@ def preload(config: pytest.Config, items: list[pytest.Item]) -> None:
         bench = [item for item in bench if item.nodeid not in done]
         if hooks is not None:
             hooks.history = {r.nodeid: r.seconds for r in records if r.outcome in results.FINISHED}
+            hooks.resumed_plan = planned
     if hooks is not None:
         hooks.bench = {item.nodeid for item in bench}
 
@@ -167,7 +169,10 @@ def shard(config: pytest.Config, items: list[pytest.Item], hooks: CaseHooks) -> 
         if "world" in params:
             module = item.nodeid.split("::")[0]  # relative: the same name on every runner
             unit_of[item.nodeid] = f"{module}::{params.get('model')}-x{params['world']}-{params.get('device')}"
-    mine = shards.split(seconds, unit_of, n)[k - 1]
+    if hooks.resumed_plan is not None:  # what its plan left: a new split of what every shard left would take cases
+        mine = [c for c in seconds if c in set(hooks.resumed_plan.cases)]  # of other shards and leave some of its own
+    else:
+        mine = shards.split(seconds, unit_of, n)[k - 1]
     gone = set(seconds) - set(mine)
     _deselect(config, items, gone)
     hooks.bench -= gone

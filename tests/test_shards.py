@@ -133,6 +133,7 @@ def test_three_shards_merged_give_the_verdicts_and_the_exact_figures_of_one_run(
     assert merged.returncode == 0, merged.stdout + merged.stderr
     single = results.latest(results.read(one / "run.jsonl"))
     assert sum(len(results.read(log)) for log in logs) == len(single) == 4  # each case in exactly one shard
+    assert [results.read_plan(log).split_of for log in logs] == [4, 4, 4]  # what the merge checks the plans by
     for record in single.values():  # the merged end table has every case, with the single run's verdict
         line = next(line for line in merged.stdout.splitlines() if line.strip().startswith(record.name))
         assert line.rstrip().endswith(record.verdict)
@@ -294,6 +295,30 @@ def test_a_shard_log_of_the_wrong_shape_is_one_line_naming_the_file_and_the_fiel
     assert list(tmp_path.iterdir()) == [log]  # nothing recorded
 
 
+def test_plans_that_are_not_one_split_are_refused_naming_why(tmp_path):
+    """Shards run one after another, the first recording into the baseline file the next plans from: case a moved
+    from shard 2 to shard 1 after shard 1 had planned, so shard 2's plan lacks it and no shard ran it. Each shard's
+    log is whole, and only the plans show it."""
+    from gptcore.gate.merge import MergeError, _plans
+
+    def logs(*plans: tuple[list[str], int | None]) -> list[Path]:
+        return [
+            shard_log(tmp_path / f"shard-{k}.jsonl", {"shard": [k, len(plans)], "cases": cases, "split_of": of}, {})
+            for k, (cases, of) in enumerate(plans, 1)
+        ]
+
+    again = r"the shards were split from different inputs \(one after another, give each its own --baselines-dir\)$"
+    with pytest.raises(MergeError, match=r"^the 2 plans hold 3 of the 4 cases split: " + again):
+        _plans(logs((["b", "c"], 4), (["d"], 4)))  # a was in shard 2's share when shard 1 planned
+    with pytest.raises(MergeError, match=r"^c: in the plans of shards 1 and 2: " + again):
+        _plans(logs((["b", "c"], 3), (["c", "a"], 3)))
+    with pytest.raises(MergeError, match=r"^plans split from 3 and 4 cases: " + again):
+        _plans(logs((["b", "c"], 3), (["a", "d"], 4)))
+    assert len(_plans(logs((["b", "c"], 3), (["a"], 3)))) == 2  # one split
+    assert len(_plans(logs((["b", "c"], None), (["a"], None)))) == 2  # logs written before plans kept the count
+    assert len(_plans(logs((["b", "c"], 3), (["a"], 3))[:1])) == 1  # a shard missing: named by the merge itself
+
+
 def test_the_merge_fails_a_case_that_failed_without_a_line_and_judges_the_expected_effects_itself(tmp_path):
     """A case whose test failed outside the gate (an exception, a timeout) has no failure line of its own: the merge
     fails it by its reason. A shard's 'expected effect not met' lines are not taken: each shard saw part of the run,
@@ -307,8 +332,12 @@ def test_the_merge_fails_a_case_that_failed_without_a_line_and_judges_the_expect
     assert merged.gate.failures == [] and not merged.failed
     # the recorded entries carry shard 1's device and versions, in whatever order the logs are given
     first, second = (
-        shard_log(tmp_path / f"{k}.jsonl", {"shard": [k, 2], "recording": {"torch_version": torch}}, {"nodeid": f"{k}"})
-        for k, torch in ((1, "2.13.0+cpu"), (2, "2.15.0+cpu"))
+        shard_log(
+            tmp_path / f"{k}.jsonl",
+            {"shard": [k, 2], "cases": [f"{k}"], "recording": {"torch_version": v}},
+            {"nodeid": f"{k}"},
+        )
+        for k, v in ((1, "2.13.0+cpu"), (2, "2.15.0+cpu"))
     )
     plan = merge([second, first], tmp_path).plan
     assert plan.shard == (1, 2) and plan.recording == {"torch_version": "2.13.0+cpu"}

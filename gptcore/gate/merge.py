@@ -72,7 +72,27 @@ def _plans(paths: Sequence[Path]) -> dict[int, tuple[Path, results.Plan]]:
         seen = {str(value(plan)) for _, plan in plans.values()}
         if len(seen) > 1:
             raise MergeError(f"logs of different {what} ({', '.join(sorted(seen))}): merge the shards of one run")
+    _one_split([plan for _, plan in plans.values()])
     return dict(sorted(plans.items()))
+
+
+def _one_split(plans: list[results.Plan]) -> None:
+    """MergeError where the plans are not the parts of one split: a case in two plans, plans split from different
+    numbers of cases, or, with every shard there, fewer cases than were split. Shards split alike only from the
+    same inputs: one that recorded into the baseline file the next one plans from moves cases between them, and a
+    case that no plan holds is seen no other way."""
+    again = "the shards were split from different inputs (one after another, give each its own --baselines-dir)"
+    shard_of: dict[str, int] = {}
+    for plan in plans:
+        for case in plan.cases:
+            if case in shard_of:
+                raise MergeError(f"{case}: in the plans of shards {shard_of[case]} and {plan.shard[0]}: {again}")
+            shard_of[case] = plan.shard[0]
+    split_of = sorted({plan.split_of for plan in plans if plan.split_of is not None})
+    if len(split_of) > 1:
+        raise MergeError(f"plans split from {' and '.join(map(str, split_of))} cases: {again}")
+    if split_of and len(plans) == plans[0].shard[1] and len(shard_of) != split_of[0]:
+        raise MergeError(f"the {len(plans)} plans hold {len(shard_of)} of the {split_of[0]} cases split: {again}")
 
 
 def merge(paths: Sequence[str | Path], baselines_dir: str | Path = "baselines") -> Merged:

@@ -117,9 +117,14 @@ class Plan:
     commit: str
     recording: dict[str, Any] = field(default_factory=dict)
     """What baselines.update records with an entry: device_name, device_type, torch_version, cuda, driver."""
+    split_of: int | None = None
+    """How many cases the N shards were split from (None in logs written before plans kept it)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"plan": {**self.__dict__, "shard": list(self.shard)}}
+        data = {**self.__dict__, "shard": list(self.shard)}
+        if self.split_of is None:
+            del data["split_of"]
+        return {"plan": data}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Plan:
@@ -138,7 +143,10 @@ class Plan:
         unknown = sorted(set(recording) - set(RECORDING))
         if unknown:
             raise ValueError(f"recording: unknown field {unknown[0]!r}")
-        return cls((k, n), list(plan["cases"]), plan["slug"], str(plan["commit"]), recording)
+        split_of = plan.get("split_of")
+        if split_of is not None and (isinstance(split_of, bool) or not isinstance(split_of, int) or split_of < 0):
+            raise ValueError(f"split_of: {split_of!r} is not a count of cases")
+        return cls((k, n), list(plan["cases"]), plan["slug"], str(plan["commit"]), recording, split_of)
 
 
 SLUG = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")

@@ -177,7 +177,7 @@ def shard(config: pytest.Config, items: list[pytest.Item], hooks: CaseHooks) -> 
     _deselect(config, items, gone)
     hooks.bench -= gone
     if hooks.gate.log is not None and not config.option.collectonly:
-        hooks.gate.log.write_plan(plan_of(config, (k, n), mine))
+        hooks.gate.log.write_plan(plan_of(config, (k, n), mine, len(bench)))
     hooks.gate.notes.append(
         f"--shard {k}/{n}: {len(mine)} of {len(bench)} case(s), planned {sum(seconds[c] for c in mine):,.0f} s of "
         f"{sum(seconds.values()):,.0f} s"
@@ -230,8 +230,8 @@ def _resume(gate: Gate, records: list[Record], log: Path) -> set[str]:
     return set(done)
 
 
-def plan_of(config: pytest.Config, shard: tuple[int, int], cases: list[str]) -> Plan:
-    """A shard's plan: its cases, and the device, commit and versions its recorded entries carry."""
+def plan_of(config: pytest.Config, shard: tuple[int, int], cases: list[str], split_of: int) -> Plan:
+    """A shard's plan: its cases (of ``split_of`` split), and the device, commit and versions its entries carry."""
     slug = identity.session_slug()
     recording = identity.recording("cpu" if slug == "cpu" else "cuda")
-    return Plan(shard, cases, slug, identity.git_commit(config.rootpath) or "", recording)
+    return Plan(shard, cases, slug, identity.git_commit(config.rootpath) or "", recording, split_of)

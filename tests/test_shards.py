@@ -271,6 +271,10 @@ def shard_log(path: Path, plan: dict | None = None, record: dict | None = None) 
     return path
 
 
+EFFECT = {"model": "cpu-small", "recipe": "fp32", "device": "cpu", "world": 1, "figures": [1, 2.0, 0.1, 1, 8]}
+"""A record's well-formed effect, each case above breaking one of its fields."""
+
+
 @pytest.mark.parametrize(
     ("plan", "record", "message"),
     [
@@ -284,6 +288,15 @@ def shard_log(path: Path, plan: dict | None = None, record: dict | None = None) 
         (None, {"failures": [1]}, "line 2: failures: must be a list of strings"),
         (None, {"effect": {"model": "x"}}, "line 2: effect: no 'recipe'"),
         (None, {"row": {"bogus": 1}}, "line 2: row: unknown cell 'bogus'"),
+        # each of these was a traceback in the merge's end table or its judging of the effects
+        (None, {"row": {"verdict": -1}}, "line 2: row.verdict: int where the log has str"),
+        (None, {"row": {"status": "x"}}, "line 2: row.status: str where the log has dict"),
+        (None, {"row": {"status": {"loss": 1}}}, "line 2: row.status: must be an object of metric -> status"),
+        (None, {"effect": {**EFFECT, "model": []}}, "line 2: effect.model: list where the log has str"),
+        (None, {"effect": {**EFFECT, "world": 0}}, "line 2: effect.world: 0 is not a number of ranks"),
+        (None, {"effect": {**EFFECT, "figures": "x"}}, "line 2: effect.figures: expected a list of 4 to 7 figures"),
+        (None, {"effect": {**EFFECT, "figures": [1, "x", 0.1, 1]}}, "line 2: effect.figures[1]: 'x' where the log"),
+        (None, {"effect": {**EFFECT, "figures": [1, 2.0, 0.1, 1, float("nan")]}}, "line 2: effect.figures[4]: nan"),
     ],
 )
 def test_a_shard_log_of_the_wrong_shape_is_one_line_naming_the_file_and_the_field(tmp_path, plan, record, message):

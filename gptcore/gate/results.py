@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -70,13 +71,9 @@ class Record:
                 raise TypeError(f"{key}: {type(value).__name__} where the log has {_type_names(_FIELD_TYPES[key])}")
         if not all(isinstance(line, str) for line in known.get("failures", [])):
             raise TypeError("failures: must be a list of strings")
-        unknown = sorted(set(known.get("row") or {}) - set(ROW_CELLS))
-        if unknown:
-            raise TypeError(f"row: unknown cell {unknown[0]!r}")
-        effect = known.get("effect")
-        missing = [k for k in EFFECT_KEYS if effect is not None and k not in effect]
-        if missing:
-            raise TypeError(f"effect: no {missing[0]!r}")
+        _check_row(known.get("row") or {})
+        if known.get("effect") is not None:
+            _check_effect(known["effect"])
         return cls(**known)
 
 
@@ -97,10 +94,61 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "round_clocks": (list, _NONE),
     "time": (str,),
 }
-ROW_CELLS = ("verdict", "estimate", "error", "status", "work", "mfu")
-"""The end table's cells of a case that its line keeps (gptcore.gate.session.Row.cells)."""
 EFFECT_KEYS = ("model", "recipe", "device", "world", "figures")
 """What a record's ``effect`` holds (gptcore.gate.session writes it, the merge judges the effects by it)."""
+ROW_TYPES: dict[str, tuple[type, ...]] = {  # gptcore.gate.session.Row's cells
+    "verdict": (str,),
+    "estimate": (int, str, _NONE),
+    "error": (str, _NONE),
+    "status": (dict,),
+    "work": (str,),
+    "mfu": (str,),
+}
+ROW_CELLS = tuple(ROW_TYPES)
+"""The end table's cells of a case that its line keeps (gptcore.gate.session.Row.cells)."""
+FIGURE_TYPES: tuple[tuple[type, ...], ...] = (
+    (int, _NONE),  # peak
+    (int, float, _NONE),  # tokens/s
+    (int, float, _NONE),  # its IQR
+    (int, str, _NONE),  # the estimate ('err' where it failed)
+    (int, _NONE),  # tokens per step
+    (int, float, _NONE),  # loss
+    (int, _NONE),  # the loss's step
+)
+"""gptcore.gate.expectations.Figures, field by field: what an effect's ``figures`` holds (the last three may be
+missing from lines written before they were kept)."""
+
+
+def _check_row(row: dict[str, Any]) -> None:
+    for name, value in row.items():
+        if name not in ROW_TYPES:
+            raise TypeError(f"row: unknown cell {name!r}")
+        if not _is(value, ROW_TYPES[name]):
+            raise TypeError(f"row.{name}: {type(value).__name__} where the log has {_type_names(ROW_TYPES[name])}")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in row.get("status", {}).items()):
+        raise TypeError("row.status: must be an object of metric -> status")
+
+
+def _check_effect(effect: dict[str, Any]) -> None:
+    missing = [k for k in EFFECT_KEYS if k not in effect]
+    if missing:
+        raise TypeError(f"effect: no {missing[0]!r}")
+    for name in ("model", "recipe", "device"):
+        if not isinstance(effect[name], str):
+            raise TypeError(f"effect.{name}: {type(effect[name]).__name__} where the log has str")
+    if not _is(effect["world"], (int,)) or effect["world"] < 1:
+        raise TypeError(f"effect.world: {effect['world']!r} is not a number of ranks")
+    figures = effect["figures"]
+    if not isinstance(figures, list) or not 4 <= len(figures) <= len(FIGURE_TYPES):
+        raise TypeError(f"effect.figures: expected a list of 4 to {len(FIGURE_TYPES)} figures, got {figures!r}")
+    for i, (value, types) in enumerate(zip(figures, FIGURE_TYPES)):
+        if not _is(value, types) or (isinstance(value, (int, float)) and not 0 <= value < math.inf):
+            raise TypeError(f"effect.figures[{i}]: {value!r} where the log has {_type_names(types)}, finite, >= 0")
+
+
+def _is(value: Any, types: tuple[type, ...]) -> bool:
+    """``isinstance``, with a bool never taken for a number."""
+    return isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
 
 
 def _type_names(types: tuple[type, ...]) -> str:

@@ -228,6 +228,22 @@ def test_out_of_memory_on_the_cpu_is_one_line_and_exit_code_1(monkeypatch, capsy
     assert "Traceback" not in err
 
 
+def test_sigterm_while_training_is_one_line_and_exit_code_130():
+    """A CI job's time-out sends SIGTERM: the command stops as on Ctrl-C, with one line and no traceback (a child
+    process, whose first step sends SIGTERM to itself)."""
+    child = """
+import os, signal, sys
+from gptcore.cli import main
+from gptcore.training.trainer import Trainer
+Trainer.step = lambda self, batch=None: os.kill(os.getpid(), signal.SIGTERM)
+sys.exit(main(["train", "--model", "cpu-small", "--steps", "5"]))
+"""
+    ROOT = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", child], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 130 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.splitlines()[-1] == "gptcore: interrupted"
+
+
 def test_a_folder_an_output_would_be_made_in_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, capsys):
     """--plot's folder does not exist yet, and the folder it would be made in is not writable (faked: root, as CI
     runs, may write anywhere): one line naming that folder, before any work."""

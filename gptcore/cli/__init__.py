@@ -4,7 +4,7 @@ One module per command (as asv keeps its commands): each has its ``NAME``, ``HEL
 ``run(args) -> exit code``. Every command's arguments are parsed with no torch imported until a command runs
 (``--help`` and ``list`` stay fast). Bad input is one line on stderr and exit code 2; an out-of-memory run is one
 line and exit code 1. SIGTERM (a CI job's time-out, ``kill``) is taken as Ctrl-C, so that compare and bisect remove
-their temporary worktrees on either.
+their temporary worktrees on either; either is one line and exit code 130.
 """
 
 from __future__ import annotations
@@ -73,3 +73,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `python -m gptcore list | head`
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM in a command with nothing of its own to say (train, history)
+        print("gptcore: interrupted", file=sys.stderr)
+        return 130

@@ -97,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
             losses, val, seconds = [x for x in run.train_loss if x is not None], run.final_val_loss, run.seconds[-1]
         else:
             losses = trainer.run(args.steps, log_every=args.log_every, on_log=on_log)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the line that says so starts a line of its own (gptcore.cli)
+        bar.close()
+        raise
     except Exception as err:  # only an OOM (also one raised while compiling) is handled
         bar.close()  # any error's line starts a line of its own, not the progress bar's
         if out_of_memory_in(err) is None:

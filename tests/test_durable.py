@@ -379,3 +379,39 @@ def test_a_commit_with_changes_to_tracked_files_is_marked_dirty_and_untracked_fi
     assert identity.git_commit(tmp_path) == sha
     (tmp_path / "model.py").write_text("a = 2\n")
     assert identity.git_commit(tmp_path) == f"{sha}+dirty"
+
+
+def test_two_runs_recording_into_one_file_at_once_keep_each_others_entries(tmp_path, monkeypatch):
+    """Shards on the GPUs of one machine record into one baseline file, each a read, its cases merged in, a write.
+    Planted: run A pauses between its read and its write until run B has written (or for 2 s, while B waits on the
+    lock). Held, B reads A's entry before it writes; without the lock, A's write from its stale read drops B's."""
+    import threading
+
+    from gptcore.gate import baselines
+    from tests.test_gate import BASE
+
+    real_load = baselines.load
+    a_read, b_wrote = threading.Event(), threading.Event()
+
+    def load(path, expect_slug=None):
+        current = real_load(path, expect_slug)
+        if threading.current_thread().name == "A":
+            a_read.set()
+            b_wrote.wait(timeout=2)  # without the lock B writes now; held by it, B waits and A goes on after 2 s
+        return current
+
+    def record(name: str) -> None:
+        baselines.update(tmp_path / "cpu.json", "cpu", {name: BASE}, device_name="cpu", device_type="cpu")
+
+    def second() -> None:
+        a_read.wait(timeout=30)
+        record("test_x[b]")
+        b_wrote.set()
+
+    monkeypatch.setattr(baselines, "load", load)
+    runs = [threading.Thread(target=record, args=("test_x[a]",), name="A"), threading.Thread(target=second, name="B")]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join(timeout=60)
+    assert set(real_load(tmp_path / "cpu.json", "cpu").entries) == {"test_x[a]", "test_x[b]"}

@@ -6,17 +6,16 @@ its entry is ``gptcore.gate.verdicts``."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import datetime as _dt
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    pass
+from typing import Any
 
 from gptcore.gate.schema import SCHEMA_VERSION, BaselineError, Entry, Tolerances
 
@@ -166,6 +165,27 @@ def _tolerances(fields: dict, base: Tolerances, where: str) -> Tolerances:
     return tol
 
 
+@contextlib.contextmanager
+def one_writer(path: str | Path) -> Iterator[None]:
+    """Hold the folder of ``path`` for one read-modify-write of a file in it: runs recording into one file at once
+    (shards on the GPUs of one machine, a merge beside a run) each read the other's entries before they write, where
+    an atomic write alone keeps the file whole but loses the entries the other one wrote meanwhile. An advisory
+    lock (flock) on the folder itself, which leaves no file behind; where there is no flock, nothing is held."""
+    folder = Path(path).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the last descriptor releases the lock
+
+
 def write_atomic(path: str | Path, data: dict) -> None:
     """Write JSON to a temp file in the same directory, then os.replace: readers see the old or the new file."""
     path = Path(path)
@@ -200,36 +220,42 @@ def update(
 ) -> BaselineFile:
     """Merge ``entries`` (the cases that ran) into the file at ``path``, keeping every other entry and the file's
     tolerances (defaults for a new file), and rewrite it atomically."""
-    current = load(path, expect_slug=slug)
-    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    if current is None:
-        current = BaselineFile(
-            path=Path(path),
-            slug=slug,
-            device_name=device_name,
-            device_type=device_type,
-            tolerances=Tolerances.default_for(device_type),
-        )
-    if current.torch and torch_version and torch_version != current.torch:  # the file's torch moves: the entries
-        for name in list(current.entries):  # that went by it (recorded before entries kept their own) keep what it was
-            current.entries[name] = current.entry(name)
-    for name, entry in entries.items():
-        old = current.entries.get(name)
-        kept: dict[str, float] = {}
-        if old is not None and entry.cpu_model and old.loss_step == entry.loss_step:
-            same, model = old.loss_reference(entry.cpu_model)
-            if model == entry.cpu_model and same == entry.loss:
-                # bit-identical on this CPU model: the arithmetic did not change, the other models' references hold
-                kept = {m: v for m, v in old.loss_by_cpu.items() if m != entry.cpu_model}
-                if old.cpu_model and old.cpu_model != entry.cpu_model and old.loss is not None:
-                    kept[old.cpu_model] = old.loss
-        current.entries[name] = dataclasses.replace(
-            recorded_form(entry), recorded_at=now, commit=commit, loss_by_cpu=kept, torch=entry.torch or torch_version
-        )
-    current.device_name, current.torch, current.cuda, current.driver = device_name, torch_version, cuda, driver
-    current.recorded_at, current.commit = now, commit
-    write_atomic(path, current.to_json())
-    return current
+    with one_writer(path):
+        current = load(path, expect_slug=slug)
+        now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        if current is None:
+            current = BaselineFile(
+                path=Path(path),
+                slug=slug,
+                device_name=device_name,
+                device_type=device_type,
+                tolerances=Tolerances.default_for(device_type),
+            )
+        if current.torch and torch_version and torch_version != current.torch:
+            # the file's torch moves: the entries that went by it (recorded before entries kept their own) keep it
+            for name in list(current.entries):
+                current.entries[name] = current.entry(name)
+        for name, entry in entries.items():
+            old = current.entries.get(name)
+            kept: dict[str, float] = {}
+            if old is not None and entry.cpu_model and old.loss_step == entry.loss_step:
+                same, model = old.loss_reference(entry.cpu_model)
+                if model == entry.cpu_model and same == entry.loss:
+                    # bit-identical on this CPU model: the arithmetic did not change, the other models' references hold
+                    kept = {m: v for m, v in old.loss_by_cpu.items() if m != entry.cpu_model}
+                    if old.cpu_model and old.cpu_model != entry.cpu_model and old.loss is not None:
+                        kept[old.cpu_model] = old.loss
+            current.entries[name] = dataclasses.replace(
+                recorded_form(entry),
+                recorded_at=now,
+                commit=commit,
+                loss_by_cpu=kept,
+                torch=entry.torch or torch_version,
+            )
+        current.device_name, current.torch, current.cuda, current.driver = device_name, torch_version, cuda, driver
+        current.recorded_at, current.commit = now, commit
+        write_atomic(path, current.to_json())
+        return current
 
 
 def recorded_form(entry: Entry) -> Entry:
@@ -245,24 +271,25 @@ def add_loss_references(path: str | Path, slug: str, entries: dict[str, Entry]) 
     """Add each measured entry's loss as its CPU model's reference to the recorded entry of the same name, and
     rewrite the file atomically; nothing else changes. Returns the number added and the names skipped (no
     recorded entry, no CPU model, a loss read at another step, or an entry of another setup)."""
-    current = load(path, expect_slug=slug)
-    if current is None:
-        return 0, list(entries)
-    added, skipped = 0, []
-    for name, entry in entries.items():
-        old = current.entries.get(name)
-        if (
-            old is None
-            or entry.cpu_model is None
-            or entry.loss is None
-            or old.loss_step != entry.loss_step
-            or entry.setup_changes(old)
-        ):
-            skipped.append(name)
-            continue
-        if entry.cpu_model != old.cpu_model:
-            old.loss_by_cpu[entry.cpu_model] = entry.loss
-            added += 1
-    if added:
-        write_atomic(path, current.to_json())
-    return added, skipped
+    with one_writer(path):
+        current = load(path, expect_slug=slug)
+        if current is None:
+            return 0, list(entries)
+        added, skipped = 0, []
+        for name, entry in entries.items():
+            old = current.entries.get(name)
+            if (
+                old is None
+                or entry.cpu_model is None
+                or entry.loss is None
+                or old.loss_step != entry.loss_step
+                or entry.setup_changes(old)
+            ):
+                skipped.append(name)
+                continue
+            if entry.cpu_model != old.cpu_model:
+                old.loss_by_cpu[entry.cpu_model] = entry.loss
+                added += 1
+        if added:
+            write_atomic(path, current.to_json())
+        return added, skipped

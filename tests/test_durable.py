@@ -415,3 +415,19 @@ def test_two_runs_recording_into_one_file_at_once_keep_each_others_entries(tmp_p
     for run in runs:
         run.join(timeout=60)
     assert set(real_load(tmp_path / "cpu.json", "cpu").entries) == {"test_x[a]", "test_x[b]"}
+
+
+def test_a_folder_that_cannot_be_locked_is_recorded_into_as_before(tmp_path, monkeypatch):
+    """NFS grants flock only on files open for writing: there the lock is skipped, and the update is the atomic
+    write it was before there was one (never 'baselines: NOT written')."""
+    import fcntl
+
+    from gptcore.gate import baselines
+    from tests.test_gate import BASE
+
+    def refused(fd, operation):
+        raise OSError(9, "Bad file descriptor")
+
+    monkeypatch.setattr(fcntl, "flock", refused)
+    baselines.update(tmp_path / "cpu.json", "cpu", {"test_x[a]": BASE}, device_name="cpu", device_type="cpu")
+    assert set(baselines.load(tmp_path / "cpu.json", "cpu").entries) == {"test_x[a]"}

@@ -170,20 +170,23 @@ def one_writer(path: str | Path) -> Iterator[None]:
     """Hold the folder of ``path`` for one read-modify-write of a file in it: runs recording into one file at once
     (shards on the GPUs of one machine, a merge beside a run) each read the other's entries before they write, where
     an atomic write alone keeps the file whole but loses the entries the other one wrote meanwhile. An advisory
-    lock (flock) on the folder itself, which leaves no file behind; where there is no flock, nothing is held."""
+    lock (flock) on the folder itself, which leaves no file behind; where there is no flock on a folder (not POSIX;
+    NFS grants it only on files open for writing), nothing is held, as before there was a lock."""
     folder = Path(path).parent
     folder.mkdir(parents=True, exist_ok=True)
+    fd = None
     try:
         import fcntl
-    except ImportError:  # not a POSIX system
-        yield
-        return
-    fd = os.open(folder, os.O_RDONLY)
-    try:
+
+        fd = os.open(folder, os.O_RDONLY)
         fcntl.flock(fd, fcntl.LOCK_EX)
+    except (ImportError, OSError):
+        pass
+    try:
         yield
     finally:
-        os.close(fd)  # closing the last descriptor releases the lock
+        if fd is not None:
+            os.close(fd)  # closing the last descriptor releases the lock
 
 
 def write_atomic(path: str | Path, data: dict) -> None:

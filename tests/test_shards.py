@@ -134,6 +134,7 @@ def test_three_shards_merged_give_the_verdicts_and_the_exact_figures_of_one_run(
     single = results.latest(results.read(one / "run.jsonl"))
     assert sum(len(results.read(log)) for log in logs) == len(single) == 4  # each case in exactly one shard
     assert [results.read_plan(log).split_of for log in logs] == [4, 4, 4]  # what the merge checks the plans by
+    assert all(r.baseline == {} for log in logs for r in results.read(log))  # each judged against no entry, kept
     for record in single.values():  # the merged end table has every case, with the single run's verdict
         line = next(line for line in merged.stdout.splitlines() if line.strip().startswith(record.name))
         assert line.rstrip().endswith(record.verdict)
@@ -484,3 +485,36 @@ def test_the_whole_cpu_tier_as_three_shards_merges_into_the_one_runs_verdicts_an
     # per model of the shape study's 4, the distributed study's 2, every one met
     effects = [line for line in merged.stdout.splitlines() if line.startswith("cpu-") and " vs " in line]
     assert len(effects) == 9 + 4 * 3 + 2 and all(line.rstrip().endswith("ok") for line in effects)
+
+
+def test_a_merged_or_resumed_case_stands_beside_the_baseline_its_verdict_is_of(tmp_path):
+    """A shard judged its case against its runner's baseline file; the merge reads another folder (--baselines-dir)
+    whose entry differs 37,000-fold. The row keeps the shard's verdict, so it must keep the shard's baseline too:
+    beside the merge's file's entry it read '+3721179.2% ... ok'. Lines written before lines kept their baseline
+    are shown beside the merge's file, as they were."""
+    import dataclasses
+
+    from gptcore.gate import baselines
+    from gptcore.gate.results import Record
+    from tests.test_gate import BASE, new_gate
+
+    other = dataclasses.replace(BASE, peak_allocated_bytes=BASE.peak_allocated_bytes * 37_000)
+    baselines.update(tmp_path / "cpu.json", "cpu", {"test_x[a]": other}, device_name="cpu", device_type="cpu")
+    judged = {"nodeid": "b.py::test_x[a]", "name": "test_x[a]", "outcome": "passed", "seconds": 1.0, "slug": "cpu"}
+    judged |= {"entry": BASE.to_json(), "row": {"verdict": "ok", "status": {"peak memory": "ok"}}}
+    rows = {}
+    for kept, baseline in (("as judged", BASE.to_json()), ("none", {}), ("not kept", None)):
+        gate = new_gate(tmp_path)
+        gate.take_record(Record(**judged, baseline=baseline), f"shard.jsonl: {kept}")
+        rows[kept] = gate.rows[0].baseline
+    assert rows["as judged"].peak_allocated_bytes == BASE.peak_allocated_bytes
+    assert rows["none"] is None
+    assert rows["not kept"].peak_allocated_bytes == other.peak_allocated_bytes
+
+    from types import SimpleNamespace  # what a case's line keeps: the entry it was judged against, as read
+
+    gate, node = new_gate(tmp_path), SimpleNamespace(name="test_x[a]", nodeid="b.py::test_x[a]")
+    gate.judge_entry(node, BASE, "cpu")
+    assert gate.cases[node.nodeid]["baseline"] == gate.load("cpu").entry("test_x[a]").to_json()
+    gate.judge_entry(SimpleNamespace(name="test_x[new]", nodeid="b.py::test_x[new]"), BASE, "cpu")
+    assert gate.cases["b.py::test_x[new]"]["baseline"] == {}

@@ -48,6 +48,9 @@ class Record:
     entry: dict[str, Any] | None = None
     """The measured figures as a baseline entry (gptcore.gate.schema.Entry.to_json): what --update-baselines
     records."""
+    baseline: dict[str, Any] | None = None
+    """The baseline entry the case was judged against ({} where it had none; None in lines written before they kept
+    it), so that a merge or --resume shows the case's figures beside the entry its verdict is of."""
     recorded: bool = False
     """Whether this run wrote the entry into its baseline file."""
     effect: dict[str, Any] | None = None
@@ -89,6 +92,7 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "failures": (list,),
     "row": (dict, _NONE),
     "entry": (dict, _NONE),
+    "baseline": (dict, _NONE),
     "recorded": (bool,),
     "effect": (dict, _NONE),
     "round_clocks": (list, _NONE),

@@ -277,11 +277,8 @@ class Gate:
         slug = identity.device_slug(device)
         file = self.load(slug)
         baseline = file.entry(node.name) if file else None
-        self.cases[node.nodeid] = {
-            "slug": slug,
-            "entry": baselines.recorded_form(measured).to_json(),
-            "recorded": False,
-        }
+        self.cases[node.nodeid] = {"slug": slug, "entry": baselines.recorded_form(measured).to_json()}
+        self.cases[node.nodeid] |= {"baseline": baseline.to_json() if baseline else {}, "recorded": False}
         if error:
             what = (
                 "out of memory"
@@ -348,10 +345,13 @@ class Gate:
         return [o.line for o in judged if o.status == "FAIL"]
 
     def take_record(self, r: Record, where: str) -> Entry | None:
-        """A case from a results log into the end table as it was logged (--resume, a merge of shards): its row,
-        judged against this gate's baseline file; returns its measured entry."""
-        file = self.load(r.slug) if r.slug else None
-        baseline = file.entry(r.name) if file else None
+        """A case from a results log into the end table as it was logged (--resume, a merge of shards): its row beside
+        the baseline it was judged against (older logs: this gate's file's entry); returns its measured entry."""
+        if r.baseline is None:
+            file = self.load(r.slug) if r.slug else None
+            baseline = file.entry(r.name) if file else None
+        else:
+            baseline = Entry.from_json(r.baseline, f"{where}: baseline") if r.baseline else None
         measured = Entry.from_json(r.entry, where, measured=True) if r.entry else None
         operators.count_torches(self.torches, baseline and baseline.torch, measured and measured.torch)
         cells = r.row or {"verdict": r.verdict or r.outcome, "error": r.reason}

@@ -90,6 +90,7 @@ class CaseHooks:
             failures=case.get("failures", []),
             row=case.get("row"),
             entry=case.get("entry"),
+            baseline=case.get("baseline"),
             recorded=case.get("recorded", False),
             effect=case.get("effect"),
             round_clocks=case.get("round_clocks"),

@@ -86,9 +86,10 @@ def test_a_resumed_shard_runs_what_its_plan_left_not_a_new_split_of_what_every_s
     lines += [{"nodeid": c, "name": c.rsplit("::", 1)[1], "outcome": "passed", "seconds": 1.0} for c in mine[:4]]
     log.write_text("".join(json.dumps(line) + "\n" for line in lines))
 
-    resumed = collect(tmp_path, *quick, "--shard", "1/2", "--resume", str(log))
-    assert resumed.ret == 0, resumed.stdout.str()[-2000:] + resumed.stderr.str()
-    assert nodeids(resumed.stdout.str()) == set(mine[4:]) and len(mine) > 8
+    for shard in (["--shard", "1/2"], []):  # without --shard too: the log's hint under the end table names none
+        resumed = collect(tmp_path, *quick, *shard, "--resume", str(log))
+        assert resumed.ret == 0, resumed.stdout.str()[-2000:] + resumed.stderr.str()
+        assert nodeids(resumed.stdout.str()) == set(mine[4:]) and len(mine) > 8
 
 
 # -- merge ---------------------------------------------------------------------------------------------------------

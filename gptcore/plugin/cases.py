@@ -32,7 +32,7 @@ class CaseHooks:
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
-        if config.getoption("shard"):
+        if config.getoption("shard") or self.resumed_plan is not None:  # a shard's log resumed: that shard
             shard(config, items, self)
 
     @pytest.hookimpl(trylast=True)
@@ -160,8 +160,9 @@ def preload(config: pytest.Config, items: list[pytest.Item]) -> None:
 
 def shard(config: pytest.Config, items: list[pytest.Item], hooks: CaseHooks) -> None:
     """--shard K/N: keep the benchmarks of shard K (gptcore.gate.shards), deselect the rest. Called after every other
-    selection (-m, -k, --resume, --recorded-only), so that the shards split what would run."""
-    k, n = shards.parse(config.getoption("shard"))
+    selection (-m, -k, --resume, --recorded-only), so that the shards split what would run. A shard's log resumed is
+    that shard, --shard given or not (its plan's)."""
+    k, n = hooks.resumed_plan.shard if hooks.resumed_plan is not None else shards.parse(config.getoption("shard"))
     bench = [item for item in items if item.nodeid in hooks.bench]
     seconds = {item.nodeid: hooks.planned(item).seconds for item in bench}
     unit_of = {}

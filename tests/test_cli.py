@@ -238,8 +238,8 @@ from gptcore.training.trainer import Trainer
 Trainer.step = lambda self, batch=None: os.kill(os.getpid(), signal.SIGTERM)
 sys.exit(main(["train", "--model", "cpu-small", "--steps", "5"]))
 """
-    ROOT = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, "-c", child], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    checkout = Path(__file__).resolve().parents[1]  # the child imports this checkout's gptcore
+    done = subprocess.run([sys.executable, "-c", child], cwd=checkout, capture_output=True, text=True, timeout=120)
     assert done.returncode == 130 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.splitlines()[-1] == "gptcore: interrupted"
 

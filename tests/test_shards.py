@@ -491,9 +491,10 @@ def test_the_whole_cpu_tier_as_three_shards_merges_into_the_one_runs_verdicts_an
 def test_a_merged_or_resumed_case_stands_beside_the_baseline_its_verdict_is_of(tmp_path):
     """A shard judged its case against its runner's baseline file; the merge reads another folder (--baselines-dir)
     whose entry differs 37,000-fold. The row keeps the shard's verdict, so it must keep the shard's baseline too:
-    beside the merge's file's entry it read '+3721179.2% ... ok'. Lines written before lines kept their baseline
-    are shown beside the merge's file, as they were."""
+    beside the merge's file's entry its peak would read -99.997% next to the shard's 'ok'. Lines written before
+    lines kept their baseline are shown beside the merge's file, as they were."""
     import dataclasses
+    from types import SimpleNamespace
 
     from gptcore.gate import baselines
     from gptcore.gate.results import Record
@@ -512,8 +513,7 @@ def test_a_merged_or_resumed_case_stands_beside_the_baseline_its_verdict_is_of(t
     assert rows["none"] is None
     assert rows["not kept"].peak_allocated_bytes == other.peak_allocated_bytes
 
-    from types import SimpleNamespace  # what a case's line keeps: the entry it was judged against, as read
-
+    # what a case's line keeps: the entry it was judged against, as read ({} where there was none)
     gate, node = new_gate(tmp_path), SimpleNamespace(name="test_x[a]", nodeid="b.py::test_x[a]")
     gate.judge_entry(node, BASE, "cpu")
     assert gate.cases[node.nodeid]["baseline"] == gate.load("cpu").entry("test_x[a]").to_json()

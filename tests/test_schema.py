@@ -47,6 +47,7 @@ def _set(data: dict, path: tuple, value: object) -> None:
         (("work", "ops"), [], "work.ops: expected an object, got []"),
         (("work", "compile"), {"graphs": -1, "kernels": 9}, "work.compile.graphs: expected an integer >= 0, got -1"),
         (("work", "top_ops"), [["aten.mm.default", True]], "work.top_ops: expected an integer >= 0, got True"),
+        (("work", "top_ops"), "x", "work.top_ops: expected a list of [operator, count], got 'x'"),
     ],
 )
 def test_a_figure_no_measurement_gives_is_one_line_naming_its_field(recorded, where, value, message) -> None:

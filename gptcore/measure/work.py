@@ -137,7 +137,9 @@ class WorkLedger:
         figure is missing."""
         if not isinstance(data, dict):
             raise ValueError(f"work: expected an object, got {data!r}")
-        compile_stats = data.get("compile")
+        compile_stats, top = data.get("compile"), data.get("top_ops", [])
+        if not isinstance(top, list) or not all(isinstance(pair, list) and len(pair) == 2 for pair in top):
+            raise ValueError(f"work.top_ops: expected a list of [operator, count], got {top!r}")
         by_op = ("allocations_by_op", "flops_by_op")
         return cls(
             flops=_counts(data["flops"], "flops"),
@@ -145,7 +147,7 @@ class WorkLedger:
             syncs=_count(data["syncs"], "syncs"),
             allocations=_count(data["allocations"], "allocations"),
             allocated_bytes=_count(data["allocated_bytes"], "allocated_bytes"),
-            top_ops=[(str(name), _count(n, "top_ops")) for name, n in data.get("top_ops", [])],
+            top_ops=[(str(name), _count(n, "top_ops")) for name, n in top],
             compile=CompileStats(**_counts(compile_stats, "compile")) if compile_stats else None,
             ops={phase: _counts(counts, f"ops.{phase}") for phase, counts in _items(data["ops"], "ops")}
             if "ops" in data

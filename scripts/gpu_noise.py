@@ -82,19 +82,25 @@ class Case:
     kind's own noise, evidence for the busy time's split (which is not gated)."""
 
 
+def records_of(paths: list[Path]) -> list[results.Record]:
+    """Every line of the logs at ``paths``, in order (LogError for a log that cannot be read)."""
+    return [record for path in paths for record in results.read(path)]
+
+
+def entries(records: list[results.Record]) -> dict[str, dict | None]:
+    """The measured entry of each case of ``records``, None for a case that ended with no figures (a skip, an
+    out-of-memory failure); a later line of a case replaces an earlier."""
+    return {record.name: record.entry or None for record in records}
+
+
 def measured(paths: list[Path]) -> dict[str, dict | None]:
-    """The measured entry of each case in the logs at ``paths``, None for a case that ended with no figures (a
-    skip, an out-of-memory failure); a later line of a case replaces an earlier."""
-    out: dict[str, dict | None] = {}
-    for path in paths:
-        for record in results.latest(results.read(path)).values():
-            out[record.name] = record.entry or None
-    return out
+    """The measured entry of each case in the logs at ``paths`` (``entries``)."""
+    return entries(records_of(paths))
 
 
-def devices(paths: list[Path]) -> set[str]:
-    """The devices (baseline-file slugs) the logs at ``paths`` name for their cases."""
-    return {r.slug for path in paths for r in results.read(path) if r.slug}
+def devices(records: list[results.Record]) -> set[str]:
+    """The devices (baseline-file slugs) ``records`` name for their cases."""
+    return {r.slug for r in records if r.slug}
 
 
 def not_compared(first: dict[str, dict | None], second: dict[str, dict | None]) -> list[str]:
@@ -273,11 +279,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     void_busy = tuple(args.void_busy)
     try:
-        first, second = measured(args.first), measured(args.against)
-        ran_on = [devices(args.first), devices(args.against)]
+        logs = [records_of(args.first), records_of(args.against)]  # each log read once
     except results.LogError as err:
         print(f"gpu_noise: {err}", file=sys.stderr)
         return 2
+    first, second = entries(logs[0]), entries(logs[1])
+    ran_on = [devices(log) for log in logs]
     if ran_on[0] != ran_on[1]:  # two hosts of one device type are noise; two devices are not
         on = [", ".join(sorted(slugs)) or "no device named" for slugs in ran_on]
         print(f"gpu_noise: the runs are of different devices: {on[0]}, against {on[1]}", file=sys.stderr)

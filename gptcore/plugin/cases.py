@@ -172,7 +172,8 @@ def shard(config: pytest.Config, items: list[pytest.Item], hooks: CaseHooks) -> 
             module = item.nodeid.split("::")[0]  # relative: the same name on every runner
             unit_of[item.nodeid] = f"{module}::{params.get('model')}-x{params['world']}-{params.get('device')}"
     if hooks.resumed_plan is not None:  # what its plan left: a new split of what every shard left would take cases
-        mine = [c for c in seconds if c in set(hooks.resumed_plan.cases)]  # of other shards and leave some of its own
+        planned = set(hooks.resumed_plan.cases)  # of other shards and leave some of its own
+        mine = [c for c in seconds if c in planned]
     else:
         mine = shards.split(seconds, unit_of, n)[k - 1]
     gone = set(seconds) - set(mine)

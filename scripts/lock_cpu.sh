@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# constraints-cpu.txt made anew: every package of the CPU install (README's `pip install -c constraints-cpu.txt -e
+# '.[dev]'`, and the pip that .ci/run upgrades to) pinned, for every Python the project takes (>= 3.10) and every
+# platform, so that a new release of any of them cannot turn CI red on unchanged code. The weekly torch-upgrade job
+# installs the newest of everything, without this file, and says what a bump would meet.
+# uv's universal resolution writes one file with a pin per Python version where they differ (pip-tools resolves for
+# the Python it runs under only). Needs uv (`pip install uv`) and PyPI. To bump torch or Triton, edit its line in
+# constraints-cpu.txt and run this; to bump everything else, run this.
+# Usage: bash scripts/lock_cpu.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v uv > /dev/null || { echo "lock_cpu: needs uv on PATH (pip install uv)" >&2; exit 2; }
+torch=$(grep -m1 '^torch==' constraints-cpu.txt) || { echo "lock_cpu: constraints-cpu.txt has no torch== line" >&2; exit 2; }
+triton=$(grep -m1 '^triton==' constraints-cpu.txt | cut -d' ' -f1) || { echo "lock_cpu: constraints-cpu.txt has no triton== line" >&2; exit 2; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+echo "$torch" > "$work/torch.txt"
+echo "pip" > "$work/pip.in"
+# PyPI's torch is the CUDA build, which pins its own Triton and brings CUDA's packages; the CPU wheel that the install
+# takes brings neither: the Triton here is the one liger-kernel brings, held at the pin below, and no CUDA package is
+# written
+echo "$triton" > "$work/overrides.txt"
+uv pip compile pyproject.toml "$work/pip.in" --extra dev --universal --python-version 3.10 --constraints "$work/torch.txt" \
+  --overrides "$work/overrides.txt" --no-annotate --no-header --quiet --output-file "$work/lock.txt"
+{
+  cat << 'EOF'
+# The CPU install's every package pinned: CI (.ci/run) and README install with it, so that a new release of a
+# dependency cannot turn CI red on unchanged code. Written by `bash scripts/lock_cpu.sh` (uv's universal resolution:
+# a pin per Python version where they differ); edit only the torch and triton lines by hand, then run it. The weekly
+# torch-upgrade job installs the newest of everything without this file.
+# torch: the CPU wheel (2.13.0+cpu satisfies ==2.13.0); unpinned, pip pulls the newest CUDA build (gigabytes).
+# triton, which liger-kernel brings (the dev extra), runs its kernels in tests/test_kernels.py under its interpreter:
+# 3.6 fails there under numpy 2.4 (a 1-element array made a Python int); 3.9 prints nanobind's leak report at the
+# exit of every process that imported torch._dynamo. 3.8.0 does neither.
+EOF
+  grep -v -E '^(nvidia-|cuda-)' "$work/lock.txt"
+} > constraints-cpu.txt
+echo "lock_cpu: constraints-cpu.txt: $(grep -c '==' constraints-cpu.txt) pins"

@@ -10,8 +10,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v uv > /dev/null || { echo "lock_cpu: needs uv on PATH (pip install uv)" >&2; exit 2; }
-torch=$(grep -m1 '^torch==' constraints-cpu.txt) || { echo "lock_cpu: constraints-cpu.txt has no torch== line" >&2; exit 2; }
-triton=$(grep -m1 '^triton==' constraints-cpu.txt | cut -d' ' -f1) || { echo "lock_cpu: constraints-cpu.txt has no triton== line" >&2; exit 2; }
+missing() { echo "lock_cpu: constraints-cpu.txt has no $1== line" >&2; exit 2; }
+torch=$(grep -m1 '^torch==' constraints-cpu.txt) || missing torch
+triton=$(grep -m1 '^triton==' constraints-cpu.txt) || missing triton
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 echo "$torch" > "$work/torch.txt"
@@ -20,8 +21,9 @@ echo "pip" > "$work/pip.in"
 # takes brings neither: the Triton here is the one liger-kernel brings, held at the pin below, and no CUDA package is
 # written
 echo "$triton" > "$work/overrides.txt"
-uv pip compile pyproject.toml "$work/pip.in" --extra dev --universal --python-version 3.10 --constraints "$work/torch.txt" \
-  --overrides "$work/overrides.txt" --no-annotate --no-header --quiet --output-file "$work/lock.txt"
+uv pip compile pyproject.toml "$work/pip.in" --extra dev --universal --python-version 3.10 \
+  --constraints "$work/torch.txt" --overrides "$work/overrides.txt" --no-annotate --no-header --quiet \
+  --output-file "$work/lock.txt"
 {
   cat << 'EOF'
 # The CPU install's every package pinned: CI (.ci/run) and README install with it, so that a new release of a

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # constraints-cpu.txt made anew: every package of the CPU install (README's `pip install -c constraints-cpu.txt -e
-# '.[dev]'`, and the pip that .ci/run upgrades to) pinned, for every Python the project takes (>= 3.10) and every
-# platform, so that a new release of any of them cannot turn CI red on unchanged code. The weekly torch-upgrade job
-# installs the newest of everything, without this file, and says what a bump would meet.
+# '.[dev]'`, the pip that .ci/run upgrades to and the setuptools it builds the project with) pinned, for every Python
+# the project takes (>= 3.10) and every platform, so that a new release of any of them cannot turn CI red on unchanged
+# code. The weekly torch-upgrade job installs the newest of everything, without this file, and says what a bump would
+# meet.
 # uv's universal resolution writes one file with a pin per Python version where they differ (pip-tools resolves for
 # the Python it runs under only). Needs uv (`pip install uv`) and PyPI. To bump torch or Triton, edit its line in
 # constraints-cpu.txt and run this; to bump everything else, run this.
@@ -16,12 +17,13 @@ triton=$(grep -m1 '^triton==' constraints-cpu.txt) || missing triton
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 echo "$torch" > "$work/torch.txt"
-echo "pip" > "$work/pip.in"
+# beside the project's: pip, which .ci/run upgrades to, and the build backend, which it builds the project with
+printf 'pip\nsetuptools\n' > "$work/tools.in"
 # PyPI's torch is the CUDA build, which pins its own Triton and brings CUDA's packages; the CPU wheel that the install
 # takes brings neither: the Triton here is the one liger-kernel brings, held at the pin below, and no CUDA package is
 # written
 echo "$triton" > "$work/overrides.txt"
-uv pip compile pyproject.toml "$work/pip.in" --extra dev --universal --python-version 3.10 \
+uv pip compile pyproject.toml "$work/tools.in" --extra dev --universal --python-version 3.10 \
   --constraints "$work/torch.txt" --overrides "$work/overrides.txt" --no-annotate --no-header --quiet \
   --output-file "$work/lock.txt"
 {

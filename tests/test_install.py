@@ -54,11 +54,14 @@ def pins(constraints: str, env: dict[str, str]) -> dict[str, list[Requirement]]:
 
 
 def unpinned(pyproject: str, constraints: str) -> list[str]:
-    """What the lock leaves loose: a requirement of the project or its dev extra without exactly one == pin under
-    some environment, or with a pin outside what the project asks; a package with two pins; pip without one."""
-    project = tomllib.loads(pyproject)["project"]
+    """What the lock leaves loose: a requirement of the project, its dev extra or its build backend without exactly
+    one == pin under some environment, or with a pin outside what the project asks; a package with two pins; pip
+    without one."""
+    toml = tomllib.loads(pyproject)
+    project = toml["project"]
     wanted = [Requirement(line) for line in project["dependencies"] + project["optional-dependencies"]["dev"]]
-    wanted.append(Requirement("pip"))  # .ci/run upgrades the fresh venv's pip to the pinned one
+    # .ci/run upgrades the fresh venv's pip to the pinned one, and builds the project with the pinned backend
+    wanted += [Requirement("pip"), *(Requirement(line) for line in toml["build-system"]["requires"])]
     problems = []
     for env in environments():
         where = f"Python {env['python_version']} on {env['sys_platform']}"
@@ -91,6 +94,16 @@ def test_constraints_hold_no_cuda_package_the_cpu_wheel_does_not_bring():
     assert not [name for name in names if name.startswith(("nvidia-", "cuda-"))]
 
 
+def test_ci_takes_its_installer_and_the_projects_build_backend_from_the_lock():
+    """The pip that .ci/run upgrades to, and the setuptools that pip fetches into its isolated build environment
+    (which -c does not reach: PIP_BUILD_CONSTRAINT does, from pip 25.3), before README's install."""
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    upgrade = ci.index("python -m pip install --quiet --upgrade -c constraints-cpu.txt pip")
+    build = ci.index('export PIP_BUILD_CONSTRAINT="$PWD/constraints-cpu.txt"')
+    install = next(i for i, line in enumerate(ci) if line.startswith("pip install torch=="))
+    assert upgrade < build < install
+
+
 def pinned(constraints: str, name: str) -> str:
     """name's pin under CI's Python (3.11 on Linux), as its line reads."""
     ci = next(env for env in environments() if env["python_version"] == "3.11" and env["sys_platform"] == "linux")
@@ -117,7 +130,10 @@ def test_the_check_catches_a_planted_loose_dependency_a_second_pin_and_a_pin_the
     assert unpinned(pyproject.replace('"pytest>=8"', '"pytest>=999"'), constraints) == [
         f"pytest: pinned {pytest_pin.split('==')[1]}, the project asks >=999"
     ]
-    # the installer left loose
+    # the installer and the build backend left loose
     assert "pip: no pin under Python 3.12 on linux" in unpinned(
         pyproject, constraints.replace(pinned(constraints, "pip") + "\n", "")
+    )
+    assert "setuptools: no pin under Python 3.10 on darwin" in unpinned(
+        pyproject, constraints.replace(pinned(constraints, "setuptools") + "\n", "")
     )

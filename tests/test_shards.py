@@ -192,6 +192,44 @@ def test_a_missing_or_cut_shard_fails_and_is_named_and_foreign_logs_are_refused(
     assert alone.returncode == 2 and "not a shard's results log" in alone.stderr
 
 
+@pytest.mark.slow  # one CPU case run: ~10 s
+def test_a_shard_resumed_into_another_log_is_that_shard_whole_and_merges_with_the_others(one_and_three, tmp_path):
+    """A shard's job killed after its first case, resumed with --resume A --results-log B (a job whose output folder
+    starts empty, with the log brought in): B starts as A's copy, with the plan A began with, and the merge of B with
+    the other shards is the one run. Planted by the code before this test: B held only what the resumed job ran,
+    under a new plan of the one case left, split from the 3 not finished, which no merge could take."""
+    from gptcore.gate import results
+
+    _, shards_ = one_and_three
+    logs = [s / "run.jsonl" for s in shards_]
+    k = max(range(3), key=lambda i: len(results.read(logs[i])))
+    plan, first, *rest = logs[k].read_text().splitlines()
+    assert rest, "the shard of two cases"
+    killed = tmp_path / "killed.jsonl"
+    killed.write_text(f"{plan}\n{first}\n{rest[0][:40]}")  # the job killed as it wrote its second case's line
+    cont = tmp_path / "out" / "shard.jsonl"
+    resume = [
+        str(ROOT / "bench"), "-m", "cpu", "-k", FOUR, "-p", "no:cacheprovider", *TIMING, "--update-baselines",
+        "--baselines-dir", str(tmp_path / "baselines"), "--resume", str(killed), "--results-log", str(cont),
+    ]  # fmt: skip
+    done = run_pytest(tmp_path, *resume)
+    assert done.ret == 0, done.stdout.str()[-3000:] + done.stderr.str()
+    assert killed.read_text() == f"{plan}\n{first}\n{rest[0][:40]}"  # the log resumed is left as it was
+    lines = cont.read_text().splitlines()
+    assert lines[:2] == [plan, first] and len(lines) == 2 + len(rest)  # A's whole lines, then what it had left
+    assert results.read_plan(cont) == results.read_plan(logs[k])
+    assert [r.nodeid for r in results.read(cont)] == [r.nodeid for r in results.read(logs[k])]
+    others = [str(log) for i, log in enumerate(logs) if i != k]
+    merged = merge_cli(str(cont), *others, "--baselines-dir", str(tmp_path / "merged"))
+    assert merged.returncode == 0, merged.stdout + merged.stderr
+    assert "merged 3 of 3 shard(s): 4 case(s)" in merged.stdout
+
+    again = run_pytest(tmp_path, *resume)  # the same command again: B holds a log now, and it is not overwritten
+    said = again.stderr.str()
+    assert again.ret == 4 and "Traceback" not in said and cont.read_text().splitlines() == lines
+    assert f"--results-log {cont}: already holds a results log; with --resume {killed} it would start as its " in said
+
+
 @pytest.mark.slow  # reads the module's shards
 def test_shards_that_recorded_nothing_record_nothing_in_the_merge(one_and_three, tmp_path):
     """The shards of a verify run judge against the baselines and record nothing: their merge records nothing

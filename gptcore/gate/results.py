@@ -223,6 +223,20 @@ class ResultsLog:
             return
         self._append(json.dumps(plan.to_json()))
 
+    def continue_from(self, earlier: Path) -> None:
+        """Start this log as a copy of the log at ``earlier``, which this run resumes (``--resume A --results-log
+        B``): its plan and its records, line for line, a last line cut short by a kill left out. This log then holds
+        the whole run, or the whole shard, by itself, as a log resumed in place does: a merge takes one log a
+        shard."""
+        lines = [line for line in _text(earlier).splitlines() if line.strip()]
+        if lines:
+            try:
+                json.loads(lines[-1])
+            except ValueError:
+                lines.pop()
+        if lines:
+            self._append("\n".join(lines))
+
     def _append(self, line: str) -> None:
         """The line and its newline in one write to the end of the file, then fsynced: a reader of a run in
         progress sees whole lines (a buffered file writes a record of a few KiB in two, and a run killed between

@@ -156,6 +156,8 @@ def preload(config: pytest.Config, items: list[pytest.Item]) -> None:
         if hooks is not None:
             hooks.bench -= gone
         gate.notes.append(f"--recorded-only: {len(gone)} case(s) with no baseline entry deselected")
+    if resume and gate.log is not None and not config.option.collectonly:  # the last check passed: nothing stops
+        _continue(gate.log, Path(resume))  # the run before its first line is written
 
 
 def shard(config: pytest.Config, items: list[pytest.Item], hooks: CaseHooks) -> None:
@@ -180,6 +182,7 @@ def shard(config: pytest.Config, items: list[pytest.Item], hooks: CaseHooks) -> 
     _deselect(config, items, gone)
     hooks.bench -= gone
     if hooks.gate.log is not None and not config.option.collectonly:
+        # a log that has a plan, resumed or started as a resumed log's copy, keeps it: the merge checks plans by it
         hooks.gate.log.write_plan(plan_of(config, (k, n), mine, len(bench)))
     hooks.gate.notes.append(
         f"--shard {k}/{n}: {len(mine)} of {len(bench)} case(s), planned {sum(seconds[c] for c in mine):,.0f} s of "
@@ -219,6 +222,23 @@ def _check_resumable(config: pytest.Config, log: Path, records: list[Record], pl
         ran = "{}/{}".format(*planned.shard)
         said = f"the log of --shard {ran}, and this run is --shard {asked}: resume it with {ran}"
         raise results.LogError(f"{log}: {said}")
+
+
+def _continue(log: results.ResultsLog, resumed: Path) -> None:
+    """--resume A --results-log B: B starts as A's copy (its plan and records), so that B alone is the run, or
+    the shard, that A began, as A resumed in place would be. A B that already holds a log is refused: its lines and
+    A's would make one log of two runs."""
+    if log.path.resolve() == resumed.resolve():
+        return
+    if log.path.exists() and log.path.stat().st_size:
+        raise pytest.UsageError(
+            f"--results-log {log.path}: already holds a results log; with --resume {resumed} it would start as its "
+            f"copy: give a new file, or resume that log (--resume {log.path})"
+        )
+    try:
+        log.continue_from(resumed)
+    except (OSError, results.LogError) as err:
+        raise pytest.UsageError(f"--results-log {log.path}: cannot start it from {resumed}: {err}") from None
 
 
 def _resume(gate: Gate, records: list[Record], log: Path) -> set[str]:

@@ -85,7 +85,7 @@ def add_options(parser: pytest.Parser, root: Path) -> None:
         metavar="FILE",
         help="append one JSON line per case to FILE the moment the case ends (flushed and fsynced); "
         "default: beside pytest-benchmark's saved runs, .benchmarks/<device>/results-<time>.jsonl "
-        "(with --resume: the log resumed)",
+        "(with --resume: the log resumed; a FILE other than it starts as its copy)",
     )
     group.addoption(
         "--resume",

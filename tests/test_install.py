@@ -54,12 +54,13 @@ def pins(constraints: str, env: dict[str, str]) -> dict[str, list[Requirement]]:
 
 
 def unpinned(pyproject: str, constraints: str) -> list[str]:
-    """What the lock leaves loose: a requirement of the project, its dev extra or its build backend without exactly
-    one == pin under some environment, or with a pin outside what the project asks; a package with two pins; pip
-    without one."""
+    """What the lock leaves loose: a requirement of the project, of its extras (dev for CI, gpu and plot for the GPU
+    runners, which install with the lock less torch and triton) or of its build backend without exactly one == pin
+    under some environment, or with a pin outside what the project asks; a package with two pins; pip without one."""
     toml = tomllib.loads(pyproject)
     project = toml["project"]
-    wanted = [Requirement(line) for line in project["dependencies"] + project["optional-dependencies"]["dev"]]
+    wanted = [Requirement(line) for line in project["dependencies"]]
+    wanted += [Requirement(line) for extra in project["optional-dependencies"].values() for line in extra]
     # .ci/run upgrades the fresh venv's pip to the pinned one, and builds the project with the pinned backend
     wanted += [Requirement("pip"), *(Requirement(line) for line in toml["build-system"]["requires"])]
     problems = []
@@ -91,7 +92,9 @@ def test_constraints_pin_every_requirement_of_the_cpu_install_for_every_python()
 def test_constraints_hold_no_cuda_package_the_cpu_wheel_does_not_bring():
     constraints = (ROOT / "constraints-cpu.txt").read_text()
     names = {name for env in environments() for name in pins(constraints, env)}
-    assert not [name for name in names if name.startswith(("nvidia-", "cuda-"))]
+    # nvidia-ml-py (the gpu extra's) is NVML's Python bindings, pure Python: no CUDA library, and nothing a CPU brings
+    assert not [name for name in names if name.startswith(("nvidia-", "cuda-")) and name != "nvidia-ml-py"]
+    assert "nvidia-ml-py" in names
 
 
 def test_ci_takes_its_installer_and_the_projects_build_backend_from_the_lock():

@@ -157,7 +157,10 @@ def test_the_gpu_shards_install_the_gpu_extra_and_one_runs_the_gpu_proofs_in_tes
     """Without the gpu extra the rungs past nanoGPT skip and no round samples its clocks; the proofs that need CUDA
     (tests/ marked gpu) run once, on shard 1, whatever the benchmarks did."""
     gpu = load("gpu.yml")
-    assert "pip install -e '.[dev,plot,gpu]'" in runs(gpu, "shard")
+    [install] = [s["run"] for s in steps(gpu, "shard") if "pip install" in s.get("run", "")]
+    assert install.rstrip().endswith(
+        "python -m pip install -c \"$RUNNER_TEMP/constraints-gpu.txt\" -e '.[dev,plot,gpu]'"
+    )
     proofs = [s for s in steps(gpu, "shard") if "pytest tests" in s.get("run", "")]
     assert [" ".join(s["run"].split()) for s in proofs] == [
         "python -m pytest tests -m gpu --require-gpu -p no:cacheprovider"
@@ -241,3 +244,28 @@ def test_the_merged_run_is_the_devices_one_saved_run_and_every_job_reads_the_sam
     assert names.index(save["uses"]) > next(i for i, n in enumerate(names) if "gptcore merge" in n)
     assert save["if"].startswith("always()") and save["with"]["path"] == ".benchmarks"
     assert save["with"]["key"].startswith("gpu-bench-history-") and "github.run_attempt" in save["with"]["key"]
+
+
+def test_the_gpu_jobs_install_every_package_but_the_runners_torch_at_the_locks_pin(tmp_path: Path) -> None:
+    """Each GPU job's install step runs with the lock less its torch and triton lines (a runner keeps its CUDA torch,
+    and the Triton that torch pins), and every other requirement of the project has its pin there: a new release of
+    a dependency cannot turn the GPU tier red on unchanged code either. The derived file is made by the step's own
+    command."""
+    from tests.test_install import PYTHONS, unpinned
+
+    root = WORKFLOWS.parent.parent
+    pyproject = (root / "pyproject.toml").read_text()
+    gpu = load("gpu.yml")
+    for job in ("shard", "merge"):
+        [install] = [step["run"] for step in steps(gpu, job) if "pip install" in step.get("run", "")]
+        derive, pip = install.strip().splitlines()
+        assert '-c "$RUNNER_TEMP/constraints-gpu.txt"' in pip, (job, pip)
+        assert 'PIP_BUILD_CONSTRAINT="$RUNNER_TEMP/constraints-gpu.txt"' in pip, (job, pip)
+        subprocess.run(["bash", "-c", derive], cwd=root, env={"RUNNER_TEMP": str(tmp_path), "PATH": "/usr/bin:/bin"})
+        derived = (tmp_path / "constraints-gpu.txt").read_text()
+        assert not re.search(r"^(torch|triton)==", derived, re.M), job
+        # torch alone unpinned: the runner's own; every other requirement, the gpu extra's included, at one pin
+        torch = [
+            f"torch: no pin under Python {python} on {system}" for python in PYTHONS for system in ("darwin", "linux")
+        ]
+        assert unpinned(pyproject, derived) == sorted(torch), job

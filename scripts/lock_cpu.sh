@@ -2,9 +2,9 @@
 # constraints-cpu.txt made anew: every package of the CPU install (README's `pip install -c constraints-cpu.txt -e
 # '.[dev]'`, the pip that .ci/run upgrades to and the setuptools it builds the project with) pinned, for every Python
 # the project takes (>= 3.10) and every platform, so that a new release of any of them cannot turn CI red on unchanged
-# code; the gpu extra's packages too, for the GPU runners (gpu.yml installs with this file less its torch and triton
-# lines: a runner keeps its CUDA torch and the Triton that torch pins). The weekly torch-upgrade job installs the newest
-# of everything, without this file, and says what a bump would meet.
+# code; the gpu extra's packages too, for the GPU runners (gpu.yml installs with this file less the pins of the
+# runner's CUDA torch and of what it requires: scripts/gpu_constraints.py). The weekly torch-upgrade job installs the
+# newest of everything, without this file, and says what a bump would meet.
 # uv's universal resolution writes one file with a pin per Python version where they differ (pip-tools resolves for
 # the Python it runs under only). The file's pins are kept where they still fit (a new requirement gets the newest
 # release that does, nothing else moves); --upgrade takes the newest of everything. Needs uv (`pip install uv`) and
@@ -38,8 +38,8 @@ uv pip compile pyproject.toml "$work/tools.in" --extra dev --extra gpu --univers
 {
   cat << 'EOF2'
 # The CPU install's every package pinned: CI (.ci/run) and README install with it, so that a new release of a
-# dependency cannot turn CI red on unchanged code; the GPU runners install with it less its torch and triton lines
-# (gpu.yml). Written by `bash scripts/lock_cpu.sh` (uv's universal resolution: a pin per Python version where they
+# dependency cannot turn CI red on unchanged code; the GPU runners install with it less the pins of their own torch
+# and of what it requires (gpu.yml, scripts/gpu_constraints.py). Written by `bash scripts/lock_cpu.sh` (uv's universal resolution: a pin per Python version where they
 # differ); edit only the torch and triton lines by hand, then run it. The weekly torch-upgrade job installs the newest
 # of everything without this file.
 # torch: the CPU wheel (2.13.0+cpu satisfies ==2.13.0); unpinned, pip pulls the newest CUDA build (gigabytes).

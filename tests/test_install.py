@@ -55,7 +55,7 @@ def pins(constraints: str, env: dict[str, str]) -> dict[str, list[Requirement]]:
 
 def unpinned(pyproject: str, constraints: str) -> list[str]:
     """What the lock leaves loose: a requirement of the project, of its extras (dev for CI, gpu and plot for the GPU
-    runners, which install with the lock less torch and triton) or of its build backend without exactly one == pin
+    runners, which install with the lock less their torch's pins) or of its build backend without exactly one == pin
     under some environment, or with a pin outside what the project asks; a package with two pins; pip without one."""
     toml = tomllib.loads(pyproject)
     project = toml["project"]

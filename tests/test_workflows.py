@@ -247,25 +247,73 @@ def test_the_merged_run_is_the_devices_one_saved_run_and_every_job_reads_the_sam
 
 
 def test_the_gpu_jobs_install_every_package_but_the_runners_torch_at_the_locks_pin(tmp_path: Path) -> None:
-    """Each GPU job's install step runs with the lock less its torch and triton lines (a runner keeps its CUDA torch,
-    and the Triton that torch pins), and every other requirement of the project has its pin there: a new release of
-    a dependency cannot turn the GPU tier red on unchanged code either. The derived file is made by the step's own
-    command."""
+    """Each GPU job's install step runs with the lock less the pins of the torch installed and of what it requires
+    (a runner keeps its CUDA torch as installed: held to the CPU wheel's sympy, a torch upgrade would stop at the
+    install), and every other requirement of the project has its pin there: a new release of a dependency cannot turn
+    the GPU tier red on unchanged code either. The derived file is made by the step's own command, under this
+    environment's torch (the lock's 2.13.0): exactly its requirements and theirs are left out."""
     from tests.test_install import PYTHONS, unpinned
 
     root = WORKFLOWS.parent.parent
     pyproject = (root / "pyproject.toml").read_text()
+    lock = (root / "constraints-cpu.txt").read_text().splitlines()
+    # torch 2.13.0's requirements (filelock, typing-extensions, setuptools, sympy, networkx, jinja2, fsspec), theirs
+    # (mpmath, markupsafe), and Triton, which a CUDA torch pins and the CPU wheel does not name
+    torchs = {"torch", "triton", "filelock", "typing-extensions", "setuptools", "sympy", "mpmath", "networkx", "jinja2"}
+    torchs |= {"markupsafe", "fsspec"}
     gpu = load("gpu.yml")
     for job in ("shard", "merge"):
         [install] = [step["run"] for step in steps(gpu, job) if "pip install" in step.get("run", "")]
         derive, pip = install.strip().splitlines()
         assert '-c "$RUNNER_TEMP/constraints-gpu.txt"' in pip, (job, pip)
-        assert 'PIP_BUILD_CONSTRAINT="$RUNNER_TEMP/constraints-gpu.txt"' in pip, (job, pip)
-        subprocess.run(["bash", "-c", derive], cwd=root, env={"RUNNER_TEMP": str(tmp_path), "PATH": "/usr/bin:/bin"})
-        derived = (tmp_path / "constraints-gpu.txt").read_text()
-        assert not re.search(r"^(torch|triton)==", derived, re.M), job
-        # torch alone unpinned: the runner's own; every other requirement, the gpu extra's included, at one pin
-        torch = [
-            f"torch: no pin under Python {python} on {system}" for python in PYTHONS for system in ("darwin", "linux")
-        ]
-        assert unpinned(pyproject, derived) == sorted(torch), job
+        assert 'PIP_BUILD_CONSTRAINT="$PWD/constraints-cpu.txt"' in pip, (job, pip)  # the build backend: the lock's
+        assert derive.startswith("python scripts/gpu_constraints.py"), (job, derive)
+        command = derive.replace("python", sys.executable, 1)
+        env = {"RUNNER_TEMP": str(tmp_path), "PATH": "/usr/bin:/bin"}
+        subprocess.run(["bash", "-c", command], cwd=root, env=env, check=True)
+        derived = (tmp_path / "constraints-gpu.txt").read_text().splitlines()
+        left_out = [line for line in lock if line not in derived]
+        assert {re.split(r"[=\s;]", line, maxsplit=1)[0].lower() for line in left_out} == torchs, job
+        assert all(line in lock for line in derived[1:]), job  # nothing else changed: one header line added
+        # of the project's own requirements, only torch and the build backend (a torch requirement) go unpinned
+        names, systems = ("setuptools", "torch"), ("darwin", "linux")
+        loose = [f"{name}: no pin under Python {py} on {os}" for name in names for py in PYTHONS for os in systems]
+        assert unpinned(pyproject, "\n".join(derived)) == sorted(loose), job
+
+
+def test_a_torch_requirement_counts_under_an_extra_only_where_the_extra_was_asked_for(monkeypatch, tmp_path: Path):
+    """scripts/gpu_constraints.py on a planted tree of requirements: an extra torch offers (optree) is not followed,
+    an extra torch asks of a dependency (cuda-toolkit[cublas]) is, another platform's requirement counts (its pin is
+    torch's to keep), and a lock line of a package outside the closure stays, comments too. Without torch: one line,
+    exit 2."""
+    import importlib.util
+
+    script = WORKFLOWS.parent.parent / "scripts" / "gpu_constraints.py"
+    spec = importlib.util.spec_from_file_location("gpu_constraints", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    tree = {
+        "torch": [
+            "Sympy>=1.13",
+            'optree>=0.13; extra == "optree"',
+            'cuda-toolkit[cublas]==13; platform_system == "Linux"',
+        ],
+        "sympy": ["mpmath<1.4"],
+        "cuda-toolkit": ['nvidia-cublas; extra == "cublas"', 'nvidia-cufft; extra == "cufft"'],
+        "mpmath": ['pytest; extra == "develop"'],
+    }
+
+    def requires(name: str) -> list[str] | None:
+        if name.lower() not in tree and name != "nvidia-cublas":
+            raise module.metadata.PackageNotFoundError(name)
+        return tree.get(name.lower())
+
+    monkeypatch.setattr(module.metadata, "requires", requires)
+    assert module.requirement_closure("torch") == {"torch", "sympy", "mpmath", "cuda-toolkit", "nvidia-cublas"}
+    lock = "# a comment\nsympy==1.14.0\nmpmath==1.3.0 ; python_version >= '3.10'\npytest==9.2.0\nOptree==0.17\n"
+    kept = module.gpu_constraints(lock, module.requirement_closure("torch"))
+    assert kept == "# a comment\npytest==9.2.0\nOptree==0.17\n"
+
+    bare = subprocess.run([sys.executable, "-S", str(script)], capture_output=True, text=True, timeout=60)
+    assert bare.returncode == 2 and bare.stdout == "" and "Traceback" not in bare.stderr
+    assert bare.stderr.startswith("gpu_constraints.py: no torch for ") and bare.stderr.count("\n") == 1

@@ -297,6 +297,11 @@ def test_the_shards_pytest_benchmark_runs_are_saved_as_one_run_that_history_read
         dirty[-1].write_text(json.dumps(run))
     saved_dirty = save_run(dirty, where, dataclasses.replace(plan, commit="a" * 40 + "+dirty"))
     assert saved_dirty.name.startswith("0003_" + "a" * 40 + "_") and saved_dirty.stem.endswith("_uncommitted-changes")
+    # a shard whose time carries an offset beside ones without (UTC, as pytest-benchmark writes it): a traceback
+    # before; the earliest instant names the run
+    zoned = json.loads(jsons[2].read_text()) | {"datetime": "2026-11-21T10:30:00+01:00"}  # 09:30 UTC, before 10:00
+    jsons[2].write_text(json.dumps(zoned))
+    assert save_run(jsons, where, plan).name == "0004_" + "a" * 40 + "_20261121_093000.json"
 
 
 def shard_log(path: Path, plan: dict | None = None, record: dict | None = None) -> Path:
@@ -320,6 +325,13 @@ EFFECT = {"model": "cpu-small", "recipe": "fp32", "device": "cpu", "world": 1, "
     [
         ({"shard": [0, 3]}, None, "not a shard's plan (ValueError: shard 0 of 3: expected 1 <= K <= N)"),
         ({"shard": [1, 0]}, None, "shard 1 of 0: expected 1 <= K <= N"),
+        # each of these was a traceback (an infinite N) or read as shard 1 of 3
+        ({"shard": [1, float("inf")]}, None, "shard: [1, inf]: expected [K, N], two whole numbers"),
+        ({"shard": [1.5, 3]}, None, "shard: [1.5, 3]: expected [K, N], two whole numbers"),
+        ({"shard": ["1", "3"]}, None, "shard: ['1', '3']: expected [K, N], two whole numbers"),
+        ({"shard": [1, 3, 5]}, None, "shard: [1, 3, 5]: expected [K, N], two whole numbers"),
+        ({"shard": "13"}, None, "shard: 13: expected [K, N], two whole numbers"),
+        ({"shard": [True, 1]}, None, "shard: [True, 1]: expected [K, N], two whole numbers"),
         ({"cases": "abc"}, None, "cases: must be a list of case ids"),
         ({"slug": "../../x"}, None, "slug '../../x': not a device slug"),  # it names the baseline file written
         ({"recording": {"bogus": 1}}, None, "recording: unknown field 'bogus'"),
@@ -328,6 +340,7 @@ EFFECT = {"model": "cpu-small", "recipe": "fp32", "device": "cpu", "world": 1, "
         (None, {"failures": [1]}, "line 2: failures: must be a list of strings"),
         (None, {"effect": {"model": "x"}}, "line 2: effect: no 'recipe'"),
         (None, {"row": {"bogus": 1}}, "line 2: row: unknown cell 'bogus'"),
+        (None, {"row": {"status": {}}}, "line 2: row: no 'verdict'"),  # a traceback in the end table before
         # each of these was a traceback in the merge's end table or its judging of the effects
         (None, {"row": {"verdict": -1}}, "line 2: row.verdict: int where the log has str"),
         (None, {"row": {"status": "x"}}, "line 2: row.status: str where the log has dict"),
@@ -524,6 +537,31 @@ def test_the_whole_cpu_tier_as_three_shards_merges_into_the_one_runs_verdicts_an
     # per model of the shape study's 4, the distributed study's 2, every one met
     effects = [line for line in merged.stdout.splitlines() if line.startswith("cpu-") and " vs " in line]
     assert len(effects) == 9 + 4 * 3 + 2 and all(line.rstrip().endswith("ok") for line in effects)
+
+
+@pytest.mark.parametrize("figure", [float("nan"), float("inf")])
+def test_a_recorded_entry_that_no_baseline_file_may_hold_is_one_line_and_nothing_is_written(tmp_path, figure):
+    """A shard's line says it recorded an entry whose tokens/s is NaN or infinite (a log edited, or written by another
+    program): the merge used to write it into the baseline file, exit 0, and every later read of that file failed.
+    Now the entry is held to a baseline's own check first: one line naming the log and the field, exit 2, the
+    baseline file as it was."""
+    import json
+
+    shutil.copy(WHOLE / "cpu.json", tmp_path / "cpu.json")
+    before = (tmp_path / "cpu.json").read_bytes()
+    plan, first, *rest = (WHOLE / "shard-1.jsonl").read_text().splitlines()
+    record = json.loads(first)
+    record["recorded"] = True
+    record["entry"]["tokens_per_s"]["median"] = figure
+    bad = tmp_path / "shard-1.jsonl"
+    bad.write_text("\n".join([plan, json.dumps(record), *rest]) + "\n")
+    merged = merge_cli(
+        str(bad), str(WHOLE / "shard-2.jsonl"), str(WHOLE / "shard-3.jsonl"), "--baselines-dir", str(tmp_path)
+    )
+    said = merged.stderr
+    assert merged.returncode == 2 and said.count("\n") == 1 and "Traceback" not in said, merged.stdout + said
+    assert f"{bad}: {record['nodeid']}: its recorded entry: tokens_per_s.median: must be a finite number >= 0" in said
+    assert (tmp_path / "cpu.json").read_bytes() == before
 
 
 def test_a_merged_or_resumed_case_stands_beside_the_baseline_its_verdict_is_of(tmp_path):

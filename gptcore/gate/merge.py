@@ -19,13 +19,13 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 from gptcore.gate import results
 from gptcore.gate.expectations import Figures
 from gptcore.gate.schema import Entry
 from gptcore.gate.session import Gate
+from gptcore.storage import utc_time
 
 NOT_MET = ": expected effect not met: "
 
@@ -135,7 +135,8 @@ def _take(gate: Gate, r: results.Record, where: str, recorded: dict[str, Entry])
     measured = gate.take_record(r, where)
     own = [line for line in r.failures if NOT_MET not in line]  # what the shard could judge of the effects: again
     gate.failures += own or ([f"{r.name}: {r.reason}"] if r.outcome == "failed" and not r.failures else [])
-    if r.recorded and measured is not None:
+    if r.recorded and measured is not None:  # a baseline's own check (a run's figure may be NaN, a baseline's not):
+        Entry.from_json(r.entry, f"{where}: its recorded entry")  # BaselineError before any file is written
         recorded[r.name] = measured
     if r.effect:
         e = r.effect
@@ -179,7 +180,8 @@ def save_run(paths: Sequence[str | Path], storage: str | Path, plan: results.Pla
         "machine_info": {**first["machine_info"], "shards": [r["machine_info"].get("node") for r in runs]},
         "benchmarks": sorted((b for r in runs for b in r["benchmarks"]), key=lambda b: b["fullname"]),
     }
-    when = min(datetime.fromisoformat(r["datetime"]) for r in runs)  # the run's start: its first shard's
+    when = min(utc_time(r["datetime"]) for r in runs)  # the run's start, its first shard's (a time without an offset
+    # is UTC, as pytest-benchmark writes it)
     name = "_".join(
         [commit, when.strftime("%Y%m%d_%H%M%S")]
         + (["uncommitted-changes"] if first["commit_info"].get("dirty") else [])
@@ -205,8 +207,6 @@ def _wrong_shape(run: object) -> str | None:
         isinstance(b, dict) and isinstance(b.get("fullname"), str) for b in benchmarks
     ):
         return "benchmarks: not a list of benchmarks with their fullname"
-    try:
-        datetime.fromisoformat(run.get("datetime"))
-    except (TypeError, ValueError):
+    if not isinstance(run.get("datetime"), str) or utc_time(run["datetime"]) is None:
         return f"datetime: {run.get('datetime')!r} is not an ISO date"
     return None

@@ -131,6 +131,8 @@ def _check_row(row: dict[str, Any]) -> None:
             raise TypeError(f"row.{name}: {type(value).__name__} where the log has {_type_names(ROW_TYPES[name])}")
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in row.get("status", {}).items()):
         raise TypeError("row.status: must be an object of metric -> status")
+    if row and "verdict" not in row:  # the end table's one cell without a default
+        raise TypeError("row: no 'verdict'")
 
 
 def _check_effect(effect: dict[str, Any]) -> None:
@@ -184,7 +186,10 @@ class Plan:
         a shard outside 1..N, cases that are not a list of ids, a slug that is not a file name (it names the baseline
         file the merge records into), a recording of other fields."""
         plan = data["plan"]
-        k, n = (int(plan["shard"][0]), int(plan["shard"][1]))
+        shard = plan["shard"]
+        if not isinstance(shard, list) or len(shard) != 2 or not all(_is(x, (int,)) for x in shard):
+            raise ValueError(f"shard: {str(shard)[:40]}: expected [K, N], two whole numbers")
+        k, n = shard
         if not 1 <= k <= n:
             raise ValueError(f"shard {k} of {n}: expected 1 <= K <= N")
         if not isinstance(plan["cases"], list) or not all(isinstance(c, str) for c in plan["cases"]):

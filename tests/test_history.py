@@ -340,6 +340,31 @@ def test_a_saved_case_makes_a_series_of_each_figure_it_holds(tmp_path: Path):
     assert exact == {key: key[1] != "val loss" for key in expected}
 
 
+def test_a_saved_field_of_another_shape_has_no_value_and_the_rest_is_read(tmp_path: Path):
+    """A saved run written by another program, or edited by hand: a compile block that is not an object, a FLOP or
+    op-call count that is null or text, a validation loss that is not a list ending in a number. Each such figure has
+    no value in that run (counted as skipped, as a null is); the figures beside it are read as usual."""
+    good = {"device": "cpu", "peak_allocated_bytes": 5, "work": {"flops": {"forward": 2}, "compile": {"graphs": 1}}}
+    odd = [
+        {"work": {"compile": "x", "flops": {"forward": None}, "op_calls": {"forward": "3"}, "syncs": "0"}},
+        {"work": {"compile": [1], "flops": {"forward": 2, "backward": True}}},
+        {"convergence": {"val_loss": 5}},
+        {"convergence": {"val_loss": [None]}},
+        {"convergence": {"val_loss": {"a": 1}}},
+        {"convergence": {"val_loss": "abc"}},
+    ]
+    for shape in odd:
+        info = good | shape
+        assert history._metrics(info) == ({} if "convergence" in shape else {"peak memory": (5.0, True)}), shape
+    for i, shape in enumerate(odd[:2], 1):
+        save(tmp_path, i, str(i) * 40, {"t[x]": good | shape})
+    save(tmp_path, 3, "3" * 40, {"t[x]": good})
+    series, _, read = history.read(tmp_path)
+    assert [p.value for p in series[("t[x]", "peak memory")]] == [5.0, 5.0, 5.0]
+    assert [p.value for p in series[("t[x]", "flops")]] == [2.0]
+    assert "t[x] flops: 2 of 3 run(s) have no value (skipped)" in read.skipped
+
+
 def test_commits_are_in_commit_time_order_with_each_commits_runs_together(tmp_path: Path):
     runs = tmp_path / "runs" / "Linux-CPython-3.11-64bit"
     case = "test_x[a-b]"

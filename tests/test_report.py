@@ -632,3 +632,22 @@ def test_a_nan_loss_and_an_inf_speed_are_named_in_the_report_and_its_page(tmp_pa
     assert f"not finite: {second['name']}: tokens/s is +inf (the timing broke)" in lines
     page = build_html(path, baselines_dir=BASELINES)
     assert "loss is NaN (the run diverged)" in page and "tokens/s is +inf (the timing broke)" in page
+
+
+def test_a_run_file_with_a_field_of_another_shape_still_makes_its_page(tmp_path: Path) -> None:
+    """A machine_info that is not an object, and a peak that is text: each was a traceback in --html (the plain
+    tables showed '—'). The page is made, the odd figure shown as none, and the device read from the cases."""
+    import json
+
+    pytest.importorskip("matplotlib")
+    for odd in ({"machine_info": "x"}, {"machine_info": 3}, "peak"):
+        data = json.loads(CPU_RUN.read_text())
+        if odd == "peak":
+            data["benchmarks"][0]["extra_info"]["peak_allocated_bytes"] = "12 MiB"
+        else:
+            data |= odd
+        run = tmp_path / "run.json"
+        run.write_text(json.dumps(data))
+        out = tmp_path / "page.html"
+        assert main(["report", str(run), "--html", str(out), "--baselines", str(BASELINES)]) == 0, odd
+        assert out.read_text().startswith("<!DOCTYPE html>"), odd

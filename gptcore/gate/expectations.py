@@ -356,26 +356,20 @@ class Session:
         """``record`` from a benchmark's extra_info (model, recipe, device, world_size, peak_allocated_bytes,
         tokens_per_s, tokens_per_s_iqr, estimate_bytes, tokens_per_step), as the report reads a saved run; the peak
         without the matmul kernels' scratch, as the gate judges it (gptcore.gate.schema.kernel_free_peak)."""
-        figures = Figures(
-            kernel_free_peak(
-                info.get("peak_allocated_bytes"),
-                str(info.get("precision", "fp32")),
-                info.get("cpu_model"),
-                info.get("peak_by_category"),
-                info.get("kernel_scratch_bytes"),
-            ),
-            info.get("tokens_per_s"),
-            info.get("tokens_per_s_iqr"),
-            info.get("estimate_bytes"),
-            info.get("tokens_per_step"),
+        # a figure of another type (a run file written by another program) is none, as the report's tables show it
+        n = {k: v if _is_number(v) else None for k, v in info.items()}
+        categories = info.get("peak_by_category")
+        categories = categories if isinstance(categories, dict) and all(map(_is_number, categories.values())) else None
+        peak = kernel_free_peak(
+            n.get("peak_allocated_bytes"), str(info.get("precision", "fp32")), info.get("cpu_model"), categories,
+            n.get("kernel_scratch_bytes"),
+        )  # fmt: skip
+        estimate = (
+            info.get("estimate_bytes") if isinstance(info.get("estimate_bytes"), str) else n.get("estimate_bytes")
         )
-        return self.record(
-            info["model"],
-            info["recipe"],
-            str(info.get("device", "cpu")).split(":")[0],
-            figures,
-            int(info.get("world_size") or 1),
-        )
+        figures = Figures(peak, n.get("tokens_per_s"), n.get("tokens_per_s_iqr"), estimate, n.get("tokens_per_step"))
+        world = n.get("world_size") if isinstance(n.get("world_size"), int) and n["world_size"] >= 1 else 1
+        return self.record(info["model"], info["recipe"], str(info.get("device", "cpu")).split(":")[0], figures, world)
 
     def unchecked(self) -> list[str]:
         """'cpu-small checkpoint (needs fp32)' for each case that ran with an expectation whose reference did not."""
@@ -389,3 +383,8 @@ class Session:
                 ):
                     out.append(f"{model} {recipe} (needs {e.reference})")
         return out
+
+
+def _is_number(value: object) -> bool:
+    """A figure of a saved run (NaN and inf included: the judging names them); text, null or a boolean is not."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

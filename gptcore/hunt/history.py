@@ -52,8 +52,9 @@ def _metrics(info: dict) -> dict[str, tuple[float, bool]]:
     cpu = device.startswith("cpu")
     out: dict[str, tuple[float, bool]] = {}
     convergence = info.get("convergence")
-    if isinstance(convergence, dict) and convergence.get("val_loss"):
-        return {"val loss": (float(convergence["val_loss"][-1]), False)}
+    if isinstance(convergence, dict) and convergence.get("val_loss"):  # a field of another shape has no value here
+        losses = convergence["val_loss"]
+        return {"val loss": (float(losses[-1]), False)} if isinstance(losses, list) and _number(losses[-1]) else {}
     speed_gated = Tolerances.default_for("cpu" if cpu else "cuda").speed is not None
     if speed_gated and _number(info.get("tokens_per_s")):
         out["tokens/s"] = (float(info["tokens_per_s"]), False)
@@ -64,13 +65,14 @@ def _metrics(info: dict) -> dict[str, tuple[float, bool]]:
     work = info.get("work")
     if isinstance(work, dict):
         for name, key in (("flops", "flops"), ("op calls", "op_calls")):
-            if isinstance(work.get(key), dict):
+            if isinstance(work.get(key), dict) and all(_number(v) for v in work[key].values()):
                 out[name] = (float(sum(work[key].values())), True)
         for name in ("syncs", "allocations", "allocated_bytes"):
-            if isinstance(work.get(name), (int, float)):
+            if _number(work.get(name)):
                 out[name.replace("_", " ")] = (float(work[name]), True)
-        for name, value in (work.get("compile") or {}).items():
-            if isinstance(value, (int, float)):
+        compiled = work.get("compile")
+        for name, value in compiled.items() if isinstance(compiled, dict) else ():
+            if _number(value):
                 out[name.replace("_", " ")] = (float(value), True)
     return out
 

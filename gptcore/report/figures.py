@@ -94,7 +94,7 @@ def now_vs_baseline_figure(group: str, recs: Sequence[Record], base: BaselineFil
     fig, (ax_s, ax_m) = plt.subplots(1, 2, figsize=(13, 1.4 + 0.42 * n), sharey=True)
     entries = [base.entries.get(r.name) if base else None for r in recs]
     unit = common_unit(
-        [r.info.get("peak_allocated_bytes") for r in recs] + [e.peak_allocated_bytes for e in entries if e]
+        [number(r.info.get("peak_allocated_bytes")) for r in recs] + [e.peak_allocated_bytes for e in entries if e]
     )
     for i, (r, e) in enumerate(zip(recs, entries)):
         y = n - 1 - i

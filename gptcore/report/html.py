@@ -44,7 +44,7 @@ COLORS = {"now": "#1f77b4", "fail": "#d62728", "better": "#2ca02c", "base": "#9e
 
 def device_slug(data: dict, records: Sequence[Record]) -> str:
     """The run's device slug: machine_info's device_slug, else the GPU's name, else 'cpu'."""
-    info = data.get("machine_info") or {}
+    info = data.get("machine_info") if isinstance(data.get("machine_info"), dict) else {}
     if isinstance(info.get("device_slug"), str):
         return info["device_slug"]
     gpu = info.get("gpu")

@@ -84,7 +84,12 @@ def test_train_with_evaluations_times_the_training_alone(monkeypatch, capsys):
     _clock(monkeypatch, 10.0, 100.0)
     args = ["train", "--model", "cpu-small", "--steps", "4", "--batch", "4", "--device", "cpu", "--eval-every", "2"]
     assert main(args) == 0
-    assert "4 steps in 3.0 s (750.0 ms/step, 341 tok/s)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "4 steps in 3.0 s (750.0 ms/step, 341 tok/s)" in out and "over the first 2 steps" in out
+    args[args.index("--eval-every") + 1] = "5"  # an evaluation period past the last step: 4 steps ran, not 5
+    _clock(monkeypatch, 10.0, 100.0)
+    assert main(args) == 0
+    assert "train loss 4.0000 over the first 4 steps -> 3.6000 over the last" in capsys.readouterr().out
 
 
 def test_set_changes_recipe_fields_and_says_so(monkeypatch, capsys):
@@ -346,6 +351,12 @@ def test_estimate_fits_the_batch_at_the_sequence_length_asked_and_refuses_a_batc
     done = run_cli("estimate", "--model", "cpu-small", "--device", "cpu", "--fit", "0.5", "--batch", "8")
     [line] = done.stderr.strip().splitlines()
     assert done.returncode == 2 and "--batch and --fit (or a recipe's fit_memory) both choose the batch" in line
+    alone = run_cli("estimate", "--model", "cpu-small", "--device", "cpu", "--capacity", "1000")  # ignored before
+    [line] = alone.stderr.strip().splitlines()
+    assert (
+        alone.returncode == 2
+        and line == "gptcore: error: --capacity is the memory --fit fills: give --fit SHARE with it"
+    )
 
 
 def test_an_interpreter_given_relative_to_the_cwd_is_made_absolute_but_not_resolved(tmp_path, monkeypatch):

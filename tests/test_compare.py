@@ -509,6 +509,9 @@ def test_bad_interpreters_are_one_line_and_exit_code_2(repo, tmp_path, monkeypat
     no_torch = wrapper(tmp_path / "python-without-torch", "echo 'ModuleNotFoundError: torch' >&2; exit 1")
     assert main(["compare", "-k", CASE, "--python-b", no_torch]) == 2
     assert "cannot import torch: ModuleNotFoundError: torch" in one_error_line(capsys)
+    not_python = wrapper(tmp_path / "not-python", "exit 0")  # /usr/bin/true passed for an interpreter before
+    assert main(["compare", "-k", CASE, "--python-b", not_python]) == 2
+    assert "not a Python that imports torch (torch.__version__ printed '')" in one_error_line(capsys)
 
 
 def test_the_worker_refuses_a_checkout_whose_gptcore_it_did_not_import(tmp_path):

@@ -68,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
         shaped = dataclasses.replace(cfg, block_size=args.seq or cfg.block_size)
         fit = fit_batch(shaped, recipe, args.device, capacity, share=args.fit)
         args.batch = fit.batch
+    elif args.capacity is not None:  # it would be ignored without a word
+        raise UsageError("--capacity is the memory --fit fills: give --fit SHARE with it")
     question = resolve(cfg, recipe, batch=args.batch, seq=args.seq, device=args.device)
     est = estimate(question)
     sim = simulate(question) if args.simulate else None

@@ -126,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
         what = f"loss {first:.4f} at step 1 -> {losses[-1]:.4f} at step {args.steps}"
     else:
         what = (
-            f"train loss {first:.4f} over the first {args.eval_every} steps -> {losses[-1]:.4f} over the last, "
+            f"train loss {first:.4f} over the first {min(args.eval_every, args.steps)} steps -> {losses[-1]:.4f} over "
+            "the last, "
             f"validation loss {val:.4f} at step {args.steps} (evaluations not timed)"
         )
     print(

@@ -21,6 +21,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -309,7 +310,10 @@ def interpreter(python: str | None) -> tuple[str, str]:
     if out.returncode:
         last = (out.stderr.strip().splitlines() or ["failed"])[-1]
         raise CompareError(f"python {path}: cannot import torch: {last}")
-    return path, out.stdout.strip()
+    version = (out.stdout.strip().splitlines() or [""])[-1]
+    if not re.fullmatch(r"\d+\.\d+\S*", version):  # /usr/bin/true exits 0 too
+        raise CompareError(f"python {path}: not a Python that imports torch (torch.__version__ printed {version!r})")
+    return path, version
 
 
 def compare(

@@ -436,7 +436,7 @@ def test_merge_checks_where_it_writes_before_it_records_anything(tmp_path):
     saving = ("--benchmark-json", str(tmp_path / "bench.json"))  # the storage is checked when a run is to be saved
     for option, target, message, more in (
         ("--gate-markdown", tmp_path, "is a folder; give a file", ()),
-        ("--gate-markdown", log / "verdict.md", "cannot create its folder", ()),
+        ("--gate-markdown", log / "verdict.md", f"{log} is a file, not a folder", ()),  # mkdir said "File exists"
         ("--benchmark-storage", log, "not a folder", saving),
         ("--benchmark-storage", log / "storage", f"cannot create it under {log}", saving),
         ("--benchmark-json", tmp_path / "bench.json", "no such file", ()),  # read only after recording: checked first

@@ -271,6 +271,9 @@ class ResultsLog:
 def unwritable(path: Path) -> str | None:
     """Why a file could not be written at ``path`` (its folder is made here, as the log's own writes make it), or
     None: the one check, before any work, of where a run or a command writes (a results log, a verdict, a JSON)."""
+    blocked = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocked is not None:  # mkdir would say only "File exists"
+        return f"{blocked} is a file, not a folder"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:

@@ -83,14 +83,53 @@ class Case:
 
 
 def records_of(paths: list[Path]) -> list[results.Record]:
-    """Every line of the logs at ``paths``, in order (LogError for a log that cannot be read)."""
-    return [record for path in paths for record in results.read(path)]
+    """Every line of the logs at ``paths``, in order; LogError for a log that cannot be read, or a line whose
+    entry holds a figure of another type (text, a list) than an entry's."""
+    records = []
+    for path in paths:
+        for record in results.read(path):
+            wrong = _wrong(record.entry) if record.entry else None
+            if wrong:
+                raise results.LogError(f"{path}: {record.name}: {wrong}")
+            records.append(record)
+    return records
+
+
+def _wrong(entry: dict) -> str | None:
+    """What of an entry the comparison reads is of another type than a figure (None: nothing)."""
+    speed, loss = entry.get("tokens_per_s"), entry.get("loss")
+    for name, value in (("tokens_per_s", speed), ("loss", loss)):
+        if value is not None and not isinstance(value, dict):
+            return f"{name}: {value!r} is not an object"
+    speed, loss = speed or {}, loss or {}
+    figures = {"tokens_per_s.median": speed.get("median"), "tokens_per_s.iqr": speed.get("iqr")}
+    figures |= {"peak_allocated_bytes": entry.get("peak_allocated_bytes"), "loss.value": loss.get("value")}
+    figures |= {"gpu_busy_seconds": entry.get("gpu_busy_seconds")}
+    kinds = entry.get("gpu_kernel_seconds") or {}
+    if not isinstance(kinds, dict):
+        return f"gpu_kernel_seconds: {kinds!r} is not an object of kind -> seconds"
+    figures |= {f"gpu_kernel_seconds.{kind}": seconds for kind, seconds in kinds.items()}
+    for name, value in figures.items():  # NaN passes here: a diverged run has no figures (entries)
+        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0):
+            return f"{name}: {value!r} is not a number >= 0"
+    if not isinstance(entry.get("precision", "fp32"), str):
+        return f"precision: {entry['precision']!r} is not a name"
+    return None
 
 
 def entries(records: list[results.Record]) -> dict[str, dict | None]:
     """The measured entry of each case of ``records``, None for a case that ended with no figures (a skip, an
-    out-of-memory failure); a later line of a case replaces an earlier."""
-    return {record.name: record.entry or None for record in records}
+    out-of-memory failure) or with a NaN or infinite one (a diverged run has no noise to measure); a later line of
+    a case replaces an earlier."""
+    return {record.name: record.entry if record.entry and _finite(record.entry) else None for record in records}
+
+
+def _finite(entry: dict) -> bool:
+    """Whether every figure the comparison reads of ``entry`` is finite."""
+    speed, loss = entry.get("tokens_per_s") or {}, entry.get("loss") or {}
+    figures = [speed.get("median"), speed.get("iqr"), loss.get("value"), entry.get("gpu_busy_seconds")]
+    figures += list((entry.get("gpu_kernel_seconds") or {}).values())
+    return all(math.isfinite(x) for x in figures if x is not None)
 
 
 def measured(paths: list[Path]) -> dict[str, dict | None]:
@@ -283,7 +322,16 @@ def main(argv: list[str] | None = None) -> int:
     except results.LogError as err:
         print(f"gpu_noise: {err}", file=sys.stderr)
         return 2
+    for paths, log in zip((args.first, args.against), logs):
+        if not log:
+            print(f"gpu_noise: {', '.join(map(str, paths))}: no case in the log(s)", file=sys.stderr)
+            return 2
     first, second = entries(logs[0]), entries(logs[1])
+    named = {name for log in (first, second) for name in log} | {study_of(n) for log in (first, second) for n in log}
+    unknown = [name for name in void_busy if name not in named]
+    if unknown:  # a misspelt name would leave a busy time in without a word
+        print(f"gpu_noise: --void-busy {unknown[0]}: no such case or study in the logs", file=sys.stderr)
+        return 2
     ran_on = [devices(log) for log in logs]
     if ran_on[0] != ran_on[1]:  # two hosts of one device type are noise; two devices are not
         on = [", ".join(sorted(slugs)) or "no device named" for slugs in ran_on]

@@ -122,6 +122,52 @@ def test_the_script_writes_the_evidence_and_a_bad_log_is_one_line(tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        (("tokens_per_s", "median"), "fast", "a: tokens_per_s.median: 'fast' is not a number >= 0"),
+        (("tokens_per_s",), [1], "a: tokens_per_s: [1] is not an object"),
+        (("loss", "value"), -1, "a: loss.value: -1 is not a number >= 0"),
+        (("gpu_kernel_seconds",), {"matmul": "x"}, "a: gpu_kernel_seconds.matmul: 'x' is not a number >= 0"),
+        (("precision",), ["bf16"], "a: precision: ['bf16'] is not a name"),
+    ],
+)
+def test_a_figure_of_another_type_is_one_line_naming_the_log_and_a_nan_one_is_not_compared(
+    tmp_path, capsys, field, value, said
+):
+    """Each of these was a traceback in the verify stage's last step (a TypeError, an AttributeError, a NaN turned
+    into an integer). A figure that is not a number names the log, the case and the field; a NaN or infinite one
+    (a diverged run) leaves the case out as one with no figures; an empty log and an unknown --void-busy name are
+    one line too."""
+    import copy
+
+    from scripts import gpu_noise
+
+    bad = copy.deepcopy(SECOND)
+    target = bad["a"]
+    for key in field[:-1]:
+        target = target[key]
+    target[field[-1]] = value
+    write(tmp_path / "one.jsonl", FIRST)
+    write(tmp_path / "two.jsonl", bad)
+    argv = [str(tmp_path / "one.jsonl"), "--against", str(tmp_path / "two.jsonl")]
+    assert gpu_noise.main(argv) == 2
+    assert capsys.readouterr().err == f"gpu_noise: {tmp_path / 'two.jsonl'}: {said}\n"
+    for odd in (float("nan"), float("inf")):
+        bad = copy.deepcopy(SECOND)
+        bad["a"]["tokens_per_s"]["median"] = odd
+        write(tmp_path / "odd.jsonl", bad)
+        assert gpu_noise.main([argv[0], "--against", str(tmp_path / "odd.jsonl")]) == 0
+        said = "2 case(s) measured in both runs; not compared: a (no figures in the second run), oom ("
+        assert said in capsys.readouterr().out
+        (tmp_path / "odd.jsonl").unlink()
+    (tmp_path / "empty.jsonl").write_text("")
+    assert gpu_noise.main([argv[0], "--against", str(tmp_path / "empty.jsonl")]) == 2
+    assert capsys.readouterr().err == f"gpu_noise: {tmp_path / 'empty.jsonl'}: no case in the log(s)\n"
+    assert gpu_noise.main([*argv[:2], str(tmp_path / "one.jsonl"), "--void-busy", "nonsense"]) == 2
+    assert capsys.readouterr().err == "gpu_noise: --void-busy nonsense: no such case or study in the logs\n"
+
+
 def test_runs_of_two_devices_are_refused_in_one_line(tmp_path, capsys):
     """Two hosts of one device type give the noise a tolerance must hold; a CPU run against an H200's gives none."""
     from scripts import gpu_noise

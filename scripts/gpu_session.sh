@@ -127,14 +127,25 @@ wheels() {  # the gpu extra's packages (liger-kernel, torchao) from the wheels i
   if [ -d "$site" ] && [[ ":${PYTHONPATH:-}:" != *":$site:"* ]]; then export PYTHONPATH=$PYTHONPATH:$site; fi
 }
 
-budget() {
+needs_cuda() {  # the two script stages measure the GPU: without one, one line and a failed stage (not a CPU run)
+  "$py" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null && return 0
+  echo "gpu_session.sh: stage $1 needs CUDA, and $py sees none" >&2
+  return 2
+}
+
+budget() {  # fails where any of its scripts failed (the status of a pipe into tee is tee's)
+  local start status=0
   start=$(date +%s)
+  needs_cuda budget || return
   "$py" scripts/partition_memory.py --model deep-1.6b --device cuda --json "$out/partition-deep-1.6b.json" 2>&1 \
     | tee "$out/budget.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   for recipe in budget-0.05 budget-0.60; do
     "$py" scripts/memory_snapshot.py --model deep-1.6b --recipe "$recipe" --out "$out" 2>&1 | tee -a "$out/budget.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
   echo "budget stage wall time: $(( $(date +%s) - start )) s" | tee -a "$out/budget.log"
+  return "$status"
 }
 
 noise() {  # after verify: what the figures differ by between the recording runs and verify (scripts/gpu_noise.py)
@@ -153,14 +164,18 @@ noise() {  # after verify: what the figures differ by between the recording runs
 }
 
 profile() {
+  local status=0
+  needs_cuda profile || return
   { nvidia-smi
     "$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
   } >"$out/env.txt" 2>&1
-  "$py" scripts/matmul_peak.py --dtype bf16 --json "$out/matmul-bf16.json"
-  "$py" scripts/profile_step.py --model gpt2 --recipe ladder-8 --out "$out" 2>&1 | tail -60
+  "$py" scripts/matmul_peak.py --dtype bf16 --device cuda --json "$out/matmul-bf16.json" || status=1
+  "$py" scripts/profile_step.py --model gpt2 --recipe ladder-8 --device cuda --out "$out" 2>&1 | tail -60
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   for run in verify ladder memory char; do
     if [ -f "$out/$run.json" ]; then "$py" -m gptcore report "$out/$run.json" >"$out/report.txt" 2>&1; break; fi
   done
+  return "$status"
 }
 
 pack_now() {  # OUT_DIR into the archive: written beside it, then renamed over it. tar's exit 1 is "a file changed

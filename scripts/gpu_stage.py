@@ -174,9 +174,12 @@ def job_end_now() -> float | None:
     """$GPTCORE_JOB_END as a number (None when unset or empty); SystemExit with one line when it is not one."""
     value = os.environ.get(JOB_END_ENV)
     try:
-        return float(value) if value else None
+        end = float(value) if value else None
     except ValueError:
+        end = math.nan
+    if end is not None and not math.isfinite(end):  # NaN compares false with every deadline: no limit at all
         sys.exit(f"gpu_stage: ${JOB_END_ENV}: {value!r} is not a Unix time")
+    return end
 
 
 def time_limit(given: str | None) -> float | None:

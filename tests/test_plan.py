@@ -101,9 +101,10 @@ def test_a_stage_gets_what_is_left_of_its_job_and_none_below_a_minute(monkeypatc
     assert gpu_stage.fits("budget") == 1
     said = capsys.readouterr().out
     assert said.count("stage ladder not started: ") == 2 and "less than 60 s; run it in the next job" in said
-    monkeypatch.setenv(JOB_END_ENV, "soon")
-    with pytest.raises(SystemExit, match="GPTCORE_JOB_END: 'soon' is not a Unix time"):
-        gpu_stage.job_end_now()
+    for value in ("soon", "nan", "inf", "1e400"):  # NaN and inf read as no limit at all before
+        monkeypatch.setenv(JOB_END_ENV, value)
+        with pytest.raises(SystemExit, match=f"GPTCORE_JOB_END: '{value}' is not a Unix time"):
+            gpu_stage.job_end_now()
     monkeypatch.setenv(TIME_LIMIT_ENV, "1800")  # the limit from the environment where --time-limit is not given
     assert gpu_stage.time_limit(None) == 1800.0 and gpu_stage.time_limit("900") == 900.0
     with pytest.raises(SystemExit, match="time limit 'an hour' is not a number of seconds"):
@@ -228,6 +229,13 @@ def test_stages_named_together_share_the_job_and_a_failed_smoke_stops_the_rest(t
     bad = gpu_session(["ladder", str(tmp_path / "e"), "--time-limit", "soon"])
     assert bad.returncode == 2 and bad.stderr.strip() == "gpu_stage: time limit 'soon' is not a number of seconds"
 
+    # the script stages without a GPU: a failed stage each, named (budget passed before, its status tee's; profile
+    # ran its matmuls and its profile on the CPU)
+    scripts = gpu_session(["budget,profile", str(tmp_path / "f")])
+    assert scripts.returncode == 2, scripts.stdout + scripts.stderr
+    assert scripts.stderr.splitlines() == [
+        f"gpu_session.sh: stage {stage} needs CUDA, and {sys.executable} sees none" for stage in ("budget", "profile")
+    ]
     unknown = gpu_session(["ladder,ladr", str(tmp_path / "c")])
     assert unknown.returncode == 2 and not (tmp_path / "c").exists()  # nothing ran
     assert unknown.stderr.strip().splitlines() == [

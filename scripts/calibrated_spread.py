@@ -22,6 +22,7 @@ from gptcore.cli.arguments import positive  # noqa: E402
 from gptcore.gate.results import unwritable  # noqa: E402
 from gptcore.measure.runner import run_case  # noqa: E402
 from gptcore.presets import get_model, get_recipe  # noqa: E402
+from gptcore.training.trainer import UnsupportedRecipe, check_runnable  # noqa: E402
 
 BUSY = "while True: pass"
 
@@ -49,9 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.runs < 2:
         parser.error(f"--runs: a spread needs 2 runs at least, got {args.runs}")
-    try:
-        get_model(args.model), get_recipe(args.recipe)
-    except ValueError as err:
+    try:  # a CPU study: a recipe the CPU cannot run (tf32, ddp) is refused here, not in the first run
+        check_runnable(get_recipe(args.recipe), "cpu", get_model(args.model))
+    except (ValueError, UnsupportedRecipe) as err:
         parser.exit(2, f"calibrated_spread.py: {err}\n")
     why = unwritable(args.json) if args.json else None
     if why:

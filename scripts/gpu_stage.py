@@ -270,7 +270,10 @@ def run(name: str, out: Path, resume: Path | None, select: str | None = None) ->
     start, deadline = seconds_left(stage)
     if not start:
         return 0
-    out.mkdir(parents=True, exist_ok=True)
+    why = results.unwritable(out / f"{name}.jsonl")  # makes the folder, as the stage would
+    if why:
+        print(f"gpu_stage.py: --out {out}: {why}", file=sys.stderr)
+        return 2
     log = out / f"{name}.jsonl"
     baselines = out / "baselines"
     baselines.mkdir(exist_ok=True)

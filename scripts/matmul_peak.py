@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's gptcore, installed or not
 
 from gptcore.cli.arguments import positive  # noqa: E402
+from gptcore.gate.results import unwritable  # noqa: E402
 from gptcore.measure.timing import StepTimer  # noqa: E402
 from gptcore.training.trainer import resolve_device  # noqa: E402
 
@@ -60,6 +61,10 @@ def main() -> int:
     parser.add_argument("--device", default=None)
     parser.add_argument("--json", default=None, help="write the result here too")
     args = parser.parse_args()
+    why = unwritable(Path(args.json)) if args.json else None
+    if why:  # before the matmuls: the result must not be lost at the end
+        print(f"matmul_peak: --json {args.json}: {why}", file=sys.stderr)
+        return 2
     try:
         device = resolve_device(args.device)
     except (ValueError, RuntimeError) as err:  # a device torch does not know, or CUDA without one

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's gptcore, installed or not
 
 from gptcore.cli.arguments import positive  # noqa: E402
+from gptcore.gate.results import unwritable  # noqa: E402
 from gptcore.memory.snapshot import peak_of_trace  # noqa: E402
 from gptcore.presets import get_model, get_recipe  # noqa: E402
 from gptcore.units import format_bytes  # noqa: E402
@@ -46,6 +47,10 @@ def main() -> int:
         return 2
     if not torch.cuda.is_available():
         print("memory_snapshot: needs CUDA (the allocator history is CUDA's)", file=sys.stderr)
+        return 2
+    why = unwritable(Path(args.out) / f"snapshot-{args.model}-{args.recipe}.json")
+    if why:  # before the steps: the snapshot must not be lost at the end
+        print(f"memory_snapshot: --out {args.out}: {why}", file=sys.stderr)
         return 2
     from gptcore.training.trainer import Trainer
 

@@ -23,6 +23,7 @@ from tabulate import tabulate
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's gptcore, installed or not
 
+from gptcore.gate.results import unwritable  # noqa: E402
 from gptcore.memory.partition import check_plannable  # noqa: E402
 from gptcore.presets import get_model, get_recipe  # noqa: E402
 from gptcore.units import common_unit, format_bytes  # noqa: E402
@@ -44,7 +45,10 @@ def main() -> int:
     parser.add_argument("--device", default=None)
     parser.add_argument("--json", default=None, help="also write the plans here")
     args = parser.parse_args()
-
+    why = unwritable(Path(args.json)) if args.json else None
+    if why:  # before anything compiles: the plans must not be lost at the end
+        print(f"partition_memory: --json {args.json}: {why}", file=sys.stderr)
+        return 2
     try:  # bad names and uncompiled recipes are refused before anything compiles
         get_model(args.model)
         recipes = {name: get_recipe(name) for name in args.recipes}

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's gptcore, installed or not
 
 from gptcore.cli.arguments import positive  # noqa: E402
+from gptcore.gate.results import unwritable  # noqa: E402
 from gptcore.presets import get_model, get_recipe  # noqa: E402
 from gptcore.training.trainer import Trainer, resolve_device  # noqa: E402
 
@@ -42,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"profile_step: --warmup must be 0 or more, got {args.warmup}\n")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         parser.error(f"--out {args.out}: not a folder")
+    why = unwritable(Path(args.out) / "profile.json")  # before the steps: the trace must not be lost at the end
+    if why:
+        parser.exit(2, f"profile_step: --out {args.out}: {why}\n")
     try:
         cfg, recipe = get_model(args.model), get_recipe(args.recipe)
         if args.batch:

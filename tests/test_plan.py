@@ -166,6 +166,9 @@ def test_a_stages_bad_out_or_resume_is_one_line_before_pytest_starts_and_leaves_
     a_file.write_text("")
     assert gpu_stage.run("ladder", a_file, None) == 2
     assert capsys.readouterr().err == f"gpu_stage.py: --out {a_file}: a file; give a folder\n"
+    under = a_file / "sub"  # a NotADirectoryError traceback before
+    assert gpu_stage.run("ladder", under, None) == 2
+    assert capsys.readouterr().err == f"gpu_stage.py: --out {under}: {a_file} is a file, not a folder\n"
     corrupt = tmp_path / "earlier.jsonl"
     corrupt.write_bytes(b"\xff not a log\n{}\n")
     out = tmp_path / "job"

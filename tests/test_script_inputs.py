@@ -1,5 +1,6 @@
-"""Bad input to scripts/trace_cost.py, scripts/calibrated_spread.py and scripts/profile_step.py: one line and exit
-code 2, before any step is trained."""
+"""Bad input to scripts/trace_cost.py, scripts/calibrated_spread.py, scripts/profile_step.py and the GPU session's
+measurement scripts: one line and exit code 2, before any step is trained or any matmul timed (an output that could
+not be written was found only at the end, its measurement lost)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def test_trace_cost_refuses_fewer_than_one_pair(capsys, pairs):
         (["--model", "nope"], "calibrated_spread.py: model: unknown 'nope'; choose from "),
         (["--recipe", "nope"], "calibrated_spread.py: recipe: unknown 'nope'; choose from "),
         (["--json", "/"], "calibrated_spread.py: --json /: is a folder; give a file this run can write"),
+        (["--recipe", "tf32"], "calibrated_spread.py: tf32 is a CUDA tensor-core mode"),  # a traceback in its first run
     ],
 )
 def test_calibrated_spread_bad_input_is_one_line_and_exit_2(capsys, args, says):
@@ -37,3 +39,27 @@ def test_profile_step_refuses_a_negative_warmup(capsys, tmp_path):
         profile_step.main(["--model", "cpu-small", "--recipe", "fp32", "--warmup", "-1", "--out", str(tmp_path)])
     assert stop.value.code == 2
     assert capsys.readouterr().err == "profile_step: --warmup must be 0 or more, got -1\n"
+
+
+@pytest.mark.parametrize("script", ["matmul_peak", "partition_memory", "profile_step", "memory_snapshot"])
+def test_an_output_that_cannot_be_written_is_refused_before_the_measurement(script, tmp_path, monkeypatch, capsys):
+    import importlib
+    import sys
+
+    import torch
+
+    if script == "memory_snapshot":  # it needs CUDA first (the allocator history is CUDA's)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    option = "--json" if script in ("matmul_peak", "partition_memory") else "--out"
+    target = a_file / ("x.json" if option == "--json" else "sub")
+    args = ["--device", "cpu"] if script != "memory_snapshot" else []
+    if script in ("profile_step", "memory_snapshot"):
+        args += ["--model", "cpu-small", "--recipe", "fp32"]
+    module = importlib.import_module(f"scripts.{script}")
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", *args, option, str(target)])
+    with pytest.raises(SystemExit) as stop:
+        raise SystemExit(module.main())
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == f"{script}: {option} {target}: {a_file} is a file, not a folder\n"

@@ -35,10 +35,14 @@ from pathlib import Path
 
 import torch
 
-from gptcore.measure import trace
-from gptcore.memory.fit import fitted
-from gptcore.presets import MODELS, get_recipe
-from gptcore.training.trainer import Trainer
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's gptcore, installed or not
+
+from gptcore.gate.results import unwritable  # noqa: E402
+from gptcore.measure import trace  # noqa: E402
+from gptcore.memory.fit import fitted  # noqa: E402
+from gptcore.presets import MODELS, get_recipe  # noqa: E402
+from gptcore.training.trainer import Trainer  # noqa: E402
 
 B, T, VOCAB, PADDED = 16, 1024, 50257, 50304
 
@@ -136,6 +140,17 @@ def main() -> int:
     args = parser.parse_args()
     if args.rounds < 1 or args.steps < 1:
         sys.exit("versus_nanogpt.py: --rounds and --steps must be at least 1")
+    # what would otherwise stop it after the batch fitting, the warm-up or the rounds: checked first
+    try:
+        get_recipe(args.recipe)
+    except ValueError as err:
+        sys.exit(f"versus_nanogpt.py: {err}")
+    if not (args.nanogpt / "model.py").is_file():
+        sys.exit(f"versus_nanogpt.py: no model.py in {args.nanogpt}: pass a nanoGPT checkout's folder")
+    for option, path in (("--json", args.json), ("--profile", args.profile)):
+        why = unwritable(path) if path else None
+        if why:
+            sys.exit(f"versus_nanogpt.py: {option} {path}: {why}")
     if not torch.cuda.is_available():
         sys.exit("versus_nanogpt.py: needs a CUDA GPU")
     torch.manual_seed(0)

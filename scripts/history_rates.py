@@ -13,6 +13,7 @@ table, and on stderr how long it took (docs/history.md has the figures and the t
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections import Counter
@@ -97,6 +98,19 @@ SCENARIOS = [
 
 THRESHOLDS = ("MIN_STEP", "PENALTY", "P_MAX", "Z_TAIL", "AMBIGUOUS", "WINDOW", "Z_CREEP", "CV_PLACE", "Z_PLACE")
 """The thresholds --set may change: those gptcore.hunt.changepoints reads when it runs."""
+
+
+def _out_of_range(name: str, value: float) -> str | None:
+    """Why ``value`` cannot be threshold ``name`` (None: it can): finite, above 0 (AMBIGUOUS and CV_PLACE may be 0),
+    P_MAX at most 1, WINDOW a whole number of changes."""
+    floor_ok = value >= 0 if name in ("AMBIGUOUS", "CV_PLACE") else value > 0
+    if not math.isfinite(value) or not floor_ok:
+        return f"must be a finite number {'>= 0' if name in ('AMBIGUOUS', 'CV_PLACE') else '> 0'}"
+    if name == "P_MAX" and value > 1:
+        return "a significance is at most 1"
+    if name == "WINDOW" and value != int(value):
+        return "a whole number of commit-to-commit changes"
+    return None
 
 
 def within(before: str, after: str, scenario: Scenario) -> bool:
@@ -197,10 +211,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"history_rates.py: --set {setting}: not one of {', '.join(THRESHOLDS)}", file=sys.stderr)
             return 2
         try:
-            setattr(changepoints, name, type(getattr(changepoints, name))(float(value)))
+            number = float(value)
         except ValueError:
             print(f"history_rates.py: --set {setting}: {value!r} is not a number", file=sys.stderr)
             return 2
+        why = _out_of_range(name, number)
+        if why:  # NaN, inf, 0 or a negative window or penalty stopped the run with a traceback
+            print(f"history_rates.py: --set {setting}: {why}", file=sys.stderr)
+            return 2
+        setattr(changepoints, name, type(getattr(changepoints, name))(number))
     chosen = [i for i, s in enumerate(SCENARIOS) if args.select in s.name]
     if not chosen:
         print(f"history_rates.py: no scenario holds {args.select!r}", file=sys.stderr)

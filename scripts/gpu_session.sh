@@ -66,6 +66,10 @@ for stage in ${stages//,/ }; do
     exit 2
   fi
 done
+if [ "$stages" != plan ] && [ -e "$out" ] && [ ! -d "$out" ]; then
+  echo "gpu_session.sh: OUT_DIR $out: a file; give a folder" >&2
+  exit 2
+fi
 # the stages' dependencies first: one line naming what is missing, never a Python traceback (not ruptures: only
 # `gptcore history` imports it, and the GPU image has none)
 missing=$("$py" -c 'import importlib.util as u

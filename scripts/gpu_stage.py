@@ -160,6 +160,9 @@ def plan_all(time_limit: float | None, device: str | None = None, select: str | 
             f"{name}: {items[i].nodeid}" for i, p in enumerate(planned) if limit is not None and p.seconds > limit
         ]
     print(tabulate(summary, headers=["stage", "cases", "planned s", "jobs", "longest job s"], disable_numparse=True))
+    if select and not any(isinstance(row[1], int) and row[1] for row in summary):  # a misspelt -k plans nothing
+        print(f"\nNO CASE of any pytest stage matches -k {select}: a session with it would run none", file=sys.stderr)
+        return 2
     if unfit:
         print("\nDOES NOT FIT one job: " + "; ".join(unfit))
         return 1

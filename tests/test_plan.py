@@ -239,6 +239,13 @@ def test_stages_named_together_share_the_job_and_a_failed_smoke_stops_the_rest(t
     assert scripts.stderr.splitlines() == [
         f"gpu_session.sh: stage {stage} needs CUDA, and {sys.executable} sees none" for stage in ("budget", "profile")
     ]
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    onto_a_file = gpu_session(["smoke", str(a_file)])  # mkdir's own line came first before
+    assert (
+        onto_a_file.returncode == 2
+        and onto_a_file.stderr == f"gpu_session.sh: OUT_DIR {a_file}: a file; give a folder\n"
+    )
     unknown = gpu_session(["ladder,ladr", str(tmp_path / "c")])
     assert unknown.returncode == 2 and not (tmp_path / "c").exists()  # nothing ran
     assert unknown.stderr.strip().splitlines() == [
@@ -336,6 +343,9 @@ def test_k_narrows_a_stage_to_the_cases_it_names_and_keeps_the_stages_own_select
     assert done.returncode == 4 and "/test_memory_recipes.py -k budget --require-gpu" in done.stdout, done.stdout
     bad = gpu_session(["memory", str(tmp_path / "b"), "-k"])
     assert bad.returncode != 0 and "-k: a pytest -k expression" in bad.stderr
+    misspelt = gpu_session(["plan", "--time-limit", "540", "-k", "budgett"])  # "Every job fits", exit 0 before
+    assert misspelt.returncode == 2 and "Every job fits" not in misspelt.stdout
+    assert misspelt.stderr.strip() == "NO CASE of any pytest stage matches -k budgett: a session with it would run none"
 
 
 def test_a_case_needing_more_gpus_than_the_machine_has_is_planned_as_skipped(monkeypatch):

@@ -276,6 +276,8 @@ def test_an_output_that_cannot_be_written_is_one_line_before_any_work(tmp_path, 
             "--json /proc/nope/x.json: cannot create its folder",
         ),
         (["history", "--storage", str(tmp_path), "--markdown", str(tmp_path)], "--markdown"),
+        # a folder where no file can be made: os.access says yes to root there, so it was found only at the end
+        (["report", run, "--html", "/proc/report.html"], "--html /proc/report.html: not writable"),
     ):
         assert main(args) == 2, args
         out, err = capsys.readouterr()

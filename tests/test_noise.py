@@ -628,6 +628,7 @@ def replay_versus_nanogpt(got: dict, tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch, "randint", lambda *args, device=None: randint(*args))  # the batches on CPU
     out = tmp_path / "versus.json"
+    (tmp_path / "model.py").write_text("")  # the folder main checks first (nanogpt_step, which imports it, is stubbed)
     args = [str(tmp_path), "--recipe", got["recipe"], "--rounds", str(got["rounds"]), "--steps", "10"]
     monkeypatch.setattr(sys, "argv", ["versus_nanogpt.py", *args, "--json", str(out)])
     assert script.main() == 0

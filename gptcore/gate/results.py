@@ -280,6 +280,14 @@ def unwritable(path: Path) -> str | None:
         return f"cannot create its folder: {err.strerror or err}"
     if path.is_dir() or not os.access(path if path.exists() else path.parent, os.W_OK):
         return f"{'is a folder' if path.is_dir() else 'not writable'}; give a file this run can write"
+    existed = path.exists()
+    try:  # os.access says yes to root everywhere (/proc included): opened for appending, nothing written
+        with open(path, "a"):
+            pass
+    except OSError as err:
+        return f"not writable ({err.strerror or err}); give a file this run can write"
+    if not existed:
+        path.unlink(missing_ok=True)
     return None
 
 

@@ -100,3 +100,14 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
         except SystemExit as exit_:  # argparse's usage errors
             code = exit_.code if isinstance(exit_.code, int) else 2
     return subprocess.CompletedProcess(["gptcore", *args], code, out.getvalue(), err.getvalue())
+
+
+def needs_matplotlib() -> None:
+    """The report's figures need matplotlib (the dev and plot extras, which CI installs): a failure naming the install
+    where it is missing, never a skip, which would pass every page test on a broken install."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        pytest.fail(
+            "matplotlib is not installed: pip install -e '.[dev]' (the report's figures need it)", pytrace=False
+        )

@@ -4,6 +4,7 @@ name); bad input is one line and exit code 2, no traceback; --help loads no torc
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import subprocess
 import sys
@@ -32,7 +33,9 @@ def test_train_runs_and_the_loss_falls():
     out = run_cli("train", "--model", "cpu-small", "--recipe", "fp32", "--steps", "50", "--device", "cpu")
     assert out.returncode == 0, out.stderr
     first, last = map(float, re.search(r"loss ([\d.]+) at step 1 -> ([\d.]+) at step 50", out.stdout).groups())
-    assert abs(first - 4.35) < 0.1  # ln 77 = 4.34: the loss of step 1, before any learning
+    # the loss of step 1, before any learning: ln 77 = 4.344 within 0.1 nats (the logits at init add about var/2 =
+    # 0.03 nats to a uniform prediction's, and one batch's own spread the rest; measured 4.36)
+    assert abs(first - math.log(77)) < 0.1
     assert last < first - 0.5  # measured 4.36 -> 3.2 (the lr is still warming up)
     assert "tok/s" in out.stdout and "ms/step" in out.stdout
     assert "peak process RSS" in out.stdout  # says what the figure is

@@ -24,6 +24,7 @@ import pytest
 
 from gptcore.hunt import changepoints, history
 from gptcore.hunt.history import Point
+from tests.helpers import needs_matplotlib
 from tests.test_gate import ROOT, child_env
 
 pytestmark = pytest.mark.cpu
@@ -489,7 +490,7 @@ def test_the_markdown_lists_one_compare_for_work_counts_that_moved_at_one_commit
 
 
 def test_the_html_history_marks_each_change_point_on_its_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    pytest.importorskip("matplotlib")
+    needs_matplotlib()
     from gptcore.report.html import build_html
     from tests.test_report import saved_figures
 

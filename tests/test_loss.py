@@ -18,8 +18,10 @@ pytestmark = pytest.mark.cpu
 
 def test_initial_loss_is_log_vocab():
     t = Trainer(MODELS["cpu-small"], Recipe(), "cpu")
-    # GPT-2 init (std 0.02) gives near-zero logits, i.e. a near-uniform prediction: loss ~ ln V
-    assert abs(t.evaluate("val", n_batches=5) - math.log(t.cfg.vocab_size)) < 0.1
+    # GPT-2 init (std 0.02) gives near-zero logits, i.e. a near-uniform prediction: loss ~ ln V. The logits' variance
+    # over the vocabulary is 0.064 here, and logsumexp's second-order term var/2 = 0.032 nats is the size of the
+    # departure from ln V it allows; 0.05 holds it with room (measured 4.3415 against ln 77 = 4.3438)
+    assert abs(t.evaluate("val", n_batches=5) - math.log(t.cfg.vocab_size)) < 0.05
 
 
 def test_markov_loss_reaches_the_entropy_rate_and_not_below():

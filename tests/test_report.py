@@ -29,6 +29,7 @@ import pytest
 
 from gptcore.cli import main
 from gptcore.report import tables as report
+from tests.helpers import needs_matplotlib
 from tests.test_gate import new_gate
 
 pytestmark = pytest.mark.cpu
@@ -159,7 +160,7 @@ def test_plot_without_matplotlib_is_a_clear_error(
 
 
 def test_plot_writes_a_png_per_metric_and_additivity(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
+    needs_matplotlib()
     written = report.plot(report.load_run(RUN), tmp_path)
     assert {p.name for p in written} == {
         f"cpu-shape-study-{m}{s}.png" for m in ("memory", "speed", "loss") for s in ("", "-additivity")
@@ -170,7 +171,7 @@ def test_plot_writes_a_png_per_metric_and_additivity(tmp_path: Path) -> None:
 def test_plot_labels_every_axis_and_draws_iqr_error_bars_on_tokens_per_s(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytest.importorskip("matplotlib")
+    needs_matplotlib()
     figures = saved_figures(monkeypatch)
     report.plot(report.load_run(RUN), tmp_path)
     assert len(figures) == 6
@@ -259,7 +260,7 @@ class Elements(html.parser.HTMLParser):
 def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The pages of the real CPU run (with its history), of the synthetic ladder run, and of the real CPU run over
     a history with a planted change point (tests/test_history.py), built once."""
-    pytest.importorskip("matplotlib")
+    needs_matplotlib()
     from gptcore.report.html import write_html
     from tests.test_history import planted_history
 
@@ -396,7 +397,7 @@ def test_history_reads_pytest_benchmark_saved_runs_oldest_first() -> None:
 def test_html_plots_label_every_axis_with_error_bars_on_tokens_per_s(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytest.importorskip("matplotlib")
+    needs_matplotlib()
     from gptcore.report.html import build_html
 
     figures = saved_figures(monkeypatch)
@@ -411,7 +412,7 @@ def test_html_plots_label_every_axis_with_error_bars_on_tokens_per_s(
 
 
 def test_cli_html_and_its_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    pytest.importorskip("matplotlib")
+    needs_matplotlib()
     out = tmp_path / "sub" / "report.html"
     assert main(["report", str(LADDER_RUN), "--html", str(out), "--baselines", str(BASELINES)]) == 0
     assert f"wrote {out}" in capsys.readouterr().out and out.read_text().startswith("<!DOCTYPE html>")
@@ -580,7 +581,7 @@ def test_html_status_of_each_case_is_the_gates(tmp_path: Path) -> None:
 def test_html_plots_the_validation_curves_of_a_convergence_run_against_the_baseline(tmp_path: Path) -> None:
     """A convergence case (extra_info as bench/harness.converge_case writes it) gets its group's validation-curve
     figure, and no memory figures (none is measured in a whole training run)."""
-    pytest.importorskip("matplotlib")
+    needs_matplotlib()
     from gptcore.gate import baselines
     from gptcore.measure.convergence import Convergence
     from gptcore.report.html import build_html
@@ -615,7 +616,7 @@ def test_html_plots_the_validation_curves_of_a_convergence_run_against_the_basel
 
 
 def test_a_nan_loss_and_an_inf_speed_are_named_in_the_report_and_its_page(tmp_path: Path, capsys) -> None:
-    pytest.importorskip("matplotlib")
+    needs_matplotlib()
     from gptcore.report.html import build_html
 
     run = json.loads(CPU_RUN.read_text())
@@ -639,7 +640,7 @@ def test_a_run_file_with_a_field_of_another_shape_still_makes_its_page(tmp_path:
     tables showed '—'). The page is made, the odd figure shown as none, and the device read from the cases."""
     import json
 
-    pytest.importorskip("matplotlib")
+    needs_matplotlib()
     for odd in ({"machine_info": "x"}, {"machine_info": 3}, "peak"):
         data = json.loads(CPU_RUN.read_text())
         if odd == "peak":

@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from gptcore.gate.rules import is_number
 from gptcore.gate.schema import Entry, kernel_free_peak
 from gptcore.presets import LADDER, RECIPES
 from gptcore.units import format_bytes, unit_for
@@ -357,9 +358,9 @@ class Session:
         tokens_per_s, tokens_per_s_iqr, estimate_bytes, tokens_per_step), as the report reads a saved run; the peak
         without the matmul kernels' scratch, as the gate judges it (gptcore.gate.schema.kernel_free_peak)."""
         # a figure of another type (a run file written by another program) is none, as the report's tables show it
-        n = {k: v if _is_number(v) else None for k, v in info.items()}
+        n = {k: v if is_number(v) else None for k, v in info.items()}
         categories = info.get("peak_by_category")
-        categories = categories if isinstance(categories, dict) and all(map(_is_number, categories.values())) else None
+        categories = categories if isinstance(categories, dict) and all(map(is_number, categories.values())) else None
         peak = kernel_free_peak(
             n.get("peak_allocated_bytes"), str(info.get("precision", "fp32")), info.get("cpu_model"), categories,
             n.get("kernel_scratch_bytes"),
@@ -383,8 +384,3 @@ class Session:
                 ):
                     out.append(f"{model} {recipe} (needs {e.reference})")
         return out
-
-
-def _is_number(value: object) -> bool:
-    """A figure of a saved run (NaN and inf included: the judging names them); text, null or a boolean is not."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)

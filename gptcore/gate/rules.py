@@ -72,6 +72,12 @@ def judge(
     return (Status.CHANGED if report_change and d else Status.OK), d
 
 
+def is_number(value: object) -> bool:
+    """A figure as JSON or Python holds one: an int or a float, NaN and inf included (a diverged run's loss is data);
+    text, null or a boolean is not."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def non_finite(value: float | None) -> str | None:
     """'NaN' or 'inf' for a figure that is not a finite number (None for a finite one or no figure)."""
     if value is None or math.isfinite(value):

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gptcore.config import setup_differences
+from gptcore.gate.rules import is_number
 from gptcore.gate.rules import non_finite as spelled
 from gptcore.hunt import changepoints as detect
 from gptcore.hunt.changepoints import MIN_SIZE, STEP_OR_LINE
@@ -54,32 +55,27 @@ def _metrics(info: dict) -> dict[str, tuple[float, bool]]:
     convergence = info.get("convergence")
     if isinstance(convergence, dict) and convergence.get("val_loss"):  # a field of another shape has no value here
         losses = convergence["val_loss"]
-        return {"val loss": (float(losses[-1]), False)} if isinstance(losses, list) and _number(losses[-1]) else {}
+        return {"val loss": (float(losses[-1]), False)} if isinstance(losses, list) and is_number(losses[-1]) else {}
     speed_gated = Tolerances.default_for("cpu" if cpu else "cuda").speed is not None
-    if speed_gated and _number(info.get("tokens_per_s")):
+    if speed_gated and is_number(info.get("tokens_per_s")):
         out["tokens/s"] = (float(info["tokens_per_s"]), False)
-    if _number(info.get("peak_allocated_bytes")):
+    if is_number(info.get("peak_allocated_bytes")):
         out["peak memory"] = (float(info["peak_allocated_bytes"]), cpu)
-    if _number(info.get("loss")):
+    if is_number(info.get("loss")):
         out[f"loss@{info.get('loss_step')}"] = (float(info["loss"]), cpu)
     work = info.get("work")
     if isinstance(work, dict):
         for name, key in (("flops", "flops"), ("op calls", "op_calls")):
-            if isinstance(work.get(key), dict) and all(_number(v) for v in work[key].values()):
+            if isinstance(work.get(key), dict) and all(is_number(v) for v in work[key].values()):
                 out[name] = (float(sum(work[key].values())), True)
         for name in ("syncs", "allocations", "allocated_bytes"):
-            if _number(work.get(name)):
+            if is_number(work.get(name)):
                 out[name.replace("_", " ")] = (float(work[name]), True)
         compiled = work.get("compile")
         for name, value in compiled.items() if isinstance(compiled, dict) else ():
-            if _number(value):
+            if is_number(value):
                 out[name.replace("_", " ")] = (float(value), True)
     return out
-
-
-def _number(value: object) -> bool:
-    """A figure: an int or a float, NaN and inf included (a diverged run's loss is data); null or absent is not."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def read(

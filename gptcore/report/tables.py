@@ -26,7 +26,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from gptcore.gate.rules import non_finite
+from gptcore.gate.rules import is_number, non_finite
 from gptcore.measure.clocks import BUSY_SHARE
 from gptcore.units import in_unit
 
@@ -131,7 +131,7 @@ def load_run(path: str | Path) -> list[Record]:
 
 def number(value: object) -> float | None:
     """A JSON value as a float, None unless it is a number (booleans are not)."""
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return float(value) if is_number(value) else None
 
 
 def _ordered(items: Sequence[str]) -> list[str]:

@@ -97,24 +97,27 @@ def records_of(paths: list[Path]) -> list[results.Record]:
 
 def _wrong(entry: dict) -> str | None:
     """What of an entry the comparison reads is of another type than a figure (None: nothing)."""
-    speed, loss = entry.get("tokens_per_s"), entry.get("loss")
-    for name, value in (("tokens_per_s", speed), ("loss", loss)):
-        if value is not None and not isinstance(value, dict):
-            return f"{name}: {value!r} is not an object"
-    speed, loss = speed or {}, loss or {}
-    figures = {"tokens_per_s.median": speed.get("median"), "tokens_per_s.iqr": speed.get("iqr")}
-    figures |= {"peak_allocated_bytes": entry.get("peak_allocated_bytes"), "loss.value": loss.get("value")}
-    figures |= {"gpu_busy_seconds": entry.get("gpu_busy_seconds")}
+    for name in ("tokens_per_s", "loss"):
+        if entry.get(name) is not None and not isinstance(entry[name], dict):
+            return f"{name}: {entry[name]!r} is not an object"
     kinds = entry.get("gpu_kernel_seconds") or {}
     if not isinstance(kinds, dict):
         return f"gpu_kernel_seconds: {kinds!r} is not an object of kind -> seconds"
-    figures |= {f"gpu_kernel_seconds.{kind}": seconds for kind, seconds in kinds.items()}
-    for name, value in figures.items():  # NaN passes here: a diverged run has no figures (entries)
+    for name, value in _figures(entry).items():  # NaN passes here: a diverged run has no figures (entries)
         if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0):
             return f"{name}: {value!r} is not a number >= 0"
     if not isinstance(entry.get("precision", "fp32"), str):
         return f"precision: {entry['precision']!r} is not a name"
     return None
+
+
+def _figures(entry: dict) -> dict[str, object]:
+    """The figures of ``entry`` the comparison reads, by field (its objects already checked to be objects)."""
+    speed, loss = entry.get("tokens_per_s") or {}, entry.get("loss") or {}
+    figures = {"tokens_per_s.median": speed.get("median"), "tokens_per_s.iqr": speed.get("iqr")}
+    figures |= {"peak_allocated_bytes": entry.get("peak_allocated_bytes"), "loss.value": loss.get("value")}
+    figures |= {"gpu_busy_seconds": entry.get("gpu_busy_seconds")}
+    return figures | {f"gpu_kernel_seconds.{k}": s for k, s in (entry.get("gpu_kernel_seconds") or {}).items()}
 
 
 def entries(records: list[results.Record]) -> dict[str, dict | None]:
@@ -126,10 +129,7 @@ def entries(records: list[results.Record]) -> dict[str, dict | None]:
 
 def _finite(entry: dict) -> bool:
     """Whether every figure the comparison reads of ``entry`` is finite."""
-    speed, loss = entry.get("tokens_per_s") or {}, entry.get("loss") or {}
-    figures = [speed.get("median"), speed.get("iqr"), loss.get("value"), entry.get("gpu_busy_seconds")]
-    figures += list((entry.get("gpu_kernel_seconds") or {}).values())
-    return all(math.isfinite(x) for x in figures if x is not None)
+    return all(math.isfinite(x) for x in _figures(entry).values() if x is not None)
 
 
 def measured(paths: list[Path]) -> dict[str, dict | None]:

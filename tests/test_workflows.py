@@ -286,12 +286,9 @@ def test_a_torch_requirement_counts_under_an_extra_only_where_the_extra_was_aske
     an extra torch asks of a dependency (cuda-toolkit[cublas]) is, another platform's requirement counts (its pin is
     torch's to keep), and a lock line of a package outside the closure stays, comments too. Without torch: one line,
     exit 2."""
-    import importlib.util
+    from scripts import gpu_constraints as module
 
     script = WORKFLOWS.parent.parent / "scripts" / "gpu_constraints.py"
-    spec = importlib.util.spec_from_file_location("gpu_constraints", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     tree = {
         "torch": [
             "Sympy>=1.13",

@@ -14,6 +14,7 @@ from typing import Generic, TypeVar
 
 from gptcore.config import (
     CHAR_VOCAB,
+    CPU_THREADS,
     DDPOptions,
     FSDP2Options,
     GPTConfig,
@@ -316,7 +317,7 @@ STUDIES: dict[str, Study] = {
             "cpu",
             Schedule(steps=2000, eval_every=100, eval_batches=20, target_loss=2.1),
             # 2 warm-up steps (tracked: the peak), 3 rounds of 2, the loss after step 8; --cpu-speed: 11 rounds
-            Timing(warmup=2, rounds=3, steps_per_round=2, loss_step=8, speed_rounds=11),
+            Timing(warmup=2, rounds=3, steps_per_round=2, loss_step=8, speed_rounds=11, threads=CPU_THREADS),
         ),
         Study(
             "memory-recipe",
@@ -341,7 +342,7 @@ STUDIES: dict[str, Study] = {
             ("cpu-small",),
             MEMORY_RECIPES + ("compile-blocks", "ladder-0"),
             "cpu",
-            timing=Timing(warmup=2, rounds=3, steps_per_round=2, loss_step=8, speed_rounds=5),
+            timing=Timing(warmup=2, rounds=3, steps_per_round=2, loss_step=8, speed_rounds=5, threads=CPU_THREADS),
         ),
     )
 }

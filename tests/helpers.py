@@ -15,7 +15,7 @@ import torch
 
 from gptcore.config import CHAR_VOCAB, GPTConfig, Recipe
 from gptcore.measure import timing
-from gptcore.measure.convergence import torch_threads
+from gptcore.measure.timing import torch_threads
 from gptcore.training.data import TokenBatches, load_corpus
 from gptcore.training.trainer import Trainer
 

@@ -11,6 +11,7 @@
   scratch, at most what one op holds inside itself (gptcore.memory.scratch), and the tracked bytes do not move. The
   tracker also follows checkpoint's saved RNG states (5,056 bytes per checkpointed block).
 - A compiled budget that silently stops saving fails the CPU tier.
+- sdpa's CPU kernels hold scratch per intra-op thread, so a CPU study runs on a fixed thread count.
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch._functorch.config as functorch_config
+import torch.nn.functional as F
 
 from gptcore.config import HALF_PRECISIONS
 from gptcore.measure.cpu_peak import measured_steps
+from gptcore.measure.timing import torch_threads
 from gptcore.memory import allocator
 from gptcore.memory.categories import UNTRACKED
 from gptcore.memory.scratch import OpScratch, kernel_scratch
@@ -236,6 +239,20 @@ def test_op_scratch_is_what_one_op_allocates_and_frees_inside_itself() -> None:
     with OpScratch() as scratch:
         kept = t.sum()
     assert scratch.most == 0
+
+
+def test_sdpas_cpu_kernel_holds_scratch_per_thread_so_a_peak_inside_it_moves_with_the_thread_count() -> None:
+    # why a CPU study pins its threads (gptcore.config.CPU_THREADS): sdpa's flash attention on CPU holds buffers per
+    # thread inside its backward, which the allocator's peak counts; cpu-small-budget-0.60's peak lies there, and was
+    # 16,512 B lower on 1 thread than on 2 (2-core AMD EPYC family 26 model 2, torch 2.13.0+cpu)
+    q, k, v = (torch.randn(2, 2, 16, 8, requires_grad=True) for _ in range(3))
+    held = {}
+    for threads in (1, 2):
+        with torch_threads(threads), OpScratch() as scratch:
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+        held[threads] = (scratch.most, scratch.op)
+    assert held[1][1] == held[2][1] == "aten._scaled_dot_product_flash_attention_for_cpu_backward.default"
+    assert held[2][0] > held[1][0] > 0
 
 
 def test_a_half_precision_matmul_on_onednn_holds_scratch_only_the_allocator_sees() -> None:

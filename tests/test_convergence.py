@@ -164,7 +164,8 @@ def test_each_evaluation_point_holds_its_own_validation_loss_interval_mean_and_t
     interval's step losses (2, 2 and 1 steps), and the seconds add up the intervals' timed training and nothing
     else (a timer faked at 1.5, 2.5 and 4 s an interval)."""
     from gptcore.measure import timing
-    from gptcore.measure.convergence import torch_threads, train_and_evaluate
+    from gptcore.measure.convergence import train_and_evaluate
+    from gptcore.measure.timing import torch_threads
     from tests.helpers import trainer
 
     intervals = iter([1.5, 2.5, 4.0])
@@ -197,7 +198,7 @@ def test_each_evaluation_point_holds_its_own_validation_loss_interval_mean_and_t
 
 
 def test_a_run_on_its_own_thread_count_gives_the_callers_back():
-    from gptcore.measure.convergence import torch_threads
+    from gptcore.measure.timing import torch_threads
 
     before = torch.get_num_threads()
     asked = 2 if before == 1 else 1

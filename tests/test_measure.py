@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 import torch
 
-from gptcore.config import HALF_PRECISIONS
+from gptcore.config import CPU_THREADS, HALF_PRECISIONS
 from gptcore.measure import runner as measure
 from gptcore.measure import timing
 from gptcore.measure.runner import out_of_memory_in, run_case
-from gptcore.measure.timing import mfu, peak_flops, throughput
+from gptcore.measure.timing import mfu, peak_flops, throughput, torch_threads
 from gptcore.memory import track_training
 from gptcore.memory.categories import UNTRACKED
 from gptcore.memory.scratch import kernel_scratch
-from gptcore.presets import MODELS, RECIPES
+from gptcore.presets import MODELS, RECIPES, STUDIES
 from gptcore.training.trainer import Trainer
 from tests.helpers import TINY
 
@@ -134,6 +134,27 @@ def test_run_case_cpu_peak_equals_a_tracked_pass_of_its_own_and_tracking_moves_n
     assert m.loss == Trainer(TINY, RECIPES[recipe], "cpu").run(4)[-1]
     assert m.peak_reserved_bytes is None and m.mfu is None  # no allocator reserve and no peak table on CPU
     assert 0 < m.cpu_share
+
+
+def test_a_cpu_case_runs_on_its_studys_threads_whatever_the_process_has_and_gives_them_back() -> None:
+    # a 1-core runner, OMP_NUM_THREADS=1 or a 4-core machine: the case runs on the threads it was recorded on
+    seen = []
+    step = Trainer.step
+
+    def step_seen(self: Trainer, *args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return step(self, *args, **kwargs)
+
+    with torch_threads(1), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Trainer, "step", step_seen)
+        m = run_case(TINY, RECIPES["fp32"], "cpu", warmup=1, rounds=1, steps_per_round=1, threads=CPU_THREADS)
+        assert torch.get_num_threads() == 1
+    assert m.threads == CPU_THREADS and seen and set(seen) == {CPU_THREADS}
+
+
+def test_every_cpu_study_pins_its_threads() -> None:
+    cpu = [s for s in STUDIES.values() if s.device == "cpu" and s.timing is not None]
+    assert cpu and all(s.timing.threads == CPU_THREADS for s in cpu), [s.name for s in cpu]
 
 
 def test_fewer_rounds_than_the_loss_step_run_the_steps_before_it_untimed_and_read_the_loss_there() -> None:

@@ -21,9 +21,10 @@ from gptcore.config.recipe import (
     Precision,
     Recipe,
 )
-from gptcore.config.study import Schedule, Study, Timing
+from gptcore.config.study import CPU_THREADS, Schedule, Study, Timing
 
 __all__ = [
+    "CPU_THREADS",
     "CHAR_VOCAB",
     "DATASETS",
     "Dataset",

@@ -9,6 +9,12 @@ from typing import Literal
 from gptcore.config.checks import check, check_counts
 from gptcore.config.recipe import Recipe
 
+CPU_THREADS = 2
+"""The intra-op threads every case of a CPU study runs on, whatever the machine's cores: ATen's CPU kernels keep
+scratch per thread (sdpa's flash attention on CPU: 12,544 B a thread in its forward, 16,512 B in its backward, at
+cpu-small's shapes), so a peak that falls inside one moves with the thread count, and the loss moves by an ulp or so.
+The CPU baselines were recorded on 2 threads (a 2-core runner's default)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class Schedule:
@@ -45,6 +51,8 @@ class Timing:
     """The optimizer step after which the loss is read, however many rounds are timed (None: the last one)."""
     speed_rounds: int | None = None
     """CPU: the rounds ``--cpu-speed`` times, for a median worth reading; ``rounds`` is what the exact checks need."""
+    threads: int | None = None
+    """The intra-op threads the case runs on (``CPU_THREADS`` for the CPU studies; None: the process's own)."""
 
     def on(self, recipe: Recipe, device: str, *, speed: bool = False) -> Timing:
         """The timing of one case: a bf16 case on CPU reads its loss at step 4 (where the study reads step 8), taken

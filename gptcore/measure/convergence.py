@@ -9,10 +9,9 @@ clock on CPU) and exclude the evaluations; a compiled recipe's compile time fall
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -112,20 +111,6 @@ def schedule_recipe(recipe: Recipe, schedule: Schedule) -> Recipe:
     return dataclasses.replace(recipe, decay_steps=schedule.steps)
 
 
-@contextlib.contextmanager
-def torch_threads(n: int | None) -> Iterator[None]:
-    """Run with ``n`` intra-op threads (None: leave them), restored after."""
-    import torch
-
-    before = torch.get_num_threads()
-    if n is not None:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def train_and_evaluate(
     trainer: Trainer, schedule: Schedule, on_eval: Callable[[int, float, float | None], None] | None = None
 ) -> Convergence:
@@ -175,6 +160,7 @@ def converge(
 ) -> Convergence:
     """One case of the convergence tier: a fresh Trainer with the schedule's decay, trained and evaluated on
     ``threads`` intra-op threads (CPU: one per case, so that the run is bit-identical whatever else runs)."""
+    from gptcore.measure.timing import torch_threads
     from gptcore.training.trainer import Trainer
 
     with torch_threads(threads):

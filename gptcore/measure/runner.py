@@ -28,7 +28,7 @@ from gptcore.measure.clocks import BUSY_SHARE, Clocks, Sample, open_clocks
 from gptcore.measure.clocks import summary as clock_summary
 from gptcore.measure.cpu_peak import TRACKED_STEPS, cpu_peak, measured_steps
 from gptcore.measure.measurement import Measurement
-from gptcore.measure.timing import CALIBRATION_SPREAD, StepTimer, calibration_kernel, mfu, throughput
+from gptcore.measure.timing import CALIBRATION_SPREAD, StepTimer, calibration_kernel, mfu, throughput, torch_threads
 from gptcore.measure.work import CompileWatch, compile_stats, counted_step
 from gptcore.memory import allocator
 from gptcore.memory.scratch import kernel_scratch
@@ -307,25 +307,27 @@ def run_case(
     steps_per_round: int,
     timed_loop: TimedLoop | None = None,
     loss_step: int | None = None,
+    threads: int | None = None,
 ) -> Measurement:
     """Measure one case: warm-up, then ``rounds`` timed rounds of ``steps_per_round`` steps through
     ``timed_loop(round_fn, rounds, between)`` (default: a plain loop; a benchmark passes benchmark.pedantic with
-    ``between`` as its untimed setup). An OOM
+    ``between`` as its untimed setup), on ``threads`` intra-op threads (None: the process's; restored after). An OOM
     anywhere is caught: the Measurement carries ``error`` and what was allocated, and memory is freed."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     t0 = time.perf_counter()
-    runner = CaseRunner(cfg, recipe, device, warmup=warmup, steps_per_round=steps_per_round, loss_step=loss_step)
-    try:
-        runner.prepare()
-        (timed_loop or _plain_loop)(runner.round, rounds, runner.calibrate)
-    except allocator.Unavailable as err:  # a CPU case without its peak: failed, in one line
-        runner.m.error = str(err)
-    except Exception as err:  # only an OOM, also one raised while compiling, is handled
-        if (oom := out_of_memory_in(err)) is None:
-            raise
-        runner.out_of_memory(oom)
-    m = runner.finish()  # outside the except: the traceback (and the tensors its frames hold) is gone
+    with torch_threads(threads):
+        runner = CaseRunner(cfg, recipe, device, warmup=warmup, steps_per_round=steps_per_round, loss_step=loss_step)
+        try:
+            runner.prepare()
+            (timed_loop or _plain_loop)(runner.round, rounds, runner.calibrate)
+        except allocator.Unavailable as err:  # a CPU case without its peak: failed, in one line
+            runner.m.error = str(err)
+        except Exception as err:  # only an OOM, also one raised while compiling, is handled
+            if (oom := out_of_memory_in(err)) is None:
+                raise
+            runner.out_of_memory(oom)
+        m = runner.finish()  # outside the except: the traceback (and the tensors its frames hold) is gone
     m.case_seconds = time.perf_counter() - t0
     return m
 

@@ -3,12 +3,13 @@ calibration kernel, tokens/s over rounds, the datasheet peak FLOPs and MFU, and 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import resource
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -117,6 +118,18 @@ class StepTimer:
             self.seconds = time.perf_counter() - self._t0
             cpu = time.process_time() - self._c0
             self.cpu_share = cpu / (self.seconds * torch.get_num_threads()) if self.seconds > 0 else None
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run with ``n`` intra-op threads (None: leave them), restored after."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 CALIBRATION_SIZE = 384

@@ -11,7 +11,7 @@
 #   char         the char-shape study, recorded                convergence  the convergence tier's shorter runs
 #   verify       the GPU tier's recorded cases again: a false failure shows here; then the GPU noise (noise.json)
 #   budget       why a compile memory budget runs out of memory: the partitioner's plan, the allocator's history
-#   profile      device facts, the bf16 matmul peak, the top ladder rung under torch.profiler, the report
+#   profile      device facts, the bf16 matmul peak, ladder-8 under torch.profiler, the report
 # Usage: bash scripts/gpu_session.sh STAGE[,STAGE...] [OUT_DIR] [--time-limit SECONDS] [--resume-from DIR]
 #          [--pack FILE] [-k EXPR] [--device SLUG (plan)]
 #   OUT_DIR        where everything is written as it ends (default $OUT, else out/gpu)

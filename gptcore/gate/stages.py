@@ -120,7 +120,7 @@ STAGES: dict[str, Stage] = {
         ),
         Stage(
             "profile",
-            "the top ladder rung under torch.profiler, the bf16 matmul peak, the report of the last run",
+            "nanoGPT's top rung (ladder-8) under torch.profiler, the bf16 matmul peak, the report of the last run",
             script_seconds=150,
             writes="profile tables, matmul-bf16.json, report.txt",
         ),

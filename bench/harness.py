@@ -110,7 +110,7 @@ def benchmark_case(
         steps_per_round=steps_per_round,
         timed_loop=timed_loop,
         loss_step=timing.loss_step,
-        threads=timing.threads,
+        threads=gate.cpu_threads if device == "cpu" and gate.cpu_threads else timing.threads,
     )
     outcome = gate.judge(
         request.node,

@@ -16,6 +16,7 @@ import torch
 from gptcore.config import CHAR_VOCAB, GPTConfig, Recipe
 from gptcore.measure import timing
 from gptcore.measure.timing import torch_threads
+from gptcore.plugin.options import THREADS_ENV
 from gptcore.training.data import TokenBatches, load_corpus
 from gptcore.training.trainer import Trainer
 
@@ -82,7 +83,9 @@ def run_pytest(workdir: Path, *args: str) -> pytest.RunResult:
     os.chdir(workdir)
     try:
         with torch_threads(1), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            ret = pytest.main([*args, f"--basetemp={workdir / 'basetemp'}"])
+            with pytest.MonkeyPatch.context() as patch:  # the CPU cases too (--bench-threads' default)
+                patch.setenv(THREADS_ENV, "1")
+                ret = pytest.main([*args, f"--basetemp={workdir / 'basetemp'}"])
     finally:
         os.chdir(cwd)
         os.environ.update(hidden)

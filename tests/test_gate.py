@@ -21,6 +21,7 @@ from gptcore import identity
 from gptcore.gate import baselines, schema, verdicts
 from gptcore.gate.schema import BaselineError, Entry, Tolerances
 from gptcore.gate.verdicts import verdict_of
+from gptcore.plugin.options import THREADS_ENV
 from tests.helpers import XDIST_VARIABLES, fake_share, run_pytest
 
 pytestmark = pytest.mark.cpu
@@ -41,10 +42,10 @@ QUICK = [
     "--bench-steps",
     "2",
 ]
-# the child must not think it is an xdist worker (pytest-benchmark would disable itself); one thread each keeps
-# two test workers from oversubscribing two cores, and the child's numerics equal the recording's
+# the child must not think it is an xdist worker (pytest-benchmark would disable itself); one thread each, its CPU
+# cases' too (--bench-threads' default), keeps two test workers from oversubscribing two cores
 ENV_DROP = XDIST_VARIABLES
-ENV_SET = {"OMP_NUM_THREADS": "1"}
+ENV_SET = {"OMP_NUM_THREADS": "1", THREADS_ENV: "1"}
 
 
 def child_env() -> dict[str, str]:
@@ -265,6 +266,7 @@ def test_a_verdict_file_that_cannot_be_written_stops_the_run_before_the_first_ca
         (("--bench-steps", "0"), "--bench-steps: 0 is out of range (at least 1)"),
         (("--bench-warmup", "-1"), "--bench-warmup: -1 is out of range (at least 0)"),
         (("--deadline", "nan"), "--deadline: nan is not a positive number of seconds"),
+        (("--bench-threads", "0"), "--bench-threads: 0 is out of range (at least 1)"),
         # recording the losses alone and recording whole entries are two runs: together one would undo the other
         (("--update-baselines", "--update-loss-references"), "--update-baselines and --update-loss-references: choose"),
     ],
@@ -273,6 +275,27 @@ def test_an_option_out_of_range_stops_the_run_before_the_first_case(run, args, m
     result = run(None, *args)
     _assert_usage_error(result, message)
     assert "passed" not in result.stdout.str()
+
+
+def test_a_threads_variable_that_is_no_whole_number_stops_the_run_naming_it(monkeypatch) -> None:
+    monkeypatch.setenv(THREADS_ENV, "two")  # run_pytest sets it for the run: its parse is checked directly here
+    from gptcore.plugin.options import _env_int
+
+    with pytest.raises(pytest.UsageError, match=r"\$GPTCORE_CPU_THREADS: 'two' is not a whole number"):
+        _env_int(THREADS_ENV)
+
+
+def test_bench_threads_runs_the_cpu_cases_on_its_threads_and_says_it_under_the_table(run, tmp_path) -> None:
+    out = tmp_path / "run.json"
+    result = run(None, "--bench-threads", "2", f"--benchmark-json={out}")
+    assert result.ret == 0, result.stdout.str()
+    (case,) = json.loads(out.read_text())["benchmarks"]
+    assert case["extra_info"]["threads"] == 2
+    assert "--bench-threads 2: the CPU cases ran on 2 thread(s)" not in result.stdout.str()  # the studies' own
+    result = run(None, "--bench-threads", "1", f"--benchmark-json={out}")
+    (case,) = json.loads(out.read_text())["benchmarks"]
+    assert case["extra_info"]["threads"] == 1
+    assert "--bench-threads 1: the CPU cases ran on 1 thread(s), their studies' baselines on 2" in result.stdout.str()
 
 
 def test_each_tolerance_option_sets_the_tolerances_it_names(tmp_path: Path) -> None:

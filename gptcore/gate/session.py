@@ -111,6 +111,7 @@ class Gate:
     log_lost: bool = False  # the results log could not be written mid-run: the cases went on; the run fails
     cpu_speed: bool = False
     """--cpu-speed: time a CPU study's full ``speed_rounds`` (the default times only what the exact checks need)."""
+    cpu_threads: int | None = None  # --bench-threads: every CPU case's intra-op threads, over its study's
     leaner: list[str] = field(default_factory=list)
     """--baseline-strict: the cases whose exact counts went down (their baseline is stale)."""
     not_started: list[str] = field(default_factory=list)
@@ -120,8 +121,7 @@ class Gate:
 
     def timing(self, warmup: int, rounds: int, steps: int) -> tuple[int, int, int]:
         """The case's (warm-up, rounds, steps per round), with the command-line overrides applied."""
-        w, r, s = self.timing_override
-        return (warmup if w is None else w, rounds if r is None else r, steps if s is None else s)
+        return tuple(given if o is None else o for given, o in zip((warmup, rounds, steps), self.timing_override))
 
     def path_for(self, slug: str) -> Path:
         return self.directory / f"{slug}.json"

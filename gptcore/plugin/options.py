@@ -15,6 +15,8 @@ MARKDOWN_ENV = "GPTCORE_GATE_MARKDOWN"
 PLUGIN_DEFAULT_STORAGE = "file://./.benchmarks"
 DEADLINE_ENV = "GPTCORE_DEADLINE"
 """The default of --deadline, for scripts whose pytest command stays the same."""
+THREADS_ENV = "GPTCORE_CPU_THREADS"
+"""The default of --bench-threads."""
 
 
 def add_options(parser: pytest.Parser, root: Path) -> None:
@@ -68,6 +70,14 @@ def add_options(parser: pytest.Parser, root: Path) -> None:
     group.addoption("--bench-warmup", type=int, metavar="N", help="override every case's warm-up steps")
     group.addoption("--bench-rounds", type=int, metavar="N", help="override every case's timed rounds")
     group.addoption("--bench-steps", type=int, metavar="N", help="override every case's steps per round")
+    group.addoption(
+        "--bench-threads",
+        type=int,
+        metavar="N",
+        default=_env_int(THREADS_ENV),
+        help=f"run every CPU case on N intra-op threads, not its study's 2 (default: ${THREADS_ENV}); a peak that "
+        "falls inside a kernel's per-thread scratch then moves with N",
+    )
     group.addoption(
         "--gate-history",
         action="store_true",
@@ -133,6 +143,14 @@ def _env_float(name: str) -> float | None:
         return float(value) if value else None
     except ValueError:
         raise pytest.UsageError(f"${name}: {value!r} is not a number of seconds") from None
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    try:
+        return int(value) if value else None
+    except ValueError:
+        raise pytest.UsageError(f"${name}: {value!r} is not a whole number") from None
 
 
 def under_xdist() -> bool:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from gptcore import identity
+from gptcore.config import CPU_THREADS
 from gptcore.gate import shards
 from gptcore.gate.results import ResultsLog, unwritable
 from gptcore.gate.session import Gate
@@ -81,6 +82,14 @@ def gate_from_config(config: pytest.Config, notes: list[str]) -> Gate:
     for option, value, least in zip(("--bench-warmup", "--bench-rounds", "--bench-steps"), counts, (0, 1, 1)):
         if value is not None and value < least:
             raise pytest.UsageError(f"{option}: {value} is out of range (at least {least})")
+    threads = config.getoption("bench_threads")
+    if threads is not None and threads < 1:
+        raise pytest.UsageError(f"--bench-threads: {threads} is out of range (at least 1)")
+    if threads not in (None, CPU_THREADS):
+        notes.append(
+            f"--bench-threads {threads}: the CPU cases ran on {threads} thread(s), their studies' baselines on "
+            f"{CPU_THREADS}; a peak inside a kernel's per-thread scratch moves with them (sdpa's CPU attention)"
+        )
     if config.getoption("update_baselines") and config.getoption("update_loss_references"):
         raise pytest.UsageError("--update-baselines and --update-loss-references: choose one")
     markdown = config.getoption("gate_markdown")
@@ -101,6 +110,7 @@ def gate_from_config(config: pytest.Config, notes: list[str]) -> Gate:
         root=config.rootpath,
         notes=notes,
         cpu_speed=config.getoption("cpu_speed"),
+        cpu_threads=threads,
     )
 
 

@@ -277,12 +277,21 @@ def test_an_option_out_of_range_stops_the_run_before_the_first_case(run, args, m
     assert "passed" not in result.stdout.str()
 
 
-def test_a_threads_variable_that_is_no_whole_number_stops_the_run_naming_it(monkeypatch) -> None:
-    monkeypatch.setenv(THREADS_ENV, "two")  # run_pytest sets it for the run: its parse is checked directly here
-    from gptcore.plugin.options import _env_int
-
-    with pytest.raises(pytest.UsageError, match=r"\$GPTCORE_CPU_THREADS: 'two' is not a whole number"):
-        _env_int(THREADS_ENV)
+@pytest.mark.parametrize(
+    ("variable", "value", "line"),
+    [(THREADS_ENV, "two", "is not a whole number"), ("GPTCORE_DEADLINE", "soon", "is not a number of seconds")],
+)
+def test_an_options_variable_that_is_not_its_kind_stops_the_run_in_one_line(variable, value, line) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", *QUICK, "--collect-only"],
+        cwd=ROOT,
+        env=child_env() | {variable: value},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout[-2000:]
+    assert f"${variable}: {value!r} {line}" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_bench_threads_runs_the_cpu_cases_on_its_threads_and_says_it_under_the_table(run, tmp_path) -> None:

@@ -74,7 +74,7 @@ def add_options(parser: pytest.Parser, root: Path) -> None:
         "--bench-threads",
         type=int,
         metavar="N",
-        default=_env_int(THREADS_ENV),
+        default=_env(THREADS_ENV, int, "a whole number"),
         help=f"run every CPU case on N intra-op threads, not its study's 2 (default: ${THREADS_ENV}); a peak that "
         "falls inside a kernel's per-thread scratch then moves with N",
     )
@@ -107,7 +107,7 @@ def add_options(parser: pytest.Parser, root: Path) -> None:
         "--deadline",
         type=float,
         metavar="SECONDS",
-        default=_env_float(DEADLINE_ENV),
+        default=_env(DEADLINE_ENV, float, "a number of seconds"),
         help="start no case that would likely end more than SECONDS after pytest started (judged from "
         "the case's last time in the results log or its baseline, else from its FLOPs at an "
         "assumed throughput; a plain test from its @pytest.mark.planned time, else 30 s: "
@@ -137,20 +137,14 @@ def add_options(parser: pytest.Parser, root: Path) -> None:
     )
 
 
-def _env_float(name: str) -> float | None:
+def _env(name: str, kind: type[int] | type[float], what: str) -> int | float | None:
+    """An option's default from the environment variable ``name`` (None where unset); one line where it is not
+    ``what``."""
     value = os.environ.get(name)
     try:
-        return float(value) if value else None
+        return kind(value) if value else None
     except ValueError:
-        raise pytest.UsageError(f"${name}: {value!r} is not a number of seconds") from None
-
-
-def _env_int(name: str) -> int | None:
-    value = os.environ.get(name)
-    try:
-        return int(value) if value else None
-    except ValueError:
-        raise pytest.UsageError(f"${name}: {value!r} is not a whole number") from None
+        raise pytest.UsageError(f"${name}: {value!r} is not {what}") from None
 
 
 def under_xdist() -> bool:

@@ -75,8 +75,8 @@ def add_options(parser: pytest.Parser, root: Path) -> None:
         type=int,
         metavar="N",
         default=_env(THREADS_ENV, int, "a whole number"),
-        help=f"run every CPU case on N intra-op threads, not its study's 2 (default: ${THREADS_ENV}); a peak that "
-        "falls inside a kernel's per-thread scratch then moves with N",
+        help=f"run every single-process CPU case on N intra-op threads, not its study's 2 (default: "
+        f"${THREADS_ENV}); a peak inside a kernel's per-thread scratch then moves with N",
     )
     group.addoption(
         "--gate-history",

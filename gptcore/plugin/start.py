@@ -87,7 +87,7 @@ def gate_from_config(config: pytest.Config, notes: list[str]) -> Gate:
         raise pytest.UsageError(f"--bench-threads: {threads} is out of range (at least 1)")
     if threads not in (None, CPU_THREADS):
         notes.append(
-            f"--bench-threads {threads}: the CPU cases ran on {threads} thread(s), their studies' baselines on "
+            f"--bench-threads {threads}: the single-process CPU cases ran on {threads} thread(s), their baselines on "
             f"{CPU_THREADS}; a peak inside a kernel's per-thread scratch moves with them (sdpa's CPU attention)"
         )
     if config.getoption("update_baselines") and config.getoption("update_loss_references"):

@@ -1,8 +1,11 @@
 """The style written in pyproject.toml ([tool.ruff]) is the style of the code: `ruff check` and `ruff format --check`
-are clean over the whole repository."""
+are clean over the whole repository. And the oldest Python that pyproject.toml admits (requires-python) can run it:
+vermin finds the minimum version each construct and standard-library name needs (ruff's target-version only shapes
+its rewrites; it does not flag ``enum.StrEnum`` on a 3.10 target, which once broke every gate import on 3.10)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,3 +42,49 @@ def test_the_style_check_catches_a_relative_import_and_a_long_line(tmp_path):
     assert out.returncode == 1
     assert "TID252" in out.stdout and "E501" in out.stdout
     assert ruff("format", "--check", "--no-cache", ".", cwd=tmp_path).returncode == 1  # single quotes
+
+
+def python_floor() -> str:
+    """requires-python's floor, "3.10" of ">=3.10" (read as text: tomllib needs Python 3.11, the floor itself)."""
+    found = re.search(r'^requires-python\s*=\s*">=\s*(\d+\.\d+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert found, "pyproject.toml: requires-python is not of the form '>=X.Y'"
+    return found.group(1)
+
+
+def python_sources(root: Path) -> list[str]:
+    """Every Python file of the tree's own: its top-level .py files and folders, less hidden ones (.venv, the GPU's
+    carried files) and the install's egg-info."""
+    return sorted(
+        p.name
+        for p in root.iterdir()
+        if not p.name.startswith(".")
+        and not p.name.endswith(".egg-info")
+        and (p.suffix == ".py" or (p.is_dir() and any(p.rglob("*.py"))))
+    )
+
+
+def vermin(root: Path, floor: str) -> subprocess.CompletedProcess:
+    # vermin is a dev dependency (pyproject.toml); its entry point is vermin.main (it has no __main__)
+    command = "import sys, vermin; sys.exit(vermin.main())"
+    args = [f"--target={floor}-", "--violations", "--no-tips", "--no-config-file", *python_sources(root)]
+    return subprocess.run([sys.executable, "-c", command, *args], capture_output=True, text=True, timeout=300, cwd=root)
+
+
+def test_the_code_needs_no_python_newer_than_requires_python():
+    assert {"gptcore", "bench", "scripts", "tests", "conftest.py"} <= set(python_sources(ROOT))
+    out = vermin(ROOT, python_floor())
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_python_floor_check_catches_a_name_of_a_newer_python(tmp_path):
+    # planted in a temp tree, never in gptcore: a 3.11 name on a 3.10 floor, beside a 3.11 module behind a version
+    # test (as tests/test_install.py takes tomllib; a bare try/except ImportError is flagged)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "mod.py").write_text("import enum\n\n\nclass Status(enum.StrEnum):\n    OK = 'ok'\n")
+    guarded = "import sys\n\nif sys.version_info >= (3, 11):\n    import tomllib\nelse:\n    import tomli as tomllib\n"
+    (tmp_path / "pkg" / "toml.py").write_text(guarded)
+    out = vermin(tmp_path, "3.10")
+    assert out.returncode != 0
+    assert "enum.StrEnum" in out.stdout and "mod.py" in out.stdout and "toml.py" not in out.stdout
+    (tmp_path / "pkg" / "mod.py").unlink()
+    assert vermin(tmp_path, "3.10").returncode == 0

@@ -25,6 +25,7 @@ from unittest import mock
 import pytest
 
 from gptcore.gate import results
+from gptcore.gate.rules import Status
 from tests.test_gate import judge_case, new_gate
 
 pytestmark = pytest.mark.cpu
@@ -195,3 +196,12 @@ if __name__ == "__main__":
     (GOLDEN / "table.txt").write_text(table)
     (GOLDEN / "markdown.md").write_text(markdown)
     print(f"wrote {GOLDEN}/table.txt and markdown.md")
+
+
+def test_a_status_prints_formats_and_serializes_as_its_text_on_every_python() -> None:
+    # the statuses go into the end table, f-strings, JSON and the markdown verdict as their text; a (str, Enum) (the
+    # project runs on Python 3.10, which has no enum.StrEnum) prints "Status.FAIL" unless its __str__ says otherwise
+    for status in Status:
+        assert str(status) == f"{status}" == format(status, "") == f"{status:<0}" == status.value
+        assert json.dumps({"status": status}) == json.dumps({"status": status.value})
+        assert status == status.value and Status(status.value) is status

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_style import python_floor
+
 # check-jsonschema's (the dev extra); without it (a bare GPU image's `pytest tests -m gpu`) the module skips, naming it,
 # rather than stopping the collection of every other test
 YAML = pytest.importorskip("ruamel.yaml", reason="needs ruamel.yaml (pip install -e '.[dev]')").YAML
@@ -50,12 +52,19 @@ def test_workflow_is_valid_against_the_github_workflow_schema(name: str) -> None
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def python_versions(workflow: dict) -> list[str]:
+    """The Pythons its job 'cpu' sets up: its matrix's, or the one it names."""
+    job = workflow["jobs"]["cpu"]
+    setup = next(s for s in steps(workflow, "cpu") if s.get("uses", "").startswith("actions/setup-python"))
+    version = setup["with"]["python-version"]
+    return job["strategy"]["matrix"]["python"] if version == "${{ matrix.python }}" else [version]
+
+
 def assert_hosted_cpu_job(workflow: dict) -> None:
     """Its job 'cpu' runs on GitHub's standard runner with Python 3.11 and takes torch's CPU wheel."""
     job = workflow["jobs"]["cpu"]
     assert job["runs-on"] == "ubuntu-latest"
-    setup = next(s for s in steps(workflow, "cpu") if s.get("uses", "").startswith("actions/setup-python"))
-    assert setup["with"]["python-version"] == "3.11"
+    assert "3.11" in python_versions(workflow)
     # torch==<pin> in a fresh venv: the CPU index makes that the +cpu wheel, not CUDA's
     assert job["env"]["PIP_EXTRA_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
 
@@ -64,6 +73,16 @@ def test_ci_takes_the_cpu_torch_wheel_and_runs_ci_run_on_python_311() -> None:
     ci = load("ci.yml")
     assert_hosted_cpu_job(ci)
     assert "bash .ci/run" in [s.get("run") for s in steps(ci, "cpu")]
+
+
+def test_ci_runs_on_the_oldest_python_that_requires_python_admits_and_comments_once() -> None:
+    ci = load("ci.yml")
+    assert python_versions(ci) == ["3.11", python_floor()]
+    assert ci["jobs"]["cpu"]["strategy"]["fail-fast"] is False  # one Python's failure does not hide the other's
+    cache = next(s for s in steps(ci, "cpu") if s.get("uses", "").startswith("actions/cache"))
+    assert "${{ matrix.python }}" in cache["with"]["restore-keys"]  # a compiled graph is not another Python's
+    comment = next(s for s in steps(ci, "cpu") if s.get("name") == "The gate's verdict on the pull request")
+    assert "matrix.python == '3.11'" in comment["if"]
 
 
 def test_ci_checks_out_the_whole_history_that_compare_across_the_rooms_needs() -> None:

@@ -8,8 +8,9 @@ import math
 from typing import Literal
 
 
-class Status(enum.StrEnum):
-    """What a check concluded. A StrEnum: it prints, compares and serializes as its text ("FAIL", "ok", ...)."""
+class Status(str, enum.Enum):
+    """What a check concluded. A str enum: it prints, compares and serializes as its text ("FAIL", "ok", ...). Written
+    as ``enum.StrEnum`` (Python 3.11) does it by hand, since the project runs on Python 3.10 too."""
 
     OK = "ok"
     """Within tolerance (and unchanged, where a change is reported)."""
@@ -25,6 +26,9 @@ class Status(enum.StrEnum):
     """One side has no figure to compare (a compiled case has no tracked peak on CPU)."""
     NO_BASELINE = "no baseline"
     """The case has no recorded reference."""
+
+    def __str__(self) -> str:
+        return self.value
 
 
 Worse = Literal["higher", "lower", "either"]

@@ -216,7 +216,9 @@ def tolerance(changes: list[float], floor: float) -> dict:
     if not changes:
         return {"cases": 0, "largest": None, "sigma": None, "tolerance": None}
     largest = max(abs(c) for c in changes)
-    sigma = math.sqrt(sum(c * c for c in changes) / len(changes))
+    # fsum, exactly rounded: the built-in sum() compensates its rounding from Python 3.12 on, and the committed
+    # evidence must come out the same to the last bit on every Python
+    sigma = math.sqrt(math.fsum(c * c for c in changes) / len(changes))
     return {
         "cases": len(changes),
         "largest": largest,

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import gzip
 import math
+import os
 import re
+import subprocess
+import sys
 from importlib import resources
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +24,8 @@ from gptcore.training.data import (
     make_loader,
     markov_source,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _shakespeare_text() -> str:
@@ -125,6 +131,30 @@ def test_worker_count_changes_no_batch(name):
     for (x0, y0), (x1, y1) in zip(serial, parallel):
         assert torch.equal(x0, x1) and torch.equal(y0, y1)
     assert not torch.equal(serial[0][0], serial[1][0])
+
+
+START_METHOD_CHILD = """
+import multiprocessing, sys, torch
+from gptcore.training.data import TokenBatches, load_corpus, make_loader
+multiprocessing.set_start_method(sys.argv[1])
+tb = TokenBatches(load_corpus("shakespeare"), "train", batch_size=4, block_size=16, seed=3, length=6)
+serial, parallel = list(make_loader(tb, num_workers=0)), list(make_loader(tb, num_workers=2))
+assert len(parallel) == 6 and all(torch.equal(a, b) for s, p in zip(serial, parallel) for a, b in zip(s, p))
+print(multiprocessing.get_start_method(), len(parallel))
+"""
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_loader_workers_give_the_same_batches_whatever_starts_them(method):
+    # fork is Linux's default up to Python 3.13; 3.14 starts workers with forkserver, macOS with spawn: each pickles
+    # the dataset (its corpus) into a fresh interpreter, which fork never did. In a child: the start method is global
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-c", START_METHOD_CHILD, method], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == [method, "6"]
 
 
 @pytest.mark.cpu

@@ -22,8 +22,9 @@ def slugify(name: str) -> str:
 
 def cpu_model(cpuinfo: str | None = None) -> str:
     """The host CPU's identity for loss references: its model string, and on x86 Linux its family and model
-    numbers, e.g. 'AMD EPYC (family 25, model 17)'. The string alone is not enough: 'AMD EPYC' names Zen 3
-    (no AVX-512, bf16 emulated) and Zen 4 (AVX-512 BF16) alike, and their bf16 arithmetic differs.
+    numbers, e.g. 'AMD EPYC (family 25, model 17)'; on Arm Linux its implementer and part numbers, e.g. 'aarch64
+    (implementer 0x41, part 0xd40)'. The string alone is not enough: 'AMD EPYC' names Zen 3 (no AVX-512, bf16
+    emulated) and Zen 4 (AVX-512 BF16) alike, and their bf16 arithmetic differs; an Arm kernel gives no name.
     ``cpuinfo``: the text of /proc/cpuinfo (default: read it, unless ``$GPTCORE_CPU_MODEL`` names the model).
 
     ``$GPTCORE_CPU_MODEL`` is for testing: it makes this machine pass for another CPU model, so that a run proves it
@@ -43,6 +44,11 @@ def cpu_model(cpuinfo: str | None = None) -> str:
             continue
         fields.setdefault(key.strip().lower(), value.strip())
     name = fields.get("model name")
+    if "cpu implementer" in fields and "cpu part" in fields:
+        # Arm: no model name, or a generic one ('ARMv8 Processor rev 1'); the implementer and part numbers name the
+        # core (0x41 0xd0c: Neoverse N1, no bf16; 0x41 0xd40: Neoverse V1, with bf16), as family and model do on x86
+        core = f"implementer {fields['cpu implementer']}, part {fields['cpu part']}"
+        return f"{name or platform.machine() or 'Arm'} ({core})"
     if name is None:
         return platform.processor() or platform.machine() or "unknown"
     if "cpu family" in fields and "model" in fields:

@@ -112,6 +112,24 @@ def test_two_cpu_generations_with_one_model_name_are_two_cpu_models():
     assert identity.cpu_model("model name\t: Some ARM core\n") == "Some ARM core"
 
 
+NEOVERSE_V1 = (  # /proc/cpuinfo as aarch64 Linux lays it out, of a Neoverse V1 (Graviton3): no model name
+    "processor\t: 0\nBogoMIPS\t: 2100.00\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics sve "
+    "svebf16 i8mm bf16\nCPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x1\nCPU part\t: 0xd40\n"
+    "CPU revision\t: 1\n\nprocessor\t: 1\nCPU implementer\t: 0x41\nCPU part\t: 0xd40\n"
+)
+NEOVERSE_N1 = NEOVERSE_V1.replace("0xd40", "0xd0c").replace(" sve svebf16 i8mm bf16", "").replace("0x1", "0x3")
+
+
+def test_two_arm_cores_are_two_cpu_models_though_the_kernel_names_neither(monkeypatch):
+    """Graviton2 (Neoverse N1, no bf16) and Graviton3 (V1, bf16): /proc/cpuinfo gives no model name on either, and
+    without their part numbers both would be 'aarch64', and one's loss references would be held against the other's."""
+    monkeypatch.setattr(identity.platform, "machine", lambda: "aarch64")
+    v1, n1 = identity.cpu_model(NEOVERSE_V1), identity.cpu_model(NEOVERSE_N1)
+    assert v1 == "aarch64 (implementer 0x41, part 0xd40)" and n1 == "aarch64 (implementer 0x41, part 0xd0c)"
+    generic = "model name\t: ARMv8 Processor rev 1 (v8l)\n" + NEOVERSE_V1.split("\n\n")[0]  # some kernels name it so
+    assert identity.cpu_model(generic) == "ARMv8 Processor rev 1 (v8l) (implementer 0x41, part 0xd40)"
+
+
 def test_update_loss_references_says_under_the_table_what_it_added_and_what_it_skipped(tmp_path):
     """--update-loss-references on EPYC over a file XEON recorded: 'a' gains EPYC's reference; 'c' has no entry and
     is skipped, and the line under the end table counts both."""

@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import resource
 import statistics
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -99,7 +100,6 @@ def test_throughput_of_one_round_has_zero_iqr_and_none_is_an_error() -> None:
 def test_the_calibration_kernel_is_the_faster_of_its_two_timings(monkeypatch: pytest.MonkeyPatch) -> None:
     """A fake clock: the first timing 5 s and the second 1 s, then the other way; either way 1 s (a one-off stall
     in one timing is dropped)."""
-    from types import SimpleNamespace
 
     for ticks in ([0.0, 5.0, 5.0, 6.0], [0.0, 1.0, 1.0, 6.0]):  # the module's clock only: pytest's stays real
         monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=iter(ticks).__next__))
@@ -118,6 +118,15 @@ def test_a_cpu_processs_peak_memory_is_its_peak_resident_bytes() -> None:
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     assert kind == "process RSS" and before <= peak <= after
     assert peak >= touched.numel() * touched.element_size()
+
+
+def test_a_cpu_processs_peak_memory_is_in_bytes_on_macos_too(monkeypatch) -> None:
+    # macOS's getrusage gives ru_maxrss in bytes, Linux's in KiB: one scale for both would be 1,024 times off on one
+    usage = SimpleNamespace(ru_maxrss=123_456_789)
+    monkeypatch.setattr(timing.resource, "getrusage", lambda who: usage)
+    for platform, peak in (("darwin", 123_456_789), ("linux", 123_456_789 * 1024)):
+        monkeypatch.setattr(timing.sys, "platform", platform)
+        assert timing.process_peak_memory(torch.device("cpu")) == (peak, "process RSS")
 
 
 @pytest.mark.parametrize("recipe", ["ckpt-fp32", "ckpt-grad-accum-2", "optim-in-bwd", "bf16-pure"])

@@ -8,6 +8,7 @@ import math
 import re
 import resource
 import statistics
+import sys
 import time
 from collections.abc import Iterator, Sequence
 
@@ -20,7 +21,9 @@ def process_peak_memory(device: torch.device) -> tuple[int, str]:
     figure)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device), "CUDA allocated"
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process RSS"
+    # getrusage's ru_maxrss: KiB on Linux, bytes on macOS
+    scale = 1 if sys.platform == "darwin" else 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale, "process RSS"
 
 
 # -- peak FLOPs and MFU ------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import os
 import platform
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ def slugify(name: str) -> str:
 def cpu_model(cpuinfo: str | None = None) -> str:
     """The host CPU's identity for loss references: its model string, and on x86 Linux its family and model
     numbers, e.g. 'AMD EPYC (family 25, model 17)'; on Arm Linux its implementer and part numbers, e.g. 'aarch64
-    (implementer 0x41, part 0xd40)'. The string alone is not enough: 'AMD EPYC' names Zen 3 (no AVX-512, bf16
+    (implementer 0x41, part 0xd40)'; on macOS the chip's name, 'Apple M2 Pro'. The string alone is not enough: 'AMD EPYC' names Zen 3 (no AVX-512, bf16
     emulated) and Zen 4 (AVX-512 BF16) alike, and their bf16 arithmetic differs; an Arm kernel gives no name.
     ``cpuinfo``: the text of /proc/cpuinfo (default: read it, unless ``$GPTCORE_CPU_MODEL`` names the model).
 
@@ -50,10 +51,24 @@ def cpu_model(cpuinfo: str | None = None) -> str:
         core = f"implementer {fields['cpu implementer']}, part {fields['cpu part']}"
         return f"{name or platform.machine() or 'Arm'} ({core})"
     if name is None:
-        return platform.processor() or platform.machine() or "unknown"
+        return mac_cpu_brand() or platform.processor() or platform.machine() or "unknown"
     if "cpu family" in fields and "model" in fields:
         return f"{name} (family {fields['cpu family']}, model {fields['model']})"
     return name
+
+
+def mac_cpu_brand() -> str | None:
+    """macOS's name of its CPU ('Apple M2 Pro'; an Apple M1 has no bf16 instructions, an M2 has), where
+    platform.processor() says only 'arm'; None elsewhere."""
+    if sys.platform != "darwin":
+        return None
+    try:
+        out = subprocess.run(
+            ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
 
 
 def device_slug(device: Any) -> str:

@@ -4,6 +4,7 @@ such a model is held to its own reference with the same-CPU tolerances (fp32 1e-
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
@@ -128,6 +129,23 @@ def test_two_arm_cores_are_two_cpu_models_though_the_kernel_names_neither(monkey
     assert v1 == "aarch64 (implementer 0x41, part 0xd40)" and n1 == "aarch64 (implementer 0x41, part 0xd0c)"
     generic = "model name\t: ARMv8 Processor rev 1 (v8l)\n" + NEOVERSE_V1.split("\n\n")[0]  # some kernels name it so
     assert identity.cpu_model(generic) == "ARMv8 Processor rev 1 (v8l) (implementer 0x41, part 0xd40)"
+
+
+def test_a_macs_cpu_model_is_its_chip_not_arm(monkeypatch):
+    # macOS has no /proc/cpuinfo and platform.processor() says 'arm' of an M1 (no bf16) and an M2 (bf16) alike
+    calls = []
+
+    def sysctl(args, **kwargs):
+        calls.append(args)
+        return subprocess.CompletedProcess(args, 0, stdout="Apple M2 Pro\n", stderr="")
+
+    monkeypatch.setattr(identity.subprocess, "run", sysctl)
+    monkeypatch.setattr(identity.platform, "processor", lambda: "arm")
+    monkeypatch.setattr(identity.sys, "platform", "darwin")
+    assert identity.cpu_model("") == "Apple M2 Pro"
+    assert calls == [["sysctl", "-n", "machdep.cpu.brand_string"]]
+    monkeypatch.setattr(identity.sys, "platform", "linux")
+    assert identity.cpu_model("") == "arm" and len(calls) == 1  # Linux asks no sysctl
 
 
 def test_update_loss_references_says_under_the_table_what_it_added_and_what_it_skipped(tmp_path):

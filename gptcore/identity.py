@@ -24,8 +24,9 @@ def slugify(name: str) -> str:
 def cpu_model(cpuinfo: str | None = None) -> str:
     """The host CPU's identity for loss references: its model string, and on x86 Linux its family and model
     numbers, e.g. 'AMD EPYC (family 25, model 17)'; on Arm Linux its implementer and part numbers, e.g. 'aarch64
-    (implementer 0x41, part 0xd40)'; on macOS the chip's name, 'Apple M2 Pro'. The string alone is not enough: 'AMD EPYC' names Zen 3 (no AVX-512, bf16
-    emulated) and Zen 4 (AVX-512 BF16) alike, and their bf16 arithmetic differs; an Arm kernel gives no name.
+    (implementer 0x41, part 0xd40)'; on macOS the chip's name, 'Apple M2 Pro'. The string alone is not enough:
+    'AMD EPYC' names Zen 3 (no AVX-512, bf16 emulated) and Zen 4 (AVX-512 BF16) alike, and their bf16 arithmetic
+    differs; an Arm kernel gives no name.
     ``cpuinfo``: the text of /proc/cpuinfo (default: read it, unless ``$GPTCORE_CPU_MODEL`` names the model).
 
     ``$GPTCORE_CPU_MODEL`` is for testing: it makes this machine pass for another CPU model, so that a run proves it

@@ -86,6 +86,12 @@ def test_ci_runs_on_the_oldest_python_that_requires_python_admits_and_comments_o
     assert "matrix.python == '3.11'" in comment["if"]
 
 
+def test_readme_names_the_pythons_ci_runs_on() -> None:
+    versions = sorted(python_versions(load("ci.yml")), key=lambda v: tuple(int(part) for part in v.split(".")))
+    readme = (WORKFLOWS.parents[1] / "README.md").read_text()
+    assert f"Python {versions[0]} to {versions[-1]})" in readme and versions[0] == python_floor()
+
+
 def test_ci_checks_out_the_whole_history_that_compare_across_the_rooms_needs() -> None:
     # tests/test_compare.py compares this tree with a commit from before the rooms: a shallow clone lacks it
     checkout = next(s for s in steps(load("ci.yml"), "cpu") if s.get("uses", "").startswith("actions/checkout"))

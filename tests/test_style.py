@@ -51,14 +51,21 @@ def python_floor() -> str:
     return found.group(1)
 
 
+NOT_OURS = {"build", "dist", "node_modules", "site-packages"}
+"""Top-level folders of a checkout whose Python is not the project's (ruff leaves them out by default too)."""
+
+
 def python_sources(root: Path) -> list[str]:
     """Every Python file of the tree's own: its top-level .py files and folders, less hidden ones (.venv, the GPU's
-    carried files) and the install's egg-info."""
+    carried files), the install's egg-info, build output and any virtual environment (``python -m venv venv`` in the
+    checkout: its packages need newer Pythons than the project's floor)."""
     return sorted(
         p.name
         for p in root.iterdir()
         if not p.name.startswith(".")
         and not p.name.endswith(".egg-info")
+        and p.name not in NOT_OURS
+        and not (p / "pyvenv.cfg").exists()
         and (p.suffix == ".py" or (p.is_dir() and any(p.rglob("*.py"))))
     )
 
@@ -88,3 +95,8 @@ def test_the_python_floor_check_catches_a_name_of_a_newer_python(tmp_path):
     assert "enum.StrEnum" in out.stdout and "mod.py" in out.stdout and "toml.py" not in out.stdout
     (tmp_path / "pkg" / "mod.py").unlink()
     assert vermin(tmp_path, "3.10").returncode == 0
+    # a virtual environment made in the checkout is not the project's code: its 3.11 names are not looked at
+    (tmp_path / "venv" / "lib").mkdir(parents=True)
+    (tmp_path / "venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (tmp_path / "venv" / "lib" / "dep.py").write_text("import tomllib\n")
+    assert python_sources(tmp_path) == ["pkg"] and vermin(tmp_path, "3.10").returncode == 0

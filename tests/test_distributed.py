@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -111,9 +112,23 @@ def proofs(proofs_dir: Path) -> tuple[dict, list[dict]]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free TCP port on 127.0.0.1 below the kernel's ephemeral range. A port the kernel hands out (bind to port 0)
+    is free only until released: in the seconds before torchrun's agent binds its store there, any connection of the
+    other xdist worker's tests (gloo's, another torchrun's) can be given it as its own port, and the second agent then
+    waits on a stranger until the launch times out (seen once, in a whole run of tests/ under Python 3.13). Below the
+    range only an explicit bind can take it, and no other test binds one."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    for port in random.Random().sample(range(max(1024, low - 8192), low), 64):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port below the ephemeral range ({low})")
 
 
 @pytest.mark.slow  # two torchrun agents that meet: ~15 s on 2 cores
